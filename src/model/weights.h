@@ -1,0 +1,44 @@
+// ModelWeights: every base weight in loramux's canonical layout, ready for the forward pass. All BF16.
+// Canonical layouts: linear weights [out, in]; experts gate_up [E, 2I, H] (gate/up order as the family
+// stores it, see ModelConfig::gate_up_layout) and down [E, H, I]. The loader converts per-expert
+// checkpoints and GPT-OSS's transposed fused tensors into this layout, and dequantizes MXFP4.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace lmx::model {
+
+struct LayerWeights {
+  Tensor input_norm;                      // [H]
+  Tensor q, k, v, o;                      // [Hq*D, H], [Hkv*D, H], [Hkv*D, H], [H, Hq*D]
+  Tensor q_bias, k_bias, v_bias, o_bias;  // [Hq*D], [Hkv*D], [Hkv*D], [H]; only with attention_bias
+  Tensor q_norm, k_norm;                  // [D]; only with qk_norm
+  Tensor sinks;                           // [Hq]; only with attention_sinks
+  Tensor post_attention_norm;             // [H]
+  // MoE families
+  Tensor router, router_bias;             // [E, H], [E] (bias only with router_bias)
+  Tensor gate_up, gate_up_bias;           // [E, 2I, H], [E, 2I] (bias only with expert_bias)
+  Tensor down, down_bias;                 // [E, H, I], [E, H]
+  // dense families
+  Tensor mlp_gate, mlp_up, mlp_down;      // [I, H], [I, H], [H, I]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  Tensor embed;       // [V, H]
+  Tensor final_norm;  // [H]
+  Tensor lm_head;     // [V, H] (the embedding when tie_word_embeddings)
+  std::vector<LayerWeights> layers;
+  // Whatever keeps the views above alive: mapped files and converted/generated tensors.
+  std::vector<std::shared_ptr<void>> keep_alive;
+};
+
+// Load a Hugging Face model directory (config.json + *.safetensors, single or sharded) on the host.
+Result<ModelWeights> load_model(const std::string& model_dir);
+
+}  // namespace lmx::model

@@ -1,0 +1,55 @@
+// The Backend interface: memory and every op, implemented by backends/cpu (the reference) and
+// backends/cuda. Model code is written once against it. Ops check their Params (ops/*.h check()) and
+// abort on a violated contract: shapes come from loramux code, never directly from users.
+#pragma once
+#include <initializer_list>
+
+#include "core/tensor.h"
+#include "ops/attention.h"
+#include "ops/basic.h"
+#include "ops/lora.h"
+#include "ops/moe.h"
+#include "ops/rope.h"
+#include "ops/routing.h"
+#include "ops/sampling.h"
+
+namespace lmx::ops {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  // Dtype of activations, KV cache and LoRA stacks on this backend (F32 on cpu: the oracle; BF16 on cuda).
+  virtual DType activation_dtype() const = 0;
+  virtual DType lora_dtype() const = 0;
+
+  virtual Buffer allocate(size_t bytes) = 0;
+  // Same dtype and numel; either side may be host or device memory.
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill_zero(const Tensor& dst) = 0;
+  virtual void synchronize() = 0;
+
+  virtual void embedding(const EmbeddingParams& p) = 0;
+  virtual void rms_norm(const RmsNormParams& p) = 0;
+  virtual void linear(const LinearParams& p) = 0;
+  virtual void add(const AddParams& p) = 0;
+  virtual void silu_mul(const SiluMulParams& p) = 0;
+  virtual void gather_rows(const GatherRowsParams& p) = 0;
+  virtual void rope(const RopeParams& p) = 0;
+  virtual void kv_write(const KvWriteParams& p) = 0;
+  virtual void attention(const AttentionParams& p) = 0;
+  virtual void router_topk(const RouterTopKParams& p) = 0;
+  virtual void moe(const MoeParams& p) = 0;
+  virtual void lora(const LoraParams& p) = 0;
+  virtual void sample(const SamplingParams& p) = 0;
+
+  // A tensor in this backend's memory (contents undefined).
+  OwnedTensor empty(DType dtype, std::initializer_list<int64_t> dims);
+  // A copy of a host tensor in this backend's memory (on cpu: a copy too, so the caller may free src).
+  OwnedTensor upload(const Tensor& host);
+};
+
+// Abort with the check's message when a Params contract is violated (a programmer error).
+void require(const Status& status, const char* op);
+
+}  // namespace lmx::ops

@@ -1,0 +1,58 @@
+// Contracts of the small dense ops: embedding, RMSNorm, linear (x·Wᵀ + b), residual add, SiLU-gated
+// product of the dense MLP, and row gather (the sampled rows before the LM head).
+// Activations are the backend's activation dtype (F32 on cpu); weights BF16.
+#pragma once
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace lmx::ops {
+
+struct EmbeddingParams {
+  Tensor table;      // [V, H] bf16
+  Tensor token_ids;  // [T] i32, each in [0, V)
+  Tensor out;        // [T, H]
+};
+Status check(const EmbeddingParams& p);
+
+// out[n] = x[n] / sqrt(mean(x[n]^2) + eps) * weight. Used per token ([T, H]) and per head ([T*heads, D]).
+struct RmsNormParams {
+  Tensor x;       // [N, C]
+  Tensor weight;  // [C] bf16
+  float eps = 1e-6f;
+  Tensor out;     // [N, C], may alias x
+};
+Status check(const RmsNormParams& p);
+
+// out = x·weightᵀ (+ bias). fp32 accumulation.
+struct LinearParams {
+  Tensor x;       // [T, in]
+  Tensor weight;  // [out, in] bf16
+  Tensor bias;    // [out] bf16, optional
+  Tensor out;     // [T, out], must not alias x
+};
+Status check(const LinearParams& p);
+
+// y += x
+struct AddParams {
+  Tensor x;  // [N, C]
+  Tensor y;  // [N, C]
+};
+Status check(const AddParams& p);
+
+// out = silu(gate) * up (Llama/Qwen3 dense MLP).
+struct SiluMulParams {
+  Tensor gate;  // [T, I]
+  Tensor up;    // [T, I]
+  Tensor out;   // [T, I], may alias gate
+};
+Status check(const SiluMulParams& p);
+
+// out[b] = x[index[b]]
+struct GatherRowsParams {
+  Tensor x;      // [T, C]
+  Tensor index;  // [B] i32, each in [0, T)
+  Tensor out;    // [B, C]
+};
+Status check(const GatherRowsParams& p);
+
+}  // namespace lmx::ops

@@ -1,0 +1,34 @@
+// LoRA op contracts: the targets loramux knows, the slot-stacked weight layout every backend reads, and
+// the dense multi-LoRA op (y += (x·Aᵀ)·Bᵀ per token by adapter slot). The MoE LoRA travels inside
+// MoeParams (ops/moe.h). Scaling (alpha/r or alpha/sqrt(r)) is folded into B when an adapter is loaded.
+#pragma once
+#include <string_view>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace lmx::ops {
+
+// Every place a LoRA can attach. Per-expert gate/up adapters are merged into kMoeGateUp at load
+// (block-diagonal A/B, so exact); dense-MLP gate/up stay separate like the base weights.
+enum class LoraTarget : int { kQ, kK, kV, kO, kGate, kUp, kDown, kMoeGateUp, kMoeDown, kCount };
+constexpr int kNumLoraTargets = int(LoraTarget::kCount);
+std::string_view lora_target_name(LoraTarget target);  // "q_proj", ..., "experts.gate_up", "experts.down"
+
+// One target of one layer for all S adapter slots. Undefined `a` = no slot has this target (skip it).
+struct LoraStack {
+  Tensor a;     // dense: [S, R, in]; MoE: [S, E, R, in]   (backend's lora dtype)
+  Tensor b;     // dense: [S, out, R]; MoE: [S, E, out, R] (scale already folded in)
+  Tensor rank;  // [S] i32: the true rank of the slot's adapter here, 0 = slot has no LoRA on this target
+  bool defined() const { return a.defined(); }
+};
+
+struct LoraParams {
+  Tensor x;           // [T, in]  activations
+  Tensor token_slot;  // [T] i32  adapter slot per token, -1 = base model
+  LoraStack w;
+  Tensor y;           // [T, out] accumulated: y[t] += B[s]·(A[s]·x[t]) over the slot's true rank
+};
+Status check(const LoraParams& p);
+
+}  // namespace lmx::ops

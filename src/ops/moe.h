@@ -1,0 +1,43 @@
+// The MoE block contract: routed experts for every (token, k) pair, with the per-token adapter's LoRA on
+// gate_up and down, combined by the router weights. One op, so a backend is free to sort, tile and fuse.
+// For pair (t, k) with expert e and slot s:
+//   h   = W_gu[e]·x[t] + b_gu[e] + B_gu[s,e]·(A_gu[s,e]·x[t])      [2I]
+//   a   = act(h)                                                   [I]
+//   d   = W_d[e]·a + b_d[e] + B_d[s,e]·(A_d[s,e]·a)                [H]
+//   out[t] = Σ_k w[t,k] · d
+#pragma once
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/lora.h"
+
+namespace lmx::ops {
+
+enum class MoeActivation {
+  kSiluGated,      // silu(gate) * up
+  kGptOssClamped,  // gate = min(gate, limit); up = clamp(up, -limit, limit); (up + 1) * gate * sigmoid(alpha * gate)
+};
+enum class GateUpLayout {
+  kHalves,       // rows [0, I) gate, [I, 2I) up (Qwen3-MoE, Mixtral)
+  kInterleaved,  // row 2i gate i, row 2i+1 up i (GPT-OSS)
+};
+
+struct MoeParams {
+  Tensor x;             // [T, H]
+  Tensor topk_ids;      // [T, K] i32
+  Tensor topk_weights;  // [T, K] f32
+  Tensor token_slot;    // [T] i32, -1 = base; may be undefined when there is no LoRA
+  Tensor gate_up;       // [E, 2I, H] bf16
+  Tensor gate_up_bias;  // [E, 2I] bf16, optional
+  Tensor down;          // [E, H, I] bf16
+  Tensor down_bias;     // [E, H] bf16, optional
+  LoraStack lora_gate_up;  // a [S, E, R, H], b [S, E, 2I, R]; optional
+  LoraStack lora_down;     // a [S, E, R, I], b [S, E, H, R]; optional
+  MoeActivation activation = MoeActivation::kSiluGated;
+  GateUpLayout layout = GateUpLayout::kHalves;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  Tensor out;  // [T, H], overwritten
+};
+Status check(const MoeParams& p);
+
+}  // namespace lmx::ops
