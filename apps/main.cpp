@@ -1,9 +1,16 @@
-// loramux CLI entry point: parses the subcommand and hands off to apps/*.cpp.
-#include <CLI/CLI.hpp>
+// loramux CLI entry point: registers the subcommands (apps/*.cpp) and runs the chosen one.
+#include <cstdio>
+
+#include "apps/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"loramux: many LoRA adapters of one MoE model on one GPU"};
   app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
+  auto generate = lmx::apps::add_generate_command(app);
+  auto inspect = lmx::apps::add_inspect_command(app);
   CLI11_PARSE(app, argc, argv);
-  return 0;
+  if (app.got_subcommand("generate")) return generate();
+  if (app.got_subcommand("inspect")) return inspect();
+  return 2;
 }

@@ -1,0 +1,199 @@
+// `loramux generate`: offline generation from prompt ids (no tokenizer yet). One request from
+// --prompt-ids, or many from --requests FILE.jsonl run together as mixed-adapter batches; prints one JSON
+// object per request in input order. A bad request is reported in its own line; the others still run.
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "core/log.h"
+#include "engine/setup.h"
+#include "lora/adapter.h"
+
+namespace lmx::apps {
+namespace {
+
+struct GenerateOptions {
+  std::string model = "preset:tiny-moe";
+  std::string device = "cpu";
+  std::vector<std::string> loras;
+  int dummy_loras = 0;
+  int dummy_lora_rank = 16;
+  std::string adapter;
+  std::string prompt_ids = "1,2,3,4";
+  std::string requests_file;
+  int max_tokens = 16;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  int64_t seed = -1;
+  bool ignore_eos = false;
+  engine::EngineConfig engine;
+  uint64_t weight_seed = 0;
+};
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      ids.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      return invalid_argument("--prompt-ids: '" + item + "' is not an integer token id");
+    }
+  }
+  return ids;
+}
+
+// One JSONL line -> Request, with errors naming the line and field.
+Result<engine::Request> parse_request_line(const std::string& line, size_t line_no, const GenerateOptions& o) {
+  std::string where = "requests line " + std::to_string(line_no);
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument(where + ": not a JSON object");
+  engine::Request r;
+  r.sampling.max_tokens = o.max_tokens;
+  r.sampling.temperature = o.temperature;
+  r.sampling.top_k = o.top_k;
+  r.sampling.top_p = o.top_p;
+  r.sampling.ignore_eos = o.ignore_eos;
+  if (o.seed >= 0) r.sampling.seed = uint64_t(o.seed);
+  try {
+    if (j.contains("adapter") && !j["adapter"].is_null()) r.adapter = j["adapter"].get<std::string>();
+    if (!j.contains("prompt_ids")) return invalid_argument(where + ": missing field 'prompt_ids'");
+    r.prompt_ids = j["prompt_ids"].get<std::vector<int32_t>>();
+    if (j.contains("max_tokens")) r.sampling.max_tokens = j["max_tokens"].get<int>();
+    if (j.contains("temperature")) r.sampling.temperature = j["temperature"].get<float>();
+    if (j.contains("top_k")) r.sampling.top_k = j["top_k"].get<int>();
+    if (j.contains("top_p")) r.sampling.top_p = j["top_p"].get<float>();
+    if (j.contains("seed")) r.sampling.seed = j["seed"].get<uint64_t>();
+    if (j.contains("ignore_eos")) r.sampling.ignore_eos = j["ignore_eos"].get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument(where + ": " + e.what());
+  }
+  return r;
+}
+
+int run_generate(const GenerateOptions& o) {
+  auto fail = [](const Status& s) {
+    std::cerr << "loramux generate: " << s.message() << "\n";
+    return 1;
+  };
+  Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device);
+  if (!backend.ok()) return fail(backend.status());
+  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed);
+  if (!weights.ok()) return fail(weights.status());
+  Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, o.engine);
+  if (!created.ok()) return fail(created.status());
+  engine::Engine& eng = **created;
+
+  const lora::BaseModelShapes shapes = engine::lora_shapes(weights->config);
+  lora::AdapterLimits limits{.max_rank = o.engine.max_lora_rank};
+  for (const std::string& arg : o.loras) {
+    std::string name, dir;
+    Status parsed = engine::parse_lora_argument(arg, &name, &dir);
+    if (!parsed.ok()) return fail(parsed);
+    Result<lora::Adapter> adapter = lora::load_adapter(dir, name, shapes, limits);
+    if (!adapter.ok()) return fail(adapter.status());
+    Status added = eng.add_adapter(std::move(adapter).value());
+    if (!added.ok()) return fail(added);
+  }
+  for (int i = 0; i < o.dummy_loras; ++i) {
+    Status added = eng.add_adapter(lora::make_dummy_adapter("lora" + std::to_string(i), shapes, o.dummy_lora_rank,
+                                                            o.weight_seed + 1000 + uint64_t(i)));
+    if (!added.ok()) return fail(added);
+  }
+
+  // Requests, in input order; a malformed one becomes an error line, not an abort.
+  std::vector<Result<engine::Request>> requests;
+  if (!o.requests_file.empty()) {
+    std::ifstream in(o.requests_file);
+    if (!in) return fail(io_error("cannot open requests file '" + o.requests_file + "'"));
+    std::string line;
+    size_t line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      requests.push_back(parse_request_line(line, line_no, o));
+    }
+  } else {
+    Result<std::vector<int32_t>> ids = parse_ids(o.prompt_ids);
+    if (!ids.ok()) return fail(ids.status());
+    engine::Request r;
+    r.adapter = o.adapter;
+    r.prompt_ids = *ids;
+    r.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .max_tokens = o.max_tokens,
+                  .ignore_eos = o.ignore_eos};
+    if (o.seed >= 0) r.sampling.seed = uint64_t(o.seed);
+    requests.push_back(r);
+  }
+
+  std::vector<nlohmann::json> results(requests.size());
+  std::vector<std::pair<uint64_t, size_t>> ids;  // request id -> input index
+  bool any_error = false;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    results[i] = {{"index", i}};
+    Result<uint64_t> id = requests[i].ok() ? eng.add_request(requests[i].value()) : Result<uint64_t>(requests[i].status());
+    if (!id.ok()) {
+      results[i]["error"] = id.status().message();
+      any_error = true;
+      continue;
+    }
+    results[i]["adapter"] = requests[i]->adapter.empty() ? nlohmann::json(nullptr) : nlohmann::json(requests[i]->adapter);
+    ids.push_back({*id, i});
+  }
+  while (eng.has_work()) {
+    if (eng.step().empty()) {
+      std::cerr << "loramux generate: the scheduler cannot make progress (KV cache or adapter slots too small)\n";
+      return 1;
+    }
+  }
+  for (auto [id, index] : ids) {
+    std::unique_ptr<engine::Sequence> seq = eng.take_finished(id);
+    LMX_CHECK(seq != nullptr);
+    results[index]["token_ids"] = std::vector<int32_t>(seq->tokens.begin() + seq->prompt_len, seq->tokens.end());
+    results[index]["finish_reason"] = engine::finish_reason_name(seq->finish);
+  }
+  for (const nlohmann::json& r : results) std::cout << r.dump() << "\n";
+  return any_error ? 1 : 0;
+}
+
+}  // namespace
+
+std::function<int()> add_generate_command(CLI::App& app) {
+  auto opts = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from prompt ids (greedy by default)");
+  cmd->add_option("--model", opts->model, "Hugging Face model directory or preset:NAME")->capture_default_str();
+  cmd->add_option("--device", opts->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--lora", opts->loras, "Adapter as NAME=DIR (PEFT directory); repeatable");
+  cmd->add_option("--dummy-loras", opts->dummy_loras, "Generate N random adapters lora0..")->capture_default_str();
+  cmd->add_option("--dummy-lora-rank", opts->dummy_lora_rank, "Rank of generated adapters")->capture_default_str();
+  cmd->add_option("--adapter", opts->adapter, "Adapter for --prompt-ids (default: base model)");
+  cmd->add_option("--prompt-ids", opts->prompt_ids, "Comma-separated prompt token ids")->capture_default_str();
+  cmd->add_option("--requests", opts->requests_file,
+                  "JSONL file: {\"adapter\": .., \"prompt_ids\": [..], \"max_tokens\": n} per line, run together");
+  cmd->add_option("--max-tokens", opts->max_tokens, "Tokens to generate per request")->capture_default_str();
+  cmd->add_option("--temperature", opts->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", opts->top_k, "0 = off")->capture_default_str();
+  cmd->add_option("--top-p", opts->top_p, "1 = off")->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Sampling seed (-1: per-request streams)")->capture_default_str();
+  cmd->add_flag("--ignore-eos", opts->ignore_eos, "Do not stop at EOS");
+  cmd->add_option("--max-loras", opts->engine.max_loras, "Adapter slots on the device")->capture_default_str();
+  cmd->add_option("--max-lora-rank", opts->engine.max_lora_rank, "Largest adapter rank accepted")->capture_default_str();
+  cmd->add_option("--max-num-seqs", opts->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", opts->engine.scheduler.max_num_batched_tokens, "Tokens per step")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", opts->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")
+      ->capture_default_str();
+  cmd->add_option("--page-size", opts->engine.scheduler.page_size, "KV-cache page size (tokens)")->capture_default_str();
+  cmd->add_option("--num-kv-pages", opts->engine.num_kv_pages, "KV-cache pages (0 = enough for max-num-seqs)")
+      ->capture_default_str();
+  cmd->add_option("--weight-seed", opts->weight_seed, "Seed of preset weights and dummy adapters")->capture_default_str();
+  return [opts, cmd]() { return cmd->parsed() ? run_generate(*opts) : 0; };
+}
+
+}  // namespace lmx::apps

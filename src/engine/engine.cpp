@@ -1,0 +1,273 @@
+// Engine implementation: request validation, the step loop, flat-batch construction and sampling inputs.
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "core/rng.h"
+#include "kv/page_allocator.h"
+
+namespace lmx::engine {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: return "";
+  }
+  return "";
+}
+
+lora::BaseModelShapes lora_shapes(const model::ModelConfig& c) {
+  using ops::LoraTarget;
+  lora::BaseModelShapes s;
+  s.family = std::string(model::family_name(c.family));
+  s.num_layers = c.num_layers;
+  s.num_experts = c.num_experts;
+  s.hidden_size = c.hidden_size;
+  s.moe_intermediate_size = c.moe_intermediate_size;
+  s.gate_up_interleaved = c.gate_up_layout == ops::GateUpLayout::kInterleaved;
+  auto set = [&](LoraTarget t, int in, int out) {
+    s.in_features[size_t(t)] = in;
+    s.out_features[size_t(t)] = out;
+  };
+  set(LoraTarget::kQ, c.hidden_size, c.q_dim());
+  set(LoraTarget::kK, c.hidden_size, c.kv_dim());
+  set(LoraTarget::kV, c.hidden_size, c.kv_dim());
+  set(LoraTarget::kO, c.q_dim(), c.hidden_size);
+  if (c.is_moe()) {
+    set(LoraTarget::kMoeGateUp, c.hidden_size, 2 * c.moe_intermediate_size);
+    set(LoraTarget::kMoeDown, c.moe_intermediate_size, c.hidden_size);
+  } else {
+    set(LoraTarget::kGate, c.hidden_size, c.intermediate_size);
+    set(LoraTarget::kUp, c.hidden_size, c.intermediate_size);
+    set(LoraTarget::kDown, c.intermediate_size, c.hidden_size);
+  }
+  return s;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weights, ops::Backend& backend,
+                                               const EngineConfig& config) {
+  const SchedulerLimits& lim = config.scheduler;
+  if (lim.max_num_seqs < 1) return invalid_argument("max_num_seqs must be >= 1, got " + std::to_string(lim.max_num_seqs));
+  if (lim.max_num_batched_tokens < 1)
+    return invalid_argument("max_num_batched_tokens must be >= 1, got " + std::to_string(lim.max_num_batched_tokens));
+  if (lim.page_size < 1) return invalid_argument("page_size must be >= 1, got " + std::to_string(lim.page_size));
+  if (lim.max_model_len < 2) return invalid_argument("max_model_len must be >= 2, got " + std::to_string(lim.max_model_len));
+  if (config.max_loras < 1) return invalid_argument("max_loras must be >= 1, got " + std::to_string(config.max_loras));
+  if (config.max_lora_rank < 1)
+    return invalid_argument("max_lora_rank must be >= 1, got " + std::to_string(config.max_lora_rank));
+  int per_seq = kv::pages_for_tokens(lim.max_model_len, lim.page_size);
+  if (config.num_kv_pages != 0 && config.num_kv_pages < per_seq)
+    return invalid_argument("num_kv_pages " + std::to_string(config.num_kv_pages) + " cannot hold one sequence of max_model_len " +
+                            std::to_string(lim.max_model_len) + " (needs " + std::to_string(per_seq) + " pages)");
+  return std::unique_ptr<Engine>(new Engine(weights, backend, config));
+}
+
+Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config)
+    : config_(config), backend_(backend) {
+  const SchedulerLimits& lim = config_.scheduler;
+  const int T = lim.max_num_batched_tokens, B = lim.max_num_seqs;
+  max_pages_per_seq_ = kv::pages_for_tokens(lim.max_model_len, lim.page_size);
+  if (config_.num_kv_pages == 0) config_.num_kv_pages = max_pages_per_seq_ * B;
+  model_ = std::make_unique<model::Model>(weights, backend, model::ModelLimits{.max_tokens = T, .max_seqs = B});
+  cache_ = model::KvCache::allocate(backend, weights.config, config_.num_kv_pages, lim.page_size);
+  adapters_ = std::make_unique<AdapterStore>(backend, lora_shapes(weights.config), config_.max_loras, config_.max_lora_rank);
+  scheduler_ = std::make_unique<Scheduler>(lim, config_.num_kv_pages, adapters_.get());
+
+  auto stage = [&](DType dtype, std::initializer_list<int64_t> dims) {
+    Staged s{OwnedTensor::host(dtype, dims), backend.empty(dtype, dims)};
+    return s;
+  };
+  token_ids_ = stage(DType::I32, {T});
+  positions_ = stage(DType::I32, {T});
+  token_slot_ = stage(DType::I32, {T});
+  seq_start_ = stage(DType::I32, {B + 1});
+  block_table_ = stage(DType::I32, {B, max_pages_per_seq_});
+  kv_write_index_ = stage(DType::I32, {T});
+  sample_index_ = stage(DType::I32, {B});
+  temperature_ = stage(DType::F32, {B});
+  top_k_ = stage(DType::I32, {B});
+  top_p_ = stage(DType::F32, {B});
+  uniform_ = stage(DType::F32, {B});
+  sampled_tokens_ = stage(DType::I32, {B});
+}
+
+Status Engine::add_adapter(lora::Adapter adapter) { return adapters_->add(std::move(adapter)); }
+
+Result<uint64_t> Engine::add_request(Request request) {
+  const model::ModelConfig& mc = model_->config();
+  const SchedulerLimits& lim = config_.scheduler;
+  if (!request.adapter.empty() && !adapters_->contains(request.adapter))
+    return not_found("unknown adapter '" + request.adapter + "' (loaded: " + std::to_string(adapters_->names().size()) + ")");
+  if (request.prompt_ids.empty()) return invalid_argument("prompt is empty");
+  for (size_t i = 0; i < request.prompt_ids.size(); ++i) {
+    int32_t id = request.prompt_ids[i];
+    if (id < 0 || id >= mc.vocab_size)
+      return invalid_argument("prompt token " + std::to_string(i) + " is " + std::to_string(id) + ", outside the vocabulary [0, " +
+                              std::to_string(mc.vocab_size) + ")");
+  }
+  const SamplingOptions& so = request.sampling;
+  if (so.max_tokens < 1) return invalid_argument("max_tokens must be >= 1, got " + std::to_string(so.max_tokens));
+  if (!(so.temperature >= 0.0f)) return invalid_argument("temperature must be >= 0, got " + std::to_string(so.temperature));
+  if (so.top_k < 0) return invalid_argument("top_k must be >= 0, got " + std::to_string(so.top_k));
+  if (!(so.top_p > 0.0f && so.top_p <= 1.0f)) return invalid_argument("top_p must be in (0, 1], got " + std::to_string(so.top_p));
+  int64_t total = int64_t(request.prompt_ids.size()) + so.max_tokens;
+  if (total > lim.max_model_len)
+    return invalid_argument("prompt (" + std::to_string(request.prompt_ids.size()) + " tokens) + max_tokens (" +
+                            std::to_string(so.max_tokens) + ") exceeds max_model_len " + std::to_string(lim.max_model_len));
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_id_++;
+  seq->tokens = request.prompt_ids;
+  seq->prompt_len = int(request.prompt_ids.size());
+  seq->request = std::move(request);
+  uint64_t id = seq->id;
+  scheduler_->add(std::move(seq));
+  return id;
+}
+
+void Engine::build_batch(const std::vector<ScheduledSeq>& step) {
+  const int P = config_.scheduler.page_size;
+  int32_t* token_ids = token_ids_.host.view.ptr<int32_t>();
+  int32_t* positions = positions_.host.view.ptr<int32_t>();
+  int32_t* token_slot = token_slot_.host.view.ptr<int32_t>();
+  int32_t* seq_start = seq_start_.host.view.ptr<int32_t>();
+  int32_t* block_table = block_table_.host.view.ptr<int32_t>();
+  int32_t* kv_write = kv_write_index_.host.view.ptr<int32_t>();
+  int32_t* sample_index = sample_index_.host.view.ptr<int32_t>();
+  int t = 0, num_samples = 0;
+  bool any_lora = false;
+  for (size_t b = 0; b < step.size(); ++b) {
+    const Sequence& seq = *step[b].seq;
+    seq_start[b] = t;
+    int32_t* row = block_table + b * size_t(max_pages_per_seq_);
+    std::fill(row, row + max_pages_per_seq_, 0);
+    std::copy(seq.pages.begin(), seq.pages.end(), row);
+    for (int i = 0; i < step[b].num_tokens; ++i, ++t) {
+      int pos = seq.num_computed + i;
+      token_ids[t] = seq.tokens[size_t(pos)];
+      positions[t] = pos;
+      token_slot[t] = seq.slot;
+      kv_write[t] = seq.pages[size_t(pos / P)] * P + pos % P;
+    }
+    any_lora |= seq.slot >= 0;
+    if (step[b].sample) sample_index[num_samples++] = t - 1;
+  }
+  const int B = int(step.size());
+  seq_start[B] = t;
+
+  auto upload = [&](Staged& s, int64_t rows) {
+    Tensor dst = s.device.view.rows(0, rows), src = s.host.view.rows(0, rows);
+    backend_.copy(dst, src);
+    return dst;
+  };
+  batch_ = model::BatchView{};
+  batch_.num_tokens = t;
+  batch_.num_seqs = B;
+  batch_.num_samples = num_samples;
+  batch_.token_ids = upload(token_ids_, t);
+  batch_.positions = upload(positions_, t);
+  batch_.token_slot = upload(token_slot_, t);
+  batch_.seq_start = upload(seq_start_, B + 1);
+  batch_.block_table = upload(block_table_, B);
+  batch_.kv_write_index = upload(kv_write_index_, t);
+  batch_.sample_index = upload(sample_index_, num_samples);
+  batch_.any_lora = any_lora;
+}
+
+// One uniform number per sampled row from the request's stream and the index of the token being drawn,
+// so a seeded request samples the same tokens however it is batched.
+std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
+  std::vector<int32_t> tokens;
+  int S = int(logits.dim(0));
+  if (S == 0) return tokens;
+  float* temperature = temperature_.host.view.ptr<float>();
+  int32_t* top_k = top_k_.host.view.ptr<int32_t>();
+  float* top_p = top_p_.host.view.ptr<float>();
+  float* uniform = uniform_.host.view.ptr<float>();
+  int i = 0;
+  for (const ScheduledSeq& s : step) {
+    if (!s.sample) continue;
+    const SamplingOptions& so = s.seq->request.sampling;
+    temperature[i] = so.temperature;
+    top_k[i] = so.top_k;
+    top_p[i] = so.top_p;
+    uint64_t stream = so.seed ? mix64(*so.seed) : mix64(config_.seed ^ mix64(s.seq->id));
+    uint64_t draw = mix64(stream ^ mix64(uint64_t(s.seq->num_generated())));
+    uniform[i] = float(draw >> 40) * (1.0f / 16777216.0f);
+    ++i;
+  }
+  auto upload = [&](Staged& st) {
+    Tensor dst = st.device.view.rows(0, S);
+    backend_.copy(dst, st.host.view.rows(0, S));
+    return dst;
+  };
+  Tensor out = sampled_tokens_.device.view.rows(0, S);
+  backend_.sample({.logits = logits,
+                   .temperature = upload(temperature_),
+                   .top_k = upload(top_k_),
+                   .top_p = upload(top_p_),
+                   .uniform = upload(uniform_),
+                   .out_tokens = out});
+  backend_.copy(sampled_tokens_.host.view.rows(0, S), out);
+  const int32_t* host = sampled_tokens_.host.view.ptr<int32_t>();
+  tokens.assign(host, host + S);
+  return tokens;
+}
+
+std::vector<StepOutput> Engine::step() {
+  std::vector<StepOutput> outputs;
+  // 1. schedule
+  std::vector<ScheduledSeq> step = scheduler_->schedule();
+  if (step.empty()) return outputs;
+  // 2. run
+  build_batch(step);
+  const model::ModelConfig& mc = model_->config();
+  const lora::SlotTable& slots = adapters_->slots();
+  Tensor logits = model_->forward(batch_, cache_, [&](int layer, ops::LoraTarget target) {
+    return slots.stack(layer, target);
+  });
+  // 3. sample
+  std::vector<int32_t> tokens = sample(step, logits);
+  scheduler_->commit(step);
+  // 4. postprocess
+  OwnedTensor host_logits;
+  int i = 0;
+  for (const ScheduledSeq& s : step) {
+    if (!s.sample) continue;
+    Sequence* seq = s.seq;
+    int32_t token = tokens[size_t(i)];
+    if (seq->request.return_logits) {
+      if (!host_logits.view.defined()) {
+        host_logits = OwnedTensor::host(DType::F32, {logits.dim(0), logits.dim(1)});
+        backend_.copy(host_logits.view, logits);
+      }
+      const float* row = host_logits.view.row(i).ptr<float>();
+      seq->logits.emplace_back(row, row + mc.vocab_size);
+    }
+    ++i;
+    seq->tokens.push_back(token);
+    const SamplingOptions& so = seq->request.sampling;
+    FinishReason reason = FinishReason::kNone;
+    bool is_eos = std::find(mc.eos_token_ids.begin(), mc.eos_token_ids.end(), token) != mc.eos_token_ids.end();
+    bool is_stop = std::find(so.stop_token_ids.begin(), so.stop_token_ids.end(), token) != so.stop_token_ids.end();
+    if ((is_eos && !so.ignore_eos) || is_stop) reason = FinishReason::kStop;
+    else if (seq->num_generated() >= so.max_tokens) reason = FinishReason::kLength;
+    outputs.push_back({.id = seq->id, .token = token, .finished = reason != FinishReason::kNone, .finish = reason});
+    if (reason != FinishReason::kNone) {
+      std::unique_ptr<Sequence> done = scheduler_->finish(seq, reason);
+      finished_[done->id] = std::move(done);
+    }
+  }
+  return outputs;
+}
+
+std::unique_ptr<Sequence> Engine::take_finished(uint64_t id) {
+  auto it = finished_.find(id);
+  if (it == finished_.end()) return nullptr;
+  std::unique_ptr<Sequence> seq = std::move(it->second);
+  finished_.erase(it);
+  return seq;
+}
+
+}  // namespace lmx::engine

@@ -1,0 +1,72 @@
+// Engine: the serving loop of design.md §1. step() = schedule → run (build the flat batch, one forward
+// pass) → sample → postprocess (append tokens, stop checks, free finished sequences). Owns the model on
+// its backend, the KV cache, the adapter store and the scheduler. Single-threaded: the caller drives it.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/adapter_store.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "model/forward.h"
+
+namespace lmx::engine {
+
+struct EngineConfig {
+  SchedulerLimits scheduler;
+  int num_kv_pages = 0;  // 0 = enough for max_num_seqs sequences of max_model_len
+  int max_loras = 4;     // adapter slots on the device (--max-loras)
+  int max_lora_rank = 64;
+  uint64_t seed = 0;     // derives per-request sampling streams when a request has no seed
+};
+
+// The base model's LoRA target shapes, for adapter validation.
+lora::BaseModelShapes lora_shapes(const model::ModelConfig& config);
+
+class Engine {
+ public:
+  // Validates the config against the model (e.g. max_model_len vs the KV cache) and allocates everything.
+  static Result<std::unique_ptr<Engine>> create(const model::ModelWeights& weights, ops::Backend& backend,
+                                                 const EngineConfig& config);
+
+  Status add_adapter(lora::Adapter adapter);
+  const AdapterStore& adapters() const { return *adapters_; }
+  // Queue a request; errors name the problem (unknown adapter, empty or too long prompt, bad token id,
+  // bad sampling option). Returns the request id.
+  Result<uint64_t> add_request(Request request);
+  bool has_work() const { return scheduler_->has_work(); }
+  std::vector<StepOutput> step();
+  // A finished sequence (tokens, finish reason, logits if asked), removed from the engine.
+  std::unique_ptr<Sequence> take_finished(uint64_t id);
+
+  const model::Model& model() const { return *model_; }
+  const EngineConfig& config() const { return config_; }
+  model::Model& mutable_model() { return *model_; }
+
+ private:
+  Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config);
+  void build_batch(const std::vector<ScheduledSeq>& step);
+  std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits);
+
+  EngineConfig config_;
+  ops::Backend& backend_;
+  std::unique_ptr<model::Model> model_;
+  model::KvCache cache_;
+  std::unique_ptr<AdapterStore> adapters_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int max_pages_per_seq_ = 0;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, std::unique_ptr<Sequence>> finished_;
+
+  // Host staging of the flat batch and their device twins, sized from the limits once.
+  struct Staged {
+    OwnedTensor host, device;
+  };
+  Staged token_ids_, positions_, token_slot_, seq_start_, block_table_, kv_write_index_, sample_index_;
+  Staged temperature_, top_k_, top_p_, uniform_, sampled_tokens_;
+  model::BatchView batch_;
+};
+
+}  // namespace lmx::engine

@@ -1,0 +1,60 @@
+// Scheduler: each step picks what runs — every running sequence's pending tokens (decode: one token;
+// a prefill in progress: its next chunk) and then waiting prompts, FIFO — within the token, sequence,
+// KV-page and adapter-slot budgets. When a running sequence cannot get a KV page the most recently
+// admitted sequence is preempted (pages freed, recomputed later). Plain host data structure.
+#pragma once
+#include <deque>
+#include <list>
+#include <memory>
+
+#include "engine/adapter_store.h"
+#include "engine/request.h"
+#include "kv/page_allocator.h"
+
+namespace lmx::engine {
+
+struct SchedulerLimits {
+  int max_num_seqs = 16;              // B per step
+  int max_num_batched_tokens = 2048;  // T per step
+  int page_size = 16;                 // P
+  int max_model_len = 4096;           // prompt + output tokens of one sequence
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int num_tokens = 0;   // tokens fed this step: seq->tokens[num_computed, num_computed + num_tokens)
+  bool sample = false;  // the last fed token completes the sequence's pending input: sample after it
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerLimits& limits, int num_kv_pages, AdapterStore* adapters);
+
+  void add(std::unique_ptr<Sequence> seq);
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  // Plan one step; empty when nothing can run (e.g. waiting prompts that do not fit the KV cache at all).
+  std::vector<ScheduledSeq> schedule();
+  // After the step ran: mark the fed tokens computed (call before appending sampled tokens).
+  void commit(const std::vector<ScheduledSeq>& step);
+  // Finish a running sequence: free its pages and adapter slot; returns ownership to the caller.
+  std::unique_ptr<Sequence> finish(Sequence* seq, FinishReason reason);
+
+  const SchedulerLimits& limits() const { return limits_; }
+  const kv::PageAllocator& pages() const { return pages_; }
+  int num_running() const { return int(running_.size()); }
+  int num_waiting() const { return int(waiting_.size()); }
+  uint64_t num_preemptions() const { return preemptions_; }
+
+ private:
+  bool ensure_pages(Sequence* seq, int tokens_after);
+  void preempt(std::list<std::unique_ptr<Sequence>>::iterator it);
+
+  SchedulerLimits limits_;
+  kv::PageAllocator pages_;
+  AdapterStore* adapters_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::list<std::unique_ptr<Sequence>> running_;  // admission order
+  uint64_t preemptions_ = 0;
+};
+
+}  // namespace lmx::engine

@@ -1,0 +1,22 @@
+// Turning CLI-level choices into engine parts: the backend for a device name, the base model from a
+// directory or a preset, and adapters from PEFT directories or generated (--dummy-loras).
+// Who calls: apps/ (generate, inspect; later serve and bench).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace lmx::engine {
+
+// "cpu" or "cuda" (the latter only when built with LORAMUX_CUDA); error names the device otherwise.
+Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device);
+
+// `preset:NAME` (generated weights, seeded) or a Hugging Face model directory.
+Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed);
+
+// "NAME=DIR" as given to --lora; error names the malformed argument.
+Status parse_lora_argument(const std::string& arg, std::string* name, std::string* dir);
+
+}  // namespace lmx::engine
