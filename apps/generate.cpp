@@ -147,7 +147,7 @@ int run_generate(const GenerateOptions& o) {
     ids.push_back({*id, i});
   }
   while (eng.has_work()) {
-    if (eng.step().empty()) {
+    if (eng.step().num_tokens == 0) {
       std::cerr << "loramux generate: the scheduler cannot make progress (KV cache or adapter slots too small)\n";
       return 1;
     }

@@ -215,13 +215,15 @@ std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const
   return tokens;
 }
 
-std::vector<StepOutput> Engine::step() {
-  std::vector<StepOutput> outputs;
+Engine::StepReport Engine::step() {
+  StepReport report;
+  std::vector<StepOutput>& outputs = report.outputs;
   // 1. schedule
   std::vector<ScheduledSeq> step = scheduler_->schedule();
-  if (step.empty()) return outputs;
+  if (step.empty()) return report;
   // 2. run
   build_batch(step);
+  report.num_tokens = batch_.num_tokens;
   const model::ModelConfig& mc = model_->config();
   const lora::SlotTable& slots = adapters_->slots();
   Tensor logits = model_->forward(batch_, cache_, [&](int layer, ops::LoraTarget target) {
@@ -259,7 +261,7 @@ std::vector<StepOutput> Engine::step() {
       finished_[done->id] = std::move(done);
     }
   }
-  return outputs;
+  return report;
 }
 
 std::unique_ptr<Sequence> Engine::take_finished(uint64_t id) {

@@ -37,10 +37,17 @@ class Engine {
   // bad sampling option). Returns the request id.
   Result<uint64_t> add_request(Request request);
   bool has_work() const { return scheduler_->has_work(); }
-  std::vector<StepOutput> step();
+  // One step. A step that only prefills chunks yields no outputs but ran tokens; 0 tokens with
+  // has_work() means the waiting requests cannot be scheduled (a caller's stall check).
+  struct StepReport {
+    int num_tokens = 0;
+    std::vector<StepOutput> outputs;
+  };
+  StepReport step();
   // A finished sequence (tokens, finish reason, logits if asked), removed from the engine.
   std::unique_ptr<Sequence> take_finished(uint64_t id);
 
+  const Scheduler& scheduler() const { return *scheduler_; }
   const model::Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
   model::Model& mutable_model() { return *model_; }

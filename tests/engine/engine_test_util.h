@@ -24,7 +24,10 @@ inline std::vector<RunResult> run_all(Engine& engine, const std::vector<Request>
   }
   int guard = 0;
   while (engine.has_work()) {
-    EXPECT_FALSE(engine.step().empty()) << "no progress";
+    if (engine.step().num_tokens == 0) {
+      ADD_FAILURE() << "no progress";
+      break;
+    }
     if (++guard > 100000) break;
   }
   std::vector<RunResult> out;

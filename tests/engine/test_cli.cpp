@@ -12,15 +12,15 @@
 
 namespace {
 
-struct Run {
+struct CliRun {
   int exit_code = -1;
   std::string out;  // stdout and stderr together
 };
 
-Run run_cli(const std::string& args) {
+CliRun run_cli(const std::string& args) {
   const char* bin = std::getenv("LORAMUX_BIN");
   EXPECT_NE(bin, nullptr) << "LORAMUX_BIN not set (ctest sets it)";
-  Run r;
+  CliRun r;
   if (!bin) return r;
   std::string cmd = std::string(bin) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -46,7 +46,7 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
 }
 
 TEST(Cli, GenerateDefaultRuns) {
-  Run r = run_cli("generate --max-tokens 5 --ignore-eos");
+  CliRun r = run_cli("generate --max-tokens 5 --ignore-eos");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 1u) << r.out;
@@ -63,7 +63,7 @@ TEST(Cli, RequestsFileMixesAdaptersAndReportsBadLinesInOrder) {
       << "not json\n"
       << R"({"adapter": "lora1", "prompt_ids": [5, 6, 7], "max_tokens": 4})" << "\n";
   }
-  Run r = run_cli("generate --dummy-loras 2 --ignore-eos --requests " + file.string());
+  CliRun r = run_cli("generate --dummy-loras 2 --ignore-eos --requests " + file.string());
   EXPECT_EQ(r.exit_code, 1) << r.out;  // some requests failed
   auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 5u) << r.out;
@@ -77,26 +77,26 @@ TEST(Cli, RequestsFileMixesAdaptersAndReportsBadLinesInOrder) {
   EXPECT_TRUE(lines[0]["token_ids"] != lines[1]["token_ids"] || lines[4]["token_ids"] != lines[1]["token_ids"]);
 
   // The same requests one by one give the same tokens as the mixed batch.
-  Run alone = run_cli("generate --dummy-loras 2 --ignore-eos --adapter lora0 --prompt-ids 5,6,7 --max-tokens 4");
+  CliRun alone = run_cli("generate --dummy-loras 2 --ignore-eos --adapter lora0 --prompt-ids 5,6,7 --max-tokens 4");
   ASSERT_EQ(alone.exit_code, 0) << alone.out;
   EXPECT_EQ(json_lines(alone.out)[0]["token_ids"], lines[0]["token_ids"]);
   std::filesystem::remove(file);
 }
 
 TEST(Cli, BadArgumentsFailWithMessage) {
-  Run bad_model = run_cli("generate --model /nonexistent/model");
+  CliRun bad_model = run_cli("generate --model /nonexistent/model");
   EXPECT_NE(bad_model.exit_code, 0);
   EXPECT_NE(bad_model.out.find("/nonexistent/model"), std::string::npos) << bad_model.out;
-  Run bad_preset = run_cli("generate --model preset:nope");
+  CliRun bad_preset = run_cli("generate --model preset:nope");
   EXPECT_NE(bad_preset.exit_code, 0);
   EXPECT_NE(bad_preset.out.find("nope"), std::string::npos) << bad_preset.out;
-  Run bad_lora = run_cli("generate --lora justaname");
+  CliRun bad_lora = run_cli("generate --lora justaname");
   EXPECT_NE(bad_lora.exit_code, 0);
   EXPECT_NE(bad_lora.out.find("NAME=DIR"), std::string::npos) << bad_lora.out;
-  Run bad_ids = run_cli("generate --prompt-ids 1,x");
+  CliRun bad_ids = run_cli("generate --prompt-ids 1,x");
   EXPECT_NE(bad_ids.exit_code, 0);
   EXPECT_NE(bad_ids.out.find("'x'"), std::string::npos) << bad_ids.out;
-  Run bad_device = run_cli("generate --device tpu");
+  CliRun bad_device = run_cli("generate --device tpu");
   EXPECT_NE(bad_device.exit_code, 0);
   EXPECT_NE(bad_device.out.find("tpu"), std::string::npos) << bad_device.out;
 }
