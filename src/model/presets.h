@@ -1,0 +1,35 @@
+// Built-in architecture presets (the published configs of gpt-oss-20b/120b, Qwen3-30B-A3B, Mixtral-8x7B,
+// plus tiny test models) and seeded random weights for them, for benchmarks and tests where no checkpoint
+// can be downloaded. Names may carry the CLI's "preset:" prefix. Who calls: engine setup, `inspect`, tests.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace lmx::model {
+
+// Every preset name, e.g. "gpt-oss-20b", "tiny-moe".
+std::vector<std::string> preset_names();
+
+// The architecture of a preset; an error listing the known names otherwise. Allocates nothing.
+Result<ModelConfig> preset_config(std::string_view name);
+
+// The preset's config with generated weights (see make_random_weights). Fails, before allocating, when
+// the bf16 weights would not fit in the host's available memory.
+Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed);
+
+// Deterministic weights for any config: each tensor's values depend only on (seed, tensor name), never on
+// the thread count. Linear weights ~ N(0, 1/fan_in) (≈0.02 at H=2880) so logits and router scores have
+// unit scale at every size; embeddings ~ N(0, 1); norms = 1; biases ~ N(0, 0.02²); sinks ~ N(0, 1).
+// Values are approximately normal (a sum of four uniforms, variance-matched), which is plenty for weights.
+Result<ModelWeights> make_random_weights(const ModelConfig& config, uint64_t seed);
+
+// Bytes of bf16 weights make_random_weights allocates for `config`.
+uint64_t weight_bytes(const ModelConfig& config);
+
+}  // namespace lmx::model

@@ -1,0 +1,203 @@
+// Tests of the built-in presets: the published architectures' numbers, name handling, and generated
+// weights that are deterministic, seed-dependent, correctly shaped and sensibly scaled.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/presets.h"
+
+namespace lmx::model {
+namespace {
+
+TEST(Presets, GptOss20bIsThePublishedArchitecture) {
+  auto r = preset_config("gpt-oss-20b");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.family, Family::kGptOss);
+  EXPECT_EQ(c.num_layers, 24);
+  EXPECT_EQ(c.hidden_size, 2880);
+  EXPECT_EQ(c.num_heads, 64);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.experts_per_token, 4);
+  EXPECT_EQ(c.moe_intermediate_size, 2880);
+  EXPECT_EQ(c.vocab_size, 201088);
+  EXPECT_EQ(c.sliding_window, 128);
+  ASSERT_EQ(c.layer_sliding.size(), 24u);
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(c.layer_sliding[size_t(i)], i % 2 == 0) << i;
+  EXPECT_EQ(c.rope.type, ops::RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope.theta, 150000.0);
+  EXPECT_EQ(c.rope.factor, 32.0);
+  EXPECT_EQ(c.rope.original_max_position, 4096);
+  EXPECT_EQ(c.rope.beta_fast, 32.0);
+  EXPECT_EQ(c.rope.beta_slow, 1.0);
+  EXPECT_FALSE(c.rope.truncate);
+  EXPECT_FLOAT_EQ(c.swiglu_limit, 7.0f);
+  EXPECT_FLOAT_EQ(c.swiglu_alpha, 1.702f);
+  EXPECT_EQ(c.routing, ops::RoutingRule::kTopKThenSoftmax);
+  EXPECT_EQ(c.gate_up_layout, ops::GateUpLayout::kInterleaved);
+  EXPECT_TRUE(c.attention_sinks && c.attention_bias && c.router_bias && c.expert_bias);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int>{200002});
+  // 20.9B parameters as published.
+  const double params = double(weight_bytes(c)) / 2;
+  EXPECT_GT(params, 20.8e9);
+  EXPECT_LT(params, 21.0e9);
+}
+
+TEST(Presets, OtherPublishedArchitectures) {
+  auto big = preset_config("gpt-oss-120b");
+  ASSERT_TRUE(big.ok()) << big.status().message();
+  EXPECT_EQ(big->num_layers, 36);
+  EXPECT_EQ(big->num_experts, 128);
+  EXPECT_EQ(big->layer_sliding.size(), 36u);
+  EXPECT_FALSE(big->layer_sliding[35]);
+  EXPECT_NEAR(double(weight_bytes(*big)) / 2, 116.8e9, 0.3e9);
+
+  auto qwen = preset_config("qwen3-30b-a3b");
+  ASSERT_TRUE(qwen.ok()) << qwen.status().message();
+  EXPECT_EQ(qwen->family, Family::kQwen3Moe);
+  EXPECT_EQ(qwen->num_layers, 48);
+  EXPECT_EQ(qwen->hidden_size, 2048);
+  EXPECT_EQ(qwen->num_heads, 32);
+  EXPECT_EQ(qwen->num_kv_heads, 4);
+  EXPECT_EQ(qwen->head_dim, 128);
+  EXPECT_EQ(qwen->num_experts, 128);
+  EXPECT_EQ(qwen->experts_per_token, 8);
+  EXPECT_EQ(qwen->moe_intermediate_size, 768);
+  EXPECT_TRUE(qwen->norm_topk_prob);
+  EXPECT_TRUE(qwen->qk_norm);
+  EXPECT_EQ(qwen->rope.theta, 1e6);
+  EXPECT_NEAR(double(weight_bytes(*qwen)) / 2, 30.5e9, 0.2e9);
+
+  auto mixtral = preset_config("mixtral-8x7b");
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status().message();
+  EXPECT_EQ(mixtral->family, Family::kMixtral);
+  EXPECT_EQ(mixtral->num_layers, 32);
+  EXPECT_EQ(mixtral->hidden_size, 4096);
+  EXPECT_EQ(mixtral->num_experts, 8);
+  EXPECT_EQ(mixtral->experts_per_token, 2);
+  EXPECT_EQ(mixtral->moe_intermediate_size, 14336);
+  EXPECT_EQ(mixtral->sliding_window, 0);
+  EXPECT_NEAR(double(weight_bytes(*mixtral)) / 2, 46.7e9, 0.1e9);
+}
+
+TEST(Presets, NamesWithAndWithoutPrefix) {
+  for (const auto& name : preset_names()) {
+    auto bare = preset_config(name);
+    auto prefixed = preset_config("preset:" + name);
+    ASSERT_TRUE(bare.ok()) << name << ": " << bare.status().message();
+    ASSERT_TRUE(prefixed.ok()) << name;
+    EXPECT_EQ(bare->num_layers, prefixed->num_layers);
+    EXPECT_EQ(int(bare->layer_sliding.size()), bare->num_layers) << name;
+  }
+  auto unknown = preset_config("preset:gpt-5");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("'preset:gpt-5'"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("gpt-oss-20b"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("tiny-moe"), std::string::npos);
+  EXPECT_FALSE(make_preset_model("nope", 1).ok());
+}
+
+TEST(Presets, TinyMoeExercisesRoutingAndSlidingWindow) {
+  auto c = preset_config("tiny-moe");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->is_moe());
+  EXPECT_GT(c->num_experts, c->experts_per_token);
+  EXPECT_GT(c->experts_per_token, 1);
+  EXPECT_GT(c->sliding_window, 0);
+  EXPECT_EQ(c->layer_sliding, (std::vector<bool>{true, false}));
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->head_dim, 16);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.same_shape(b) && a.dtype == b.dtype && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+}
+
+void stats(const Tensor& t, double* mean, double* stddev, bool* finite) {
+  double sum = 0, sum2 = 0;
+  *finite = true;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double v = bf16_to_f32(bf16{t.ptr<uint16_t>()[i]});
+    *finite = *finite && std::isfinite(v);
+    sum += v;
+    sum2 += v * v;
+  }
+  *mean = sum / double(t.numel());
+  *stddev = std::sqrt(sum2 / double(t.numel()) - *mean * *mean);
+}
+
+TEST(Presets, GeneratedWeightsDeterministicShapedAndScaled) {
+  auto a = make_preset_model("preset:tiny-moe", 42);
+  auto b = make_preset_model("tiny-moe", 42);
+  auto other = make_preset_model("tiny-moe", 43);
+  ASSERT_TRUE(a.ok() && b.ok() && other.ok()) << a.status().message();
+  const ModelConfig& c = a->config;
+  EXPECT_TRUE(same_bytes(a->embed, b->embed));
+  EXPECT_TRUE(same_bytes(a->layers[1].gate_up, b->layers[1].gate_up));
+  EXPECT_FALSE(same_bytes(a->embed, other->embed));
+  EXPECT_FALSE(same_bytes(a->layers[0].q, a->layers[1].q));  // tensors differ by name, not just by seed
+
+  const LayerWeights& l = a->layers[0];
+  EXPECT_EQ(a->embed.shape_str(), "[256, 64] BF16");
+  EXPECT_EQ(a->lm_head.shape_str(), "[256, 64] BF16");
+  EXPECT_EQ(l.q.shape_str(), "[64, 64] BF16");
+  EXPECT_EQ(l.k.shape_str(), "[32, 64] BF16");
+  EXPECT_EQ(l.o.shape_str(), "[64, 64] BF16");
+  EXPECT_EQ(l.sinks.shape_str(), "[4] BF16");
+  EXPECT_EQ(l.router.shape_str(), "[8, 64] BF16");
+  EXPECT_EQ(l.router_bias.shape_str(), "[8] BF16");
+  EXPECT_EQ(l.gate_up.shape_str(), "[8, 64, 64] BF16");
+  EXPECT_EQ(l.gate_up_bias.shape_str(), "[8, 64] BF16");
+  EXPECT_EQ(l.down.shape_str(), "[8, 64, 32] BF16");
+  EXPECT_EQ(l.down_bias.shape_str(), "[8, 64] BF16");
+  EXPECT_FALSE(l.q_norm.defined());
+  EXPECT_FALSE(l.mlp_gate.defined());
+  EXPECT_EQ(bf16_to_f32(bf16{l.input_norm.ptr<uint16_t>()[17]}), 1.0f);
+  EXPECT_EQ(bf16_to_f32(bf16{a->final_norm.ptr<uint16_t>()[63]}), 1.0f);
+
+  double mean = 0, stddev = 0;
+  bool finite = false;
+  stats(l.gate_up, &mean, &stddev, &finite);  // fan-in H = 64: std 1/8
+  EXPECT_TRUE(finite);
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(stddev, 0.125, 0.01);
+  stats(l.down, &mean, &stddev, &finite);  // fan-in I = 32
+  EXPECT_NEAR(stddev, 1.0 / std::sqrt(32.0), 0.01);
+  stats(a->embed, &mean, &stddev, &finite);
+  EXPECT_NEAR(stddev, 1.0, 0.05);
+  EXPECT_EQ(int64_t(weight_bytes(c)), [&] {
+    int64_t n = 0;
+    for (const auto& keep : a->keep_alive) n += int64_t(static_cast<Buffer*>(keep.get())->bytes());
+    return n;
+  }());
+}
+
+TEST(Presets, OtherTinyFamilies) {
+  auto q = make_preset_model("tiny-qwen3-moe", 1);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  EXPECT_TRUE(q->layers[0].q_norm.defined());
+  EXPECT_FALSE(q->layers[0].q_bias.defined());
+  EXPECT_FALSE(q->layers[0].router_bias.defined());
+  EXPECT_EQ(q->layers[0].gate_up.shape_str(), "[8, 64, 64] BF16");
+  auto l = make_preset_model("tiny-llama", 1);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  EXPECT_EQ(l->lm_head.data, l->embed.data);
+  EXPECT_EQ(l->layers[1].mlp_down.shape_str(), "[64, 128] BF16");
+  EXPECT_FALSE(l->layers[1].gate_up.defined());
+}
+
+TEST(Presets, RefusesWhatCannotFitBeforeAllocating) {
+  ModelConfig c = preset_config("tiny-llama").value();
+  c.vocab_size = 1 << 30;
+  c.hidden_size = 1 << 20;  // 2^50 bf16 embeddings: 2 PiB
+  auto r = make_random_weights(c, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(r.status().message().find("MiB of host memory"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace lmx::model
