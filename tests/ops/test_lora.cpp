@@ -1,0 +1,97 @@
+// The dense multi-LoRA op (ops/lora.h) on the cpu backend against merged weights: y0 + (B[s]·A[s])·x per
+// token, in double. Padding past each slot's rank is NaN, so reading it shows in the output.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "op_test_util.h"
+
+namespace lmx {
+namespace {
+
+void check_lora(uint64_t seed, int tokens, int in, int out, const std::vector<int32_t>& ranks, int capacity,
+                DType stack_dtype, const std::vector<int32_t>& token_slots) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + " T=" + std::to_string(tokens) + " in=" + std::to_string(in) +
+               " out=" + std::to_string(out) + " R=" + std::to_string(capacity) +
+               (stack_dtype == DType::BF16 ? " bf16 stack" : ""));
+  Rng rng(seed);
+  const int slots = int(ranks.size());
+  OwnedTensor x = test::random_f32(rng, {tokens, in});
+  OwnedTensor y = test::random_f32(rng, {tokens, out});
+  OwnedTensor a = OwnedTensor::host(stack_dtype, {slots, capacity, in});
+  OwnedTensor b = OwnedTensor::host(stack_dtype, {slots, out, capacity});
+  auto put = [&](const OwnedTensor& t, int64_t i, float v) {
+    if (stack_dtype == DType::BF16)
+      t.view.ptr<bf16>()[i] = f32_to_bf16(v);
+    else
+      t.view.ptr<float>()[i] = v;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int s = 0; s < slots; ++s) {
+    for (int r = 0; r < capacity; ++r) {
+      for (int i = 0; i < in; ++i) put(a, (int64_t(s) * capacity + r) * in + i, r < ranks[s] ? rng.normal() : nan);
+      for (int o = 0; o < out; ++o) put(b, (int64_t(s) * out + o) * capacity + r, r < ranks[s] ? rng.normal() : nan);
+    }
+  }
+  OwnedTensor rank = test::i32_tensor(ranks);
+  OwnedTensor token_slot = test::i32_tensor(token_slots);
+
+  // Reference: the merged delta ΔW[s] = B[s][:, :r]·A[s][:r], then y0 + ΔW[s]·x.
+  std::vector<double> want = test::to_doubles(y);
+  for (int t = 0; t < tokens; ++t) {
+    const int s = token_slots[t];
+    if (s < 0) continue;
+    for (int o = 0; o < out; ++o) {
+      for (int i = 0; i < in; ++i) {
+        double delta_w = 0.0;
+        for (int r = 0; r < ranks[s]; ++r) {
+          delta_w += test::value_at(b, (int64_t(s) * out + o) * capacity + r) *
+                     test::value_at(a, (int64_t(s) * capacity + r) * in + i);
+        }
+        want[int64_t(t) * out + o] += delta_w * test::value_at(x, int64_t(t) * in + i);
+      }
+    }
+  }
+  cpu::CpuBackend backend(2);
+  backend.lora({.x = x, .token_slot = token_slot, .w = {.a = a, .b = b, .rank = rank}, .y = y});
+  EXPECT_TRUE(test::all_close(y, want, test::kTolReduction));
+}
+
+TEST(Lora, MatchesMergedWeights) {
+  check_lora(1, 1, 8, 4, {2}, 2, DType::F32, {0});                           // T = 1, full rank
+  check_lora(2, 1, 8, 4, {2}, 2, DType::F32, {-1});                          // base-model token
+  check_lora(3, 6, 33, 17, {4, 0, 1}, 4, DType::F32, {0, 1, 2, -1, 2, 0});   // rank-0 slot
+  check_lora(4, 6, 33, 17, {4, 0, 1}, 4, DType::BF16, {2, 2, 1, 0, -1, 0});  // bf16 stacks
+  check_lora(5, 40, 128, 96, {16, 8, 3, 16}, 16, DType::F32,                 // several threads
+             {0, 1, 2,  3, -1, 3, 2, 1, 0, 0, 1, 2,  3, -1, 3, 2, 1, 0, 0, 1,
+              2, 3, -1, 3, 2,  1, 0, 0, 1, 2, 3, -1, 3, 2,  1, 0, 0, 1, 2, 3});
+}
+
+TEST(Lora, UndefinedStackLeavesYUnchanged) {
+  Rng rng(9);
+  OwnedTensor x = test::random_f32(rng, {3, 5});
+  OwnedTensor y = test::random_f32(rng, {3, 7});
+  OwnedTensor before = OwnedTensor::host(DType::F32, {3, 7});
+  std::copy_n(y.view.ptr<float>(), 21, before.view.ptr<float>());
+  OwnedTensor token_slot = test::i32_tensor({0, -1, 1});
+  cpu::CpuBackend backend(1);
+  backend.lora({.x = x, .token_slot = token_slot, .w = {}, .y = y});
+  EXPECT_TRUE(test::bitwise_equal(y, before));
+}
+
+TEST(LoraDeathTest, BadSlotAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  OwnedTensor x = OwnedTensor::host(DType::F32, {2, 4});
+  OwnedTensor y = OwnedTensor::host(DType::F32, {2, 3});
+  OwnedTensor a = OwnedTensor::host(DType::F32, {2, 2, 4});
+  OwnedTensor b = OwnedTensor::host(DType::F32, {2, 3, 2});
+  OwnedTensor rank = test::i32_tensor({2, 1});
+  OwnedTensor bad_slot = test::i32_tensor({0, -2});
+  EXPECT_DEATH(cpu::CpuBackend(1).lora({.x = x, .token_slot = bad_slot, .w = {.a = a, .b = b, .rank = rank}, .y = y}),
+               "lora .*token_slot\\[1\\] = -2 outside \\[-1, S = 2\\)");
+}
+
+}  // namespace
+}  // namespace lmx
