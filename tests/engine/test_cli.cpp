@@ -102,3 +102,47 @@ TEST(Cli, BadArgumentsFailWithMessage) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string fixture(const std::string& rel) { return std::string(LORAMUX_SOURCE_DIR) + "/tests/fixtures/" + rel; }
+
+TEST(Cli, InspectDescribesModelsAndAdapters) {
+  CliRun model = run_cli("inspect " + fixture("gpt_oss/model"));
+  ASSERT_EQ(model.exit_code, 0) << model.out;
+  EXPECT_NE(model.out.find("GptOssForCausalLM"), std::string::npos) << model.out;
+  EXPECT_NE(model.out.find("MXFP4"), std::string::npos) << model.out;
+
+  CliRun adapter = run_cli("inspect " + fixture("gpt_oss/adapters/mixed_rank") + " --model " + fixture("gpt_oss/model"));
+  ASSERT_EQ(adapter.exit_code, 0) << adapter.out;
+  EXPECT_NE(adapter.out.find("target_parameters"), std::string::npos) << adapter.out;
+  EXPECT_NE(adapter.out.find("experts.gate_up"), std::string::npos) << adapter.out;
+  EXPECT_NE(adapter.out.find("content hash"), std::string::npos) << adapter.out;
+
+  CliRun per_expert = run_cli("inspect " + fixture("mixtral/adapters/attn_w123") + " --model " + fixture("mixtral/model"));
+  ASSERT_EQ(per_expert.exit_code, 0) << per_expert.out;
+  EXPECT_NE(per_expert.out.find("experts.gate_up"), std::string::npos) << per_expert.out;
+}
+
+TEST(Cli, InspectRejectsAdapterOfAnotherArchitecture) {
+  CliRun r = run_cli("inspect " + fixture("mixtral/adapters/attn_w123") + " --model " + fixture("gpt_oss/model"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("another architecture"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("adapter_model.safetensors"), std::string::npos) << r.out;
+  CliRun no_base = run_cli("inspect " + fixture("gpt_oss/adapters/attn"));
+  EXPECT_NE(no_base.exit_code, 0);
+  EXPECT_NE(no_base.out.find("--model"), std::string::npos) << no_base.out;
+}
+
+TEST(Cli, GenerateWithPeftAdapterDirectory) {
+  std::string model = fixture("llama/model");
+  CliRun r = run_cli("generate --model " + model + " --lora q=" + fixture("llama/adapters/qv_r16") +
+                     " --adapter q --prompt-ids 3,4,5,6,7 --max-tokens 3 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"adapter\":\"q\""), std::string::npos) << r.out;
+  CliRun bad = run_cli("generate --model " + model + " --lora q=/nonexistent/adapter");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("/nonexistent/adapter"), std::string::npos) << bad.out;
+}
+
+}  // namespace
