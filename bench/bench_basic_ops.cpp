@@ -1,0 +1,312 @@
+// bench_cuda_ops: times the first CUDA kernels (embedding, rms_norm, add, silu_mul, gather_rows, rope,
+// kv_write) at GPT-OSS-20B sizes (H 2880, V 201088, Hq 64, Hkv 8, D 64) for T = 16 (decode), 256 and 2048
+// (prefill). All are memory-bound, so each line prints the bytes the op must move, the floor those bytes
+// take at the H200's measured ~4.2 TB/s, the measured time, GB/s and the share of 4.2 TB/s.
+// Method: each kernel is launched many times inside one CUDA graph (launch gaps as in the decode graph),
+// cycling over input/output sets that together exceed the 60 MB L2 several times (DRAM, not the cache, is
+// measured); graph replays are timed with events, median of several, divided by the launches. Inputs are
+// random bf16, never zeros. Run by scripts/device; numbers go to docs/perf-log.md and docs/benchmarks.md.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/attention.cuh"
+#include "backends/cuda/basic.cuh"
+#include "backends/cuda/memory.h"
+#include "backends/cuda/rope.cuh"
+#include "core/rng.h"
+#include "ops/rope.h"
+
+namespace lmx {
+namespace {
+
+#define BENCH_CUDA(call)                                                                              \
+  do {                                                                                                \
+    cudaError_t err_ = (call);                                                                        \
+    if (err_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "bench_cuda_ops: %s failed: %s\n", #call, cudaGetErrorString(err_));      \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+constexpr double kCeilingBytesPerSecond = 4.2e12;  // device-to-device copy on an H200 (docs/perf-log.md)
+constexpr size_t kRotationBytes = size_t(512) << 20;  // per op: ~8x the L2, so every launch reads DRAM
+constexpr int kMaxSets = 2048;
+constexpr int kMinLaunches = 200;
+constexpr int kReplays = 7;
+
+// GPT-OSS-20B
+constexpr int64_t kHidden = 2880, kVocab = 201088, kQHeads = 64, kKvHeads = 8, kHeadDim = 64, kPageSize = 16;
+
+// `sets` equal-sized slots of one role (x, out, ids, ...), each 256-byte aligned.
+struct Rotation {
+  Buffer buffer;
+  size_t slot_bytes = 0;
+  int sets = 0;
+  void* slot(int i) const { return static_cast<char*>(buffer.data()) + size_t(i % sets) * slot_bytes; }
+};
+
+Rotation make_rotation(size_t bytes_per_set, int sets) {
+  Rotation r;
+  r.slot_bytes = (bytes_per_set + 255) / 256 * 256;
+  r.sets = sets;
+  r.buffer = cuda::allocate(r.slot_bytes * size_t(sets));
+  return r;
+}
+
+// Fill device memory with random bf16 N(0, 1) values, tiling one 8 MB random block (fast, never zeros).
+void fill_random_bf16(const Buffer& buffer, Rng& rng) {
+  static std::vector<bf16> block = [&] {
+    std::vector<bf16> b(size_t(4) << 20);
+    for (bf16& v : b) v = f32_to_bf16(rng.normal());
+    return b;
+  }();
+  const size_t block_bytes = block.size() * sizeof(bf16);
+  for (size_t off = 0; off < buffer.bytes(); off += block_bytes) {
+    BENCH_CUDA(cudaMemcpy(static_cast<char*>(buffer.data()) + off, block.data(),
+                          std::min(block_bytes, buffer.bytes() - off), cudaMemcpyHostToDevice));
+  }
+}
+
+// Every set's slot gets its own ids: uniform in [0, range), or distinct when `distinct` (kv_write rows).
+void fill_ids(const Rotation& r, int64_t count, int32_t range, bool distinct, Rng& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(count));
+  std::vector<int32_t> all;
+  if (distinct) {
+    all.resize(size_t(range));
+    for (int32_t i = 0; i < range; ++i) all[i] = i;
+  }
+  for (int s = 0; s < r.sets; ++s) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (distinct) {
+        std::swap(all[i], all[i + int64_t(rng.next_u64() % uint64_t(range - i))]);
+        ids[i] = all[i];
+      } else {
+        ids[i] = int32_t(rng.next_u64() % uint64_t(range));
+      }
+    }
+    BENCH_CUDA(cudaMemcpy(r.slot(s), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+}
+
+int sets_for(double bytes_per_launch) {
+  return int(std::clamp<double>(double(kRotationBytes) / bytes_per_launch, 1.0, double(kMaxSets)));
+}
+
+// Seconds per launch: `launches` calls of launch(i) captured into one graph, replays timed with events,
+// median replay / launches.
+double time_per_launch(cudaStream_t stream, int launches, const std::function<void(int)>& launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) launch(i);
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up: module load, first touch
+  std::vector<float> ms(kReplays);
+  for (float& m : ms) {
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    BENCH_CUDA(cudaGraphLaunch(exec, stream));
+    BENCH_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    BENCH_CUDA(cudaEventElapsedTime(&m, start, stop));
+  }
+  BENCH_CUDA(cudaGetLastError());
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1e-3 / launches;
+}
+
+int launches_for(int sets) { return (std::max(kMinLaunches, sets) + sets - 1) / sets * sets; }
+
+struct Row {
+  std::string op, shape;
+  int64_t tokens;
+  double bytes, seconds;
+};
+
+void print_row(const Row& r) {
+  const double floor_us = r.bytes / kCeilingBytesPerSecond * 1e6;
+  const double gbps = r.bytes / r.seconds * 1e-9;
+  std::printf("%-12s %5lld  %-30s %12.0f  %9.2f  %9.2f  %8.1f  %6.1f%%\n", r.op.c_str(), (long long)r.tokens,
+              r.shape.c_str(), r.bytes, floor_us, r.seconds * 1e6, gbps, 100.0 * gbps * 1e9 / kCeilingBytesPerSecond);
+  std::fflush(stdout);
+}
+
+std::string dims(std::initializer_list<int64_t> d) {
+  std::string s = "[";
+  for (int64_t v : d) s += (s.size() > 1 ? ", " : "") + std::to_string(v);
+  return s + "]";
+}
+
+Tensor bf16_view(const Rotation& r, int i, std::initializer_list<int64_t> d) {
+  return Tensor(r.slot(i), DType::BF16, d, Device::kCuda);
+}
+Tensor i32_view(const Rotation& r, int i, int64_t n) { return Tensor(r.slot(i), DType::I32, {n}, Device::kCuda); }
+
+// The device-to-device copy rate, the reference for the 4.2 TB/s ceiling. Timed on the stream, not in a
+// graph: a memcpy node in a graph ran at ~2.8 TB/s on the H200 (2026-12-02), a stream copy is what
+// KINDS.md's 4.3 TB/s was read from.
+void bench_copy(cudaStream_t stream) {
+  const size_t bytes = size_t(1) << 30;
+  Buffer src = cuda::allocate(bytes), dst = cuda::allocate(bytes);
+  BENCH_CUDA(cudaMemset(src.data(), 0x3c, bytes));
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));  // warm-up
+  std::vector<float> ms(kReplays);
+  for (float& m : ms) {
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    BENCH_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    BENCH_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    BENCH_CUDA(cudaEventElapsedTime(&m, start, stop));
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  print_row({.op = "d2d_copy", .shape = "1 GiB (stream)", .tokens = 0, .bytes = 2.0 * double(bytes),
+             .seconds = double(ms[ms.size() / 2]) * 1e-3});
+}
+
+void bench_tokens(int64_t T, cudaStream_t stream, Rng& rng, const Buffer& table) {
+  const int64_t H = kHidden;
+  const size_t row = size_t(T * H) * 2;  // one [T, H] bf16 activation
+  {  // embedding: T random rows of the [V, H] table
+    const double bytes = 2.0 * double(row) + 4.0 * T;
+    const int sets = sets_for(bytes);
+    Rotation ids = make_rotation(4 * T, sets), out = make_rotation(row, sets);
+    fill_ids(ids, T, int32_t(kVocab), false, rng);
+    const Tensor table_view(table.data(), DType::BF16, {kVocab, H}, Device::kCuda);
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::embedding({.table = table_view, .token_ids = i32_view(ids, i, T), .out = bf16_view(out, i, {T, H})},
+                      stream);
+    });
+    print_row({.op = "embedding", .shape = dims({kVocab, H}) + " -> " + dims({T, H}), .tokens = T, .bytes = bytes, .seconds = s});
+  }
+  {  // rms_norm over [T, H]
+    const double bytes = 2.0 * double(row) + 2.0 * H;
+    const int sets = sets_for(bytes);
+    Rotation x = make_rotation(row, sets), w = make_rotation(2 * H, sets), out = make_rotation(row, sets);
+    fill_random_bf16(x.buffer, rng);
+    fill_random_bf16(w.buffer, rng);
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::rms_norm({.x = bf16_view(x, i, {T, H}), .weight = bf16_view(w, i, {H}), .eps = 1e-5f,
+                      .out = bf16_view(out, i, {T, H})},
+                     stream);
+    });
+    print_row({.op = "rms_norm", .shape = dims({T, H}), .tokens = T, .bytes = bytes, .seconds = s});
+  }
+  {  // add: y += x over [T, H] (the residual)
+    const double bytes = 3.0 * double(row);
+    const int sets = sets_for(bytes);
+    Rotation x = make_rotation(row, sets), y = make_rotation(row, sets);
+    fill_random_bf16(x.buffer, rng);
+    fill_random_bf16(y.buffer, rng);
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::add({.x = bf16_view(x, i, {T, H}), .y = bf16_view(y, i, {T, H})}, stream);
+    });
+    print_row({.op = "add", .shape = dims({T, H}), .tokens = T, .bytes = bytes, .seconds = s});
+  }
+  {  // silu_mul over [T, I], I = 2880 (GPT-OSS's expert width; dense models use this op)
+    const double bytes = 3.0 * double(row);
+    const int sets = sets_for(bytes);
+    Rotation gate = make_rotation(row, sets), up = make_rotation(row, sets), out = make_rotation(row, sets);
+    fill_random_bf16(gate.buffer, rng);
+    fill_random_bf16(up.buffer, rng);
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::silu_mul({.gate = bf16_view(gate, i, {T, H}), .up = bf16_view(up, i, {T, H}),
+                      .out = bf16_view(out, i, {T, H})},
+                     stream);
+    });
+    print_row({.op = "silu_mul", .shape = dims({T, H}), .tokens = T, .bytes = bytes, .seconds = s});
+  }
+  {  // gather_rows: the sampled rows before the LM head; decode samples every token, prefill one per sequence
+    const int64_t B = std::min<int64_t>(T, 16);
+    const double bytes = 2.0 * double(B * H * 2) + 4.0 * B;
+    const int sets = sets_for(double(row));  // rotate whole [T, H] inputs: the rows read are random
+    Rotation x = make_rotation(row, sets), index = make_rotation(4 * B, sets), out = make_rotation(B * H * 2, sets);
+    fill_random_bf16(x.buffer, rng);
+    fill_ids(index, B, int32_t(T), false, rng);
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::gather_rows({.x = bf16_view(x, i, {T, H}), .index = i32_view(index, i, B), .out = bf16_view(out, i, {B, H})},
+                        stream);
+    });
+    print_row({.op = "gather_rows", .shape = dims({T, H}) + " -> " + dims({B, H}), .tokens = T, .bytes = bytes, .seconds = s});
+  }
+  {  // rope: q [T, 64, 64] and k [T, 8, 64] in place, GPT-OSS YaRN table
+    const size_t q_bytes = size_t(T * kQHeads * kHeadDim) * 2, k_bytes = size_t(T * kKvHeads * kHeadDim) * 2;
+    const double bytes = 2.0 * double(q_bytes + k_bytes) + 4.0 * T + 4.0 * (kHeadDim / 2);
+    const int sets = sets_for(bytes);
+    Rotation q = make_rotation(q_bytes, sets), k = make_rotation(k_bytes, sets), pos = make_rotation(4 * T, sets);
+    fill_random_bf16(q.buffer, rng);
+    fill_random_bf16(k.buffer, rng);
+    fill_ids(pos, T, 131072, false, rng);
+    ops::RopeScaling scaling{.type = ops::RopeScaling::Type::kYarn, .theta = 150000.0, .factor = 32.0,
+                             .original_max_position = 4096, .truncate = false};
+    const ops::RopeTable table = ops::make_rope_table(scaling, int(kHeadDim));
+    OwnedTensor inv_freq = cuda::upload(Tensor(const_cast<float*>(table.inv_freq.data()), DType::F32, {kHeadDim / 2}));
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::rope({.q = bf16_view(q, i, {T, kQHeads, kHeadDim}), .k = bf16_view(k, i, {T, kKvHeads, kHeadDim}),
+                  .positions = i32_view(pos, i, T), .inv_freq = inv_freq, .attention_scaling = table.attention_scaling},
+                 stream);
+    });
+    print_row({.op = "rope", .shape = dims({T, kQHeads, kHeadDim}) + "+" + dims({T, kKvHeads, kHeadDim}), .tokens = T,
+               .bytes = bytes, .seconds = s});
+  }
+  {  // kv_write: k, v [T, 8, 64] into 8192 pages of 16 (a 134 MB cache each), distinct random rows
+    const int64_t pages = 8192;
+    const size_t kv_bytes = size_t(T * kKvHeads * kHeadDim) * 2;
+    const double bytes = 4.0 * double(kv_bytes) + 4.0 * T;
+    const int sets = sets_for(bytes);
+    Rotation k = make_rotation(kv_bytes, sets), v = make_rotation(kv_bytes, sets), index = make_rotation(4 * T, sets);
+    fill_random_bf16(k.buffer, rng);
+    fill_random_bf16(v.buffer, rng);
+    fill_ids(index, T, int32_t(pages * kPageSize), true, rng);
+    OwnedTensor k_cache = cuda::empty(DType::BF16, {pages, kPageSize, kKvHeads, kHeadDim});
+    OwnedTensor v_cache = cuda::empty(DType::BF16, {pages, kPageSize, kKvHeads, kHeadDim});
+    const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+      cuda::kv_write({.k = bf16_view(k, i, {T, kKvHeads, kHeadDim}), .v = bf16_view(v, i, {T, kKvHeads, kHeadDim}),
+                      .kv_write_index = i32_view(index, i, T), .k_cache = k_cache, .v_cache = v_cache},
+                     stream);
+    });
+    print_row({.op = "kv_write", .shape = dims({T, kKvHeads, kHeadDim}) + " x2", .tokens = T, .bytes = bytes, .seconds = s});
+  }
+}
+
+}  // namespace
+}  // namespace lmx
+
+int main() {
+  using namespace lmx;
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("bench_cuda_ops: %s, %d SMs, L2 %d MB, %.0f GB; ceiling for %% = %.1f TB/s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, double(prop.totalGlobalMem) * 1e-9,
+              kCeilingBytesPerSecond * 1e-12);
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Rng rng(20251202);
+  Buffer table = cuda::allocate(size_t(kVocab * kHidden) * 2);
+  fill_random_bf16(table, rng);
+
+  std::printf("%-12s %5s  %-30s %12s  %9s  %9s  %8s  %7s\n", "op", "T", "shape", "bytes", "floor_us", "time_us",
+              "GB/s", "%4.2TB/s");
+  bench_copy(stream);
+  for (int64_t T : {16, 256, 2048}) bench_tokens(T, stream, rng, table);
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

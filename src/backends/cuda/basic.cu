@@ -1,0 +1,285 @@
+// Kernels of the small dense ops (ops/basic.h) and their launchers. All are memory-bound: each kernel
+// reads its inputs once and writes its output once, in 16-byte vectors where the row length and the
+// pointers allow it, in bf16 scalars otherwise. Embedding and gather_rows are the same row copy.
+#include "backends/cuda/basic.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/device.cuh"
+#include "ops/backend.h"
+
+namespace lmx::cuda {
+namespace {
+
+using detail::kBf16PerVector;
+
+// ---- kernels ------------------------------------------------------------------------------------------
+
+struct CopyRowsParams {
+  const void* src;         // [src_rows, C] bf16 (embedding table or activations)
+  const int32_t* index;    // [N] i32: source row of each output row
+  void* dst;               // [N, C] bf16
+  int64_t units_per_row;   // C * 2 bytes / sizeof(Unit)
+};
+
+// dst[n] = src[index[n]]. Grid: x = N rows, y = chunks of blockDim.x * kCopyUnroll units along the row.
+// PRECOND: every index in [0, src_rows); Unit is uint4 only if C*2 % 16 == 0 and both bases are 16-byte
+// aligned; dst does not overlap src.
+template <typename Unit>
+__global__ static void copy_rows_kernel(const __grid_constant__ CopyRowsParams p) {
+  const int64_t row = blockIdx.x;
+  const int64_t src_row = p.index[row];
+  const auto* src = static_cast<const Unit*>(p.src) + src_row * p.units_per_row;
+  auto* dst = static_cast<Unit*>(p.dst) + row * p.units_per_row;
+  detail::copy_units(dst, src, p.units_per_row, int64_t(blockIdx.y) * blockDim.x + threadIdx.x,
+                     int64_t(gridDim.y) * blockDim.x);
+}
+
+struct RmsNormKernelParams {
+  const __nv_bfloat16* x;       // [N, C] bf16
+  const __nv_bfloat16* weight;  // [C] bf16
+  __nv_bfloat16* out;           // [N, C] bf16, may be x itself
+  int cols;                     // C
+  float eps;
+};
+
+// One block per row, threads looping over it: sum of squares in fp32, then out = x * rsqrt(mean + eps) *
+// weight, rounded once to bf16. The second pass re-reads x (L1/L2-resident: one row is a few KB). For rows
+// too long for registers (C > 32768) or unaligned; rms_norm_resident_kernel below takes the rest.
+// PRECOND: blockDim.x a multiple of 32 (<= 1024); kVector only if C % 8 == 0 and x, weight, out 16-byte
+// aligned; out == x or disjoint (each element is read and written by the same thread).
+template <bool kVector>
+__global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelParams p) {
+  const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
+  const __nv_bfloat16* x = p.x + row_offset;
+  __nv_bfloat16* out = p.out + row_offset;
+  float sum_squares = 0.0f;
+  if constexpr (kVector) {
+    const int vectors = p.cols / kBf16PerVector;
+    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+      float f[8];
+      detail::load8(x + i * kBf16PerVector, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
+    }
+  } else {
+    for (int i = threadIdx.x; i < p.cols; i += blockDim.x) {
+      const float f = __bfloat162float(x[i]);
+      sum_squares += f * f;
+    }
+  }
+  const float inv_rms = rsqrtf(detail::block_sum(sum_squares) / float(p.cols) + p.eps);
+  if constexpr (kVector) {
+    const int vectors = p.cols / kBf16PerVector;
+    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+      float f[8], w[8];
+      detail::load8(x + i * kBf16PerVector, f);
+      detail::load8(p.weight + i * kBf16PerVector, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = f[j] * inv_rms * w[j];
+      detail::store8(out + i * kBf16PerVector, f);
+    }
+  } else {
+    for (int i = threadIdx.x; i < p.cols; i += blockDim.x) {
+      out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv_rms * __bfloat162float(p.weight[i]));
+    }
+  }
+}
+
+// The same op with the row held in registers: each thread loads its kVectors vectors of x and of the
+// weight before the reduction (all in flight together) and normalizes them from registers, so x is read
+// once. H = 2880: 360 vectors, 96 threads of 4 (78 registers: 8 rows per SM, 8 loads in flight per thread).
+// PRECOND: C % 8 == 0, C / 8 <= kVectors * blockDim.x; blockDim.x a multiple of 32 (<= 1024); x, weight, out
+// 16-byte aligned; out == x or disjoint.
+template <int kVectors>
+__global__ static void rms_norm_resident_kernel(const __grid_constant__ RmsNormKernelParams p) {
+  const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
+  const __nv_bfloat16* x = p.x + row_offset;
+  __nv_bfloat16* out = p.out + row_offset;
+  const int vectors = p.cols / kBf16PerVector;
+  float f[kVectors][8], w[kVectors][8];
+  // Unconditional loads (past-the-end threads re-read the last vector and drop it below): loads inside a
+  // divergent `if` are waited for where the branch rejoins, which serialized them (docs/perf-log.md).
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) {
+    const int i = min(int(threadIdx.x + j * blockDim.x), vectors - 1);
+    detail::load8(x + i * kBf16PerVector, f[j]);
+    detail::load8(p.weight + i * kBf16PerVector, w[j]);
+  }
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) {
+    if (int(threadIdx.x + j * blockDim.x) < vectors) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sum_squares += f[j][k] * f[j][k];
+    }
+  }
+  const float inv_rms = rsqrtf(detail::block_sum(sum_squares) / float(p.cols) + p.eps);
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) {
+    const int i = threadIdx.x + j * blockDim.x;
+    if (i < vectors) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[j][k] = f[j][k] * inv_rms * w[j][k];
+      detail::store8(out + i * kBf16PerVector, f[j]);
+    }
+  }
+}
+
+enum class Elementwise { kAdd, kSiluMul };
+
+struct ElementwiseParams {
+  const __nv_bfloat16* a;  // [numel] bf16: add: x; silu_mul: gate
+  const __nv_bfloat16* b;  // [numel] bf16: add: y; silu_mul: up
+  __nv_bfloat16* out;      // [numel] bf16: add: y; silu_mul: out (may be gate or up)
+  int64_t numel;
+};
+
+template <Elementwise kOp>
+__device__ __forceinline__ float apply(float a, float b) {
+  if constexpr (kOp == Elementwise::kAdd) {
+    return b + a;
+  } else {
+    return a / (1.0f + expf(-a)) * b;  // silu(gate) * up; expf(-a) = inf for a << 0 gives -0, as torch does
+  }
+}
+
+// out[i] = op(a[i], b[i]), one unit (8 values or 1) per thread.
+// PRECOND: kVector only if numel % 8 == 0 and a, b, out 16-byte aligned; out equals a or b exactly, or is
+// disjoint from both (each element is read and written by the same thread).
+template <Elementwise kOp, bool kVector>
+__global__ static void elementwise_kernel(const __grid_constant__ ElementwiseParams p) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (kVector) {
+    if (i >= p.numel / kBf16PerVector) return;
+    float a[8], b[8];
+    detail::load8(p.a + i * kBf16PerVector, a);
+    detail::load8(p.b + i * kBf16PerVector, b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = apply<kOp>(a[j], b[j]);
+    detail::store8(p.out + i * kBf16PerVector, a);
+  } else {
+    if (i >= p.numel) return;
+    p.out[i] = __float2bfloat16_rn(apply<kOp>(__bfloat162float(p.a[i]), __bfloat162float(p.b[i])));
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------------
+
+constexpr int kCopyThreads = 128;
+constexpr int kElementwiseThreads = 256;
+constexpr int kRmsNormVectors = 4;
+
+template <typename T>
+const T* device_ptr(const Tensor& t) { return static_cast<const T*>(t.data); }
+template <typename T>
+T* device_mut_ptr(const Tensor& t) { return static_cast<T*>(t.data); }
+
+// out[n] = src[index[n]] for rows of `row_bytes`; the grid splits each row over blocks of kCopyThreads.
+void launch_copy_rows(const void* src, const int32_t* index, void* dst, int64_t rows, int64_t row_bytes,
+                      cudaStream_t stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  const bool vector = row_bytes % 16 == 0 && detail::aligned16(src) && detail::aligned16(dst);
+  const int64_t units = vector ? row_bytes / 16 : row_bytes / 2;
+  LMX_CHECK(rows <= 0x7fffffff);
+  // One block covers kCopyThreads * kCopyUnroll units of a row (H = 2880: 360 vectors, one block, 3 loads
+  // in flight per thread).
+  const dim3 grid(unsigned(rows), detail::blocks_for(units, kCopyThreads * detail::kCopyUnroll));
+  const CopyRowsParams params{.src = src, .index = index, .dst = dst, .units_per_row = units};
+  if (vector) {
+    copy_rows_kernel<uint4><<<grid, kCopyThreads, 0, stream>>>(params);
+  } else {
+    copy_rows_kernel<uint16_t><<<grid, kCopyThreads, 0, stream>>>(params);
+  }
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+void launch_elementwise(Elementwise op, const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t stream) {
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
+  const bool vector = numel % kBf16PerVector == 0 && detail::aligned16(a.data) && detail::aligned16(b.data) &&
+                      detail::aligned16(out.data);
+  const ElementwiseParams params{.a = device_ptr<__nv_bfloat16>(a),
+                                 .b = device_ptr<__nv_bfloat16>(b),
+                                 .out = device_mut_ptr<__nv_bfloat16>(out),
+                                 .numel = numel};
+  const unsigned blocks = detail::blocks_for(vector ? numel / kBf16PerVector : numel, kElementwiseThreads);
+  // The one dispatch on (op, vector width); each pair is its own instantiation.
+  if (op == Elementwise::kAdd) {
+    if (vector) elementwise_kernel<Elementwise::kAdd, true><<<blocks, kElementwiseThreads, 0, stream>>>(params);
+    else elementwise_kernel<Elementwise::kAdd, false><<<blocks, kElementwiseThreads, 0, stream>>>(params);
+  } else {
+    if (vector) elementwise_kernel<Elementwise::kSiluMul, true><<<blocks, kElementwiseThreads, 0, stream>>>(params);
+    else elementwise_kernel<Elementwise::kSiluMul, false><<<blocks, kElementwiseThreads, 0, stream>>>(params);
+  }
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void embedding(const ops::EmbeddingParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::embedding");
+  detail::require_cuda("embedding", {{"table", &p.table}, {"token_ids", &p.token_ids}, {"out", &p.out}});
+  detail::require_bf16_activation("embedding", "out", p.out);
+  launch_copy_rows(p.table.data, device_ptr<int32_t>(p.token_ids), p.out.data, p.out.dim(0),
+                   p.out.dim(1) * int64_t(sizeof(__nv_bfloat16)), stream);
+}
+
+void gather_rows(const ops::GatherRowsParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::gather_rows");
+  detail::require_cuda("gather_rows", {{"x", &p.x}, {"index", &p.index}, {"out", &p.out}});
+  detail::require_bf16_activation("gather_rows", "x", p.x);
+  launch_copy_rows(p.x.data, device_ptr<int32_t>(p.index), p.out.data, p.out.dim(0),
+                   p.out.dim(1) * int64_t(sizeof(__nv_bfloat16)), stream);
+}
+
+void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::rms_norm");
+  detail::require_cuda("rms_norm", {{"x", &p.x}, {"weight", &p.weight}, {"out", &p.out}});
+  detail::require_bf16_activation("rms_norm", "x", p.x);
+  const int64_t rows = p.x.dim(0), cols = p.x.dim(1);
+  if (rows == 0 || cols == 0) return;
+  LMX_CHECK(rows <= 0x7fffffff && cols <= 0x7fffffff);
+  const bool vector = cols % kBf16PerVector == 0 && detail::aligned16(p.x.data) &&
+                      detail::aligned16(p.weight.data) && detail::aligned16(p.out.data);
+  const int64_t units = vector ? cols / kBf16PerVector : cols;
+  const RmsNormKernelParams params{.x = device_ptr<__nv_bfloat16>(p.x),
+                                   .weight = device_ptr<__nv_bfloat16>(p.weight),
+                                   .out = device_mut_ptr<__nv_bfloat16>(p.out),
+                                   .cols = int(cols),
+                                   .eps = p.eps};
+  // Rows of up to 4 * 1024 vectors (C <= 32768) stay in registers, kRmsNormVectors per thread (H = 2880: 96
+  // threads). Longer or unaligned rows: the looping kernel, one thread per unit up to 1024 threads.
+  if (vector && units <= kRmsNormVectors * 1024) {
+    const int64_t holders = (units + kRmsNormVectors - 1) / kRmsNormVectors;  // threads that hold a vector
+    const int threads = int((holders + 31) / 32 * 32);
+    rms_norm_resident_kernel<kRmsNormVectors><<<unsigned(rows), threads, 0, stream>>>(params);
+  } else {
+    const int threads = int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, 1024));
+    if (vector) {
+      rms_norm_kernel<true><<<unsigned(rows), threads, 0, stream>>>(params);
+    } else {
+      rms_norm_kernel<false><<<unsigned(rows), threads, 0, stream>>>(params);
+    }
+  }
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+void add(const ops::AddParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::add");
+  detail::require_cuda("add", {{"x", &p.x}, {"y", &p.y}});
+  detail::require_bf16_activation("add", "x", p.x);
+  launch_elementwise(Elementwise::kAdd, p.x, p.y, p.y, stream);
+}
+
+void silu_mul(const ops::SiluMulParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::silu_mul");
+  detail::require_cuda("silu_mul", {{"gate", &p.gate}, {"up", &p.up}, {"out", &p.out}});
+  detail::require_bf16_activation("silu_mul", "gate", p.gate);
+  launch_elementwise(Elementwise::kSiluMul, p.gate, p.up, p.out, stream);
+}
+
+}  // namespace lmx::cuda

@@ -1,0 +1,18 @@
+// Entry points of the small dense ops on cuda (contracts in ops/basic.h): embedding, RMSNorm, residual add,
+// SiLU-gated product and row gather. BF16 activations, fp32 math. Linear is not here (a GEMM, later).
+// Each call checks its Params, enqueues one kernel on `stream` and returns; callers: tests, bench, (later)
+// the CUDA backend.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "ops/basic.h"
+
+namespace lmx::cuda {
+
+void embedding(const ops::EmbeddingParams& p, cudaStream_t stream);
+void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream);
+void add(const ops::AddParams& p, cudaStream_t stream);
+void silu_mul(const ops::SiluMulParams& p, cudaStream_t stream);
+void gather_rows(const ops::GatherRowsParams& p, cudaStream_t stream);
+
+}  // namespace lmx::cuda

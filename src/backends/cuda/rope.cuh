@@ -1,0 +1,13 @@
+// Entry point of rotary position embedding on cuda (contract in ops/rope.h): rotates q and k in place,
+// rotate-half (NeoX) layout, BF16 activations, fp32 angles and math. The inv_freq table comes from
+// ops::make_rope_table on the host. Callers: tests, bench, (later) the CUDA backend.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "ops/rope.h"
+
+namespace lmx::cuda {
+
+void rope(const ops::RopeParams& p, cudaStream_t stream);
+
+}  // namespace lmx::cuda

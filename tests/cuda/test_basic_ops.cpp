@@ -1,0 +1,135 @@
+// Parity of the CUDA small dense ops (backends/cuda/basic.cuh) with the CPU oracle: embedding, rms_norm,
+// add, silu_mul, gather_rows. Shapes cover GPT-OSS sizes, odd sizes (scalar fallbacks), rows longer than
+// one block, misaligned views and the aliasing each contract allows. Outputs are poisoned before each run.
+#include <cstdint>
+#include <vector>
+
+#include "backends/cuda/basic.cuh"
+#include "cuda_test_util.h"
+
+namespace lmx::test {
+namespace {
+
+class CudaBasicOps : public CudaTest {};
+
+TEST_F(CudaBasicOps, Embedding) {
+  struct Case { int64_t vocab, hidden, tokens; };
+  // 2880: GPT-OSS H (16-byte rows); 2881 and 7: scalar path; 20000: a row over several blocks.
+  for (Case c : {Case{1000, 2880, 16}, Case{37, 2881, 5}, Case{300, 64, 1}, Case{5, 7, 9}, Case{64, 20000, 3},
+                 Case{10, 8, 0}}) {
+    SCOPED_TRACE("V " + std::to_string(c.vocab) + " H " + std::to_string(c.hidden) + " T " + std::to_string(c.tokens));
+    OwnedTensor table = random_bf16(rng(), {c.vocab, c.hidden});
+    OwnedTensor ids = random_ids(rng(), c.tokens, 0, int32_t(c.vocab));
+    OwnedTensor want = OwnedTensor::host(DType::F32, {c.tokens, c.hidden});
+    cpu_.embedding({.table = table, .token_ids = ids, .out = want});
+
+    OwnedTensor d_table = cuda::upload(table), d_ids = cuda::upload(ids);
+    OwnedTensor d_out = poisoned(DType::BF16, {c.tokens, c.hidden});
+    cuda::embedding({.table = d_table, .token_ids = d_ids, .out = d_out}, stream_);
+    sync();
+    EXPECT_TRUE(bitwise_equal(cuda::download(d_out), narrow(want)));
+  }
+}
+
+TEST_F(CudaBasicOps, GatherRows) {
+  struct Case { int64_t rows, cols, picked; int64_t offset; };
+  for (Case c : {Case{2048, 2880, 16, 0}, Case{16, 2880, 16, 0}, Case{9, 2881, 4, 0}, Case{40, 2880, 7, 1},
+                 Case{3, 20000, 5, 0}, Case{4, 1, 3, 0}}) {
+    SCOPED_TRACE("T " + std::to_string(c.rows) + " C " + std::to_string(c.cols) + " B " + std::to_string(c.picked) +
+                 " offset " + std::to_string(c.offset));
+    OwnedTensor x = random_bf16(rng(), {c.rows, c.cols});
+    OwnedTensor index = random_ids(rng(), c.picked, 0, int32_t(c.rows));
+    OwnedTensor x32 = widen(x);
+    OwnedTensor want = OwnedTensor::host(DType::F32, {c.picked, c.cols});
+    cpu_.gather_rows({.x = x32, .index = index, .out = want});
+
+    OwnedTensor d_x = upload_at_offset(x, c.offset), d_index = cuda::upload(index);
+    OwnedTensor d_out = poisoned(DType::BF16, {c.picked, c.cols});
+    cuda::gather_rows({.x = d_x, .index = d_index, .out = d_out}, stream_);
+    sync();
+    EXPECT_TRUE(bitwise_equal(cuda::download(d_out), narrow(want)));
+  }
+}
+
+TEST_F(CudaBasicOps, RmsNorm) {
+  enum class Out { kSeparate, kInPlace };
+  struct Case { int64_t rows, cols; float eps, scale; Out out; int64_t offset; };
+  // Register-resident path: 2880 (GPT-OSS hidden, 96 threads of 4 vectors), 64/128 (per-head q/k norm rows,
+  // one warp), 20000 (640 threads); 40000: too long for registers, the vector loop; 2881, 7 and offset 1
+  // (misaligned): the scalar loop.
+  const std::vector<Case> cases = {
+      {16, 2880, 1e-5f, 1.0f, Out::kSeparate, 0}, {256, 2880, 1e-6f, 30.0f, Out::kInPlace, 0},
+      {200, 64, 1e-6f, 1.0f, Out::kSeparate, 0},  {33, 128, 1e-6f, 0.01f, Out::kInPlace, 0},
+      {3, 2881, 1e-5f, 1.0f, Out::kSeparate, 0},  {5, 7, 1e-6f, 1.0f, Out::kSeparate, 0},
+      {2, 20000, 1e-5f, 2.0f, Out::kSeparate, 0}, {3, 40000, 1e-5f, 1.0f, Out::kInPlace, 0},
+      {6, 2880, 1e-5f, 1.0f, Out::kSeparate, 1},
+      {0, 2880, 1e-5f, 1.0f, Out::kSeparate, 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("N " + std::to_string(c.rows) + " C " + std::to_string(c.cols) + " scale " +
+                 std::to_string(c.scale) + (c.out == Out::kInPlace ? " in place" : "") + " offset " +
+                 std::to_string(c.offset));
+    OwnedTensor x = random_bf16(rng(), {c.rows, c.cols}, c.scale);
+    OwnedTensor weight = random_bf16(rng(), {c.cols});  // signed weights, not near 1: every element matters
+    OwnedTensor x32 = widen(x);
+    OwnedTensor want = OwnedTensor::host(DType::F32, {c.rows, c.cols});
+    cpu_.rms_norm({.x = x32, .weight = weight, .eps = c.eps, .out = want});
+
+    OwnedTensor d_x = upload_at_offset(x, c.offset), d_weight = cuda::upload(weight);
+    OwnedTensor d_out = c.out == Out::kInPlace ? d_x : poisoned(DType::BF16, {c.rows, c.cols});
+    cuda::rms_norm({.x = d_x, .weight = d_weight, .eps = c.eps, .out = d_out}, stream_);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_out), want, kTolBf16Out));
+  }
+}
+
+TEST_F(CudaBasicOps, Add) {
+  struct Case { int64_t rows, cols; bool y_is_x; int64_t offset; };
+  for (Case c : {Case{16, 2880, false, 0}, Case{2048, 2880, false, 0}, Case{7, 13, false, 0},
+                 Case{16, 2880, true, 0}, Case{5, 2880, false, 1}, Case{0, 8, false, 0}}) {
+    SCOPED_TRACE("N " + std::to_string(c.rows) + " C " + std::to_string(c.cols) + (c.y_is_x ? " y is x" : "") +
+                 " offset " + std::to_string(c.offset));
+    OwnedTensor x = random_bf16(rng(), {c.rows, c.cols});
+    OwnedTensor y = c.y_is_x ? x : random_bf16(rng(), {c.rows, c.cols}, 3.0f);
+    OwnedTensor want = widen(y);
+    if (c.y_is_x) {
+      cpu_.add({.x = want, .y = want});  // y += y
+    } else {
+      cpu_.add({.x = widen(x), .y = want});
+    }
+
+    // y is the output: it holds its inputs, so it cannot be poisoned; a missed element keeps the old y,
+    // which differs from old y + x by far more than the tolerance (x ~ N(0, 1)).
+    OwnedTensor d_y = upload_at_offset(y, c.offset);
+    OwnedTensor d_x = c.y_is_x ? d_y : upload_at_offset(x, c.offset);
+    cuda::add({.x = d_x, .y = d_y}, stream_);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_y), want, kTolBf16Out));
+  }
+}
+
+TEST_F(CudaBasicOps, SiluMul) {
+  enum class Out { kSeparate, kGate, kUp };
+  struct Case { int64_t tokens, inter; Out out; int64_t offset; };
+  for (Case c : {Case{16, 2880, Out::kSeparate, 0}, Case{256, 2880, Out::kGate, 0}, Case{9, 2880, Out::kUp, 0},
+                 Case{3, 1001, Out::kSeparate, 0}, Case{4, 2880, Out::kSeparate, 1}, Case{0, 16, Out::kSeparate, 0}}) {
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " I " + std::to_string(c.inter) + " out " +
+                 std::to_string(int(c.out)) + " offset " + std::to_string(c.offset));
+    // Gates up to |20|: both silu tails (x and ~0) are exercised.
+    OwnedTensor gate = random_bf16(rng(), {c.tokens, c.inter}, 6.0f);
+    OwnedTensor up = random_bf16(rng(), {c.tokens, c.inter});
+    OwnedTensor gate32 = widen(gate), up32 = widen(up);
+    OwnedTensor want = OwnedTensor::host(DType::F32, {c.tokens, c.inter});
+    cpu_.silu_mul({.gate = gate32, .up = up32, .out = want});
+
+    OwnedTensor d_gate = upload_at_offset(gate, c.offset), d_up = upload_at_offset(up, c.offset);
+    OwnedTensor d_out = c.out == Out::kGate ? d_gate
+                        : c.out == Out::kUp ? d_up
+                                            : poisoned(DType::BF16, {c.tokens, c.inter});
+    cuda::silu_mul({.gate = d_gate, .up = d_up, .out = d_out}, stream_);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_out), want, kTolBf16Out));
+  }
+}
+
+}  // namespace
+}  // namespace lmx::test

@@ -1,0 +1,60 @@
+// Parity of the CUDA RoPE kernel (backends/cuda/rope.cuh) with the CPU oracle: GPT-OSS and Qwen3 head
+// shapes (16-byte path), odd half-dims and a misaligned view (scalar path), positions up to 128k (angles
+// far outside the fast sincos range), YaRN's attention scaling and a real YaRN table from make_rope_table.
+#include <cstdint>
+#include <vector>
+
+#include "backends/cuda/rope.cuh"
+#include "cuda_test_util.h"
+#include "ops/rope.h"
+
+namespace lmx::test {
+namespace {
+
+class CudaRope : public CudaTest {};
+
+TEST_F(CudaRope, MatchesCpu) {
+  struct Case { int64_t tokens, q_heads, kv_heads, head_dim; bool yarn; int64_t offset; };
+  // (64, 8, 64): GPT-OSS; (32, 4, 128): Qwen3-30B-A3B; D 6 and 18: D/2 = 3, 9 (scalar); D 2: one pair.
+  const std::vector<Case> cases = {{16, 64, 8, 64, true, 0},   {300, 64, 8, 64, true, 0}, {7, 32, 4, 128, false, 0},
+                                   {5, 4, 2, 6, false, 0},     {3, 3, 1, 18, true, 0},    {2, 1, 1, 2, false, 0},
+                                   {9, 64, 8, 64, false, 1},   {0, 8, 2, 64, false, 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " Hq " + std::to_string(c.q_heads) + " Hkv " +
+                 std::to_string(c.kv_heads) + " D " + std::to_string(c.head_dim) + (c.yarn ? " yarn" : "") +
+                 " offset " + std::to_string(c.offset));
+    ops::RopeScaling scaling;
+    scaling.theta = 150000.0;
+    if (c.yarn) {  // GPT-OSS's rope_scaling
+      scaling.type = ops::RopeScaling::Type::kYarn;
+      scaling.factor = 32.0;
+      scaling.original_max_position = 4096;
+      scaling.truncate = false;
+    }
+    const ops::RopeTable table = ops::make_rope_table(scaling, int(c.head_dim));
+    OwnedTensor inv_freq = OwnedTensor::host(DType::F32, {c.head_dim / 2});
+    std::copy(table.inv_freq.begin(), table.inv_freq.end(), inv_freq.view.ptr<float>());
+    OwnedTensor positions = random_ids(rng(), c.tokens, 0, 131072);
+    if (c.tokens > 0) positions.view.ptr<int32_t>()[0] = 0;  // position 0 (no rotation), always
+    OwnedTensor q = random_bf16(rng(), {c.tokens, c.q_heads, c.head_dim});
+    OwnedTensor k = random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim}, 4.0f);
+
+    OwnedTensor want_q = widen(q), want_k = widen(k);
+    cpu_.rope({.q = want_q, .k = want_k, .positions = positions, .inv_freq = inv_freq,
+               .attention_scaling = table.attention_scaling});
+
+    // In place: q and k are their own outputs, so they cannot be poisoned; an element the kernel skips keeps
+    // its input, which the rotation (random positions) moves far beyond the tolerance.
+    OwnedTensor d_q = upload_at_offset(q, c.offset), d_k = upload_at_offset(k, c.offset);
+    OwnedTensor d_positions = cuda::upload(positions), d_inv_freq = cuda::upload(inv_freq);
+    cuda::rope({.q = d_q, .k = d_k, .positions = d_positions, .inv_freq = d_inv_freq,
+                .attention_scaling = table.attention_scaling},
+               stream_);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_q), want_q, kTolBf16Out)) << "q";
+    EXPECT_TRUE(all_close(cuda::download(d_k), want_k, kTolBf16Out)) << "k";
+  }
+}
+
+}  // namespace
+}  // namespace lmx::test
