@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "../common/temp_dir.h"
+
 namespace {
 
 struct CliRun {
@@ -54,7 +56,8 @@ TEST(Cli, GenerateDefaultRuns) {
 }
 
 TEST(Cli, RequestsFileMixesAdaptersAndReportsBadLinesInOrder) {
-  std::filesystem::path file = std::filesystem::temp_directory_path() / "loramux_cli_requests.jsonl";
+  lmx::testing::TempDir dir("cli");
+  std::string file = dir.file("requests.jsonl");
   {
     std::ofstream f(file);
     f << R"({"adapter": "lora0", "prompt_ids": [5, 6, 7], "max_tokens": 4})" << "\n"
@@ -63,7 +66,7 @@ TEST(Cli, RequestsFileMixesAdaptersAndReportsBadLinesInOrder) {
       << "not json\n"
       << R"({"adapter": "lora1", "prompt_ids": [5, 6, 7], "max_tokens": 4})" << "\n";
   }
-  CliRun r = run_cli("generate --dummy-loras 2 --ignore-eos --requests " + file.string());
+  CliRun r = run_cli("generate --dummy-loras 2 --ignore-eos --requests " + file);
   EXPECT_EQ(r.exit_code, 1) << r.out;  // some requests failed
   auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 5u) << r.out;
@@ -80,7 +83,6 @@ TEST(Cli, RequestsFileMixesAdaptersAndReportsBadLinesInOrder) {
   CliRun alone = run_cli("generate --dummy-loras 2 --ignore-eos --adapter lora0 --prompt-ids 5,6,7 --max-tokens 4");
   ASSERT_EQ(alone.exit_code, 0) << alone.out;
   EXPECT_EQ(json_lines(alone.out)[0]["token_ids"], lines[0]["token_ids"]);
-  std::filesystem::remove(file);
 }
 
 TEST(Cli, BadArgumentsFailWithMessage) {

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/temp_dir.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "lora/adapter.h"
@@ -23,14 +24,6 @@ namespace lmx::lora::testing {
 
 using ops::LoraTarget;
 
-inline std::string unique_temp_dir(const std::string& tag) {
-  static int counter = 0;  // test-local; gtest runs tests of one binary sequentially
-  auto dir = std::filesystem::temp_directory_path() /
-             ("loramux_lora_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 // A host matrix/tensor as written to the file, values already rounded to the stored dtype.
 struct Stored {
@@ -48,13 +41,12 @@ inline float round_to(DType dtype, float v) {
 // Builds an adapter directory: adapter_config.json from `config`, adapter_model.safetensors from tensors.
 class AdapterDir {
  public:
-  explicit AdapterDir(const std::string& tag) : dir_(unique_temp_dir(tag)) {
+  explicit AdapterDir(const std::string& tag) : temp_(tag), dir_(temp_.str()) {
     config_ = {{"peft_type", "LORA"}, {"r", 2}, {"lora_alpha", 4}, {"bias", "none"}, {"use_dora", false},
                {"target_modules", nlohmann::json::array({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                          "up_proj", "down_proj", "w1", "w2", "w3"})},
                {"peft_version", "0.21.2"}};
   }
-  ~AdapterDir() { std::filesystem::remove_all(dir_); }
   nlohmann::json& config() { return config_; }
   const std::string& dir() const { return dir_; }
 
@@ -116,6 +108,7 @@ class AdapterDir {
     std::vector<float> values;
     std::vector<uint8_t> bytes;
   };
+  lmx::testing::TempDir temp_;  // declared before dir_: dir_ is initialised from it
   std::string dir_;
   nlohmann::json config_;
   std::vector<Entry> entries_;

@@ -2,6 +2,8 @@
 // (fused or per-expert experts, GPT-OSS transposed experts, MXFP4, F32/F16, index shards) must load to
 // the same canonical weights; each malformed checkpoint gives an error naming tensor and shapes.
 #include <gtest/gtest.h>
+
+#include "../common/temp_dir.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -21,25 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("lmx_loader_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-  std::string sub(const std::string& name) const {
-    fs::create_directories(path_ / name);
-    return (path_ / name).string();
-  }
-
- private:
-  fs::path path_;
-};
+using TempDir = lmx::testing::TempDir;
 
 enum class ExpertFormat { kFused, kPerExpert };
 
