@@ -58,13 +58,17 @@ Tensor Tensor::reshape(std::initializer_list<int64_t> dims) const {
   return t;
 }
 
-std::string Tensor::shape_str() const {
+std::string dims_str(const int64_t* dims, int ndim) {
   std::ostringstream os;
   os << '[';
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
-  os << "] " << dtype_name(dtype);
+  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << dims[i];
+  os << ']';
   return os.str();
 }
+
+std::string Tensor::dims_str() const { return lmx::dims_str(shape, ndim); }
+
+std::string Tensor::shape_str() const { return dims_str() + " " + std::string(dtype_name(dtype)); }
 
 bool Tensor::same_shape(const Tensor& other) const {
   if (ndim != other.ndim) return false;

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -42,9 +43,14 @@ struct Tensor {
   // Same data, new shape; numel must match (checked).
   Tensor reshape(std::initializer_list<int64_t> dims) const;
   template <typename T> T* ptr() const { return static_cast<T*>(data); }
+  std::string dims_str() const;   // "[4, 8]"
   std::string shape_str() const;  // "[4, 8] BF16"
   bool same_shape(const Tensor& other) const;
 };
+
+// "[4, 8]": how every error message spells a shape.
+std::string dims_str(const int64_t* dims, int ndim);
+inline std::string dims_str(const std::vector<int64_t>& dims) { return dims_str(dims.data(), int(dims.size())); }
 
 // Check that `t` has the given dtype and shape (-1 = any size on that dim), naming it in the error.
 Status expect_tensor(const Tensor& t, const std::string& name, DType dtype, std::initializer_list<int64_t> dims);

@@ -42,13 +42,6 @@ std::string brief(const json& v) {
   return text;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
-}
 
 // A JSON value as a non-negative integer that fits in int64 (safetensors shapes and offsets).
 bool as_count(const json& v, uint64_t* out) {
@@ -92,7 +85,7 @@ Status parse_entry(const std::string& source, const std::string& name, const jso
   }
   uint64_t expected_bytes = 0;
   if (numel_overflow || __builtin_mul_overflow(numel, uint64_t(dtype_size(info->dtype)), &expected_bytes))
-    return invalid_argument(where + ": shape " + shape_text(info->shape) + " overflows a 64-bit byte count");
+    return invalid_argument(where + ": shape " + dims_str(info->shape) + " overflows a 64-bit byte count");
 
   auto offsets_it = entry.find("data_offsets");
   if (offsets_it == entry.end()) return invalid_argument(where + ": missing field 'data_offsets'");
@@ -109,7 +102,7 @@ Status parse_entry(const std::string& source, const std::string& name, const jso
     return out_of_range(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                         "] reach past the data section of " + std::to_string(data_size) + " bytes (truncated file?)");
   if (end - begin != expected_bytes)
-    return invalid_argument(where + ": " + dtype + " " + shape_text(info->shape) + " needs " +
+    return invalid_argument(where + ": " + dtype + " " + dims_str(info->shape) + " needs " +
                             std::to_string(expected_bytes) + " bytes, data_offsets [" + std::to_string(begin) + ", " +
                             std::to_string(end) + "] hold " + std::to_string(end - begin));
   info->begin = size_t(begin);

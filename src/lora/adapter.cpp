@@ -93,13 +93,6 @@ std::string in_quotes(std::string_view s) {
   return out;
 }
 
-std::string shape_text(const Tensor& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < t.ndim; ++i) os << (i ? ", " : "") << t.shape[i];
-  os << ']';
-  return os.str();
-}
 
 // A row-major f32 matrix read from a safetensors view.
 struct Matrix {
@@ -284,7 +277,7 @@ Status parse_key(const std::string& name, const BaseModelShapes& base, const std
 
 Status read_matrix(const io::SafetensorsFile& file, const std::string& name, const std::string& where, Matrix* out) {
   LMX_ASSIGN_OR_RETURN(Tensor t, file.tensor(name));
-  if (t.ndim != 2) return invalid_argument(where + ": expected a 2-D tensor, found " + shape_text(t));
+  if (t.ndim != 2) return invalid_argument(where + ": expected a 2-D tensor, found " + t.dims_str());
   if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
     return unsupported(where + ": dtype " + std::string(dtype_name(t.dtype)) + ", expected F32, BF16 or F16");
   out->rows = t.shape[0];

@@ -15,17 +15,6 @@
 namespace lmx::model {
 namespace {
 
-std::string dims_text(const std::vector<int64_t>& dims) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < dims.size(); ++i) os << (i ? ", " : "") << dims[i];
-  os << ']';
-  return os.str();
-}
-
-std::string dims_text(const Tensor& t) {
-  return dims_text(std::vector<int64_t>(t.shape, t.shape + t.ndim)) + " " + std::string(dtype_name(t.dtype));
-}
 
 bool is_float(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
 
@@ -73,16 +62,16 @@ class TensorSource {
   // The raw checkpoint tensor, shape-checked (any dtype among `float` ones unless raw_dtype is given).
   Result<Tensor> raw(const std::string& name, const std::vector<int64_t>& dims, bool float_only = true) {
     if (!ckpt_.contains(name))
-      return not_found(dir_ + ": missing tensor '" + name + "' (expected shape " + dims_text(dims) + ")");
+      return not_found(dir_ + ": missing tensor '" + name + "' (expected shape " + dims_str(dims) + ")");
     LMX_ASSIGN_OR_RETURN(Tensor t, ckpt_.tensor(name));
     used_.insert(name);
     bool ok = t.ndim == int(dims.size());
     for (int i = 0; ok && i < t.ndim; ++i) ok = t.shape[i] == dims[size_t(i)];
     if (!ok)
-      return invalid_argument(dir_ + ": tensor '" + name + "': expected shape " + dims_text(dims) + ", found " +
-                              dims_text(t));
+      return invalid_argument(dir_ + ": tensor '" + name + "': expected shape " + dims_str(dims) + ", found " +
+                              t.shape_str());
     if (float_only && !is_float(t.dtype))
-      return invalid_argument(dir_ + ": tensor '" + name + "': expected dtype F32, F16 or BF16, found " + dims_text(t));
+      return invalid_argument(dir_ + ": tensor '" + name + "': expected dtype F32, F16 or BF16, found " + t.shape_str());
     return t;
   }
 
