@@ -1,6 +1,7 @@
 // `loramux generate`: offline generation from prompt ids (no tokenizer yet). One request from
 // --prompt-ids, or many from --requests FILE.jsonl run together as mixed-adapter batches; prints one JSON
 // object per request in input order. A bad request is reported in its own line; the others still run.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "apps/commands.h"
 #include "core/log.h"
 #include "engine/setup.h"
+#include "io/safetensors.h"
 #include "lora/adapter.h"
 
 namespace lmx::apps {
@@ -31,6 +33,33 @@ struct GenerateOptions {
   bool ignore_eos = false;
   engine::EngineConfig engine;
   uint64_t weight_seed = 0;
+  std::string dump_dir;
+};
+
+// --dump-activations: every named stage of every layer (model/forward.h ActivationDump), copied to the
+// host during a step and written as DIR/step<N>.safetensors ("layer3.attention", "embedding", ...), so
+// a run on one backend can be compared tensor by tensor with a run on another.
+class ActivationWriter {
+ public:
+  ActivationWriter(std::string dir, ops::Backend& backend) : dir_(std::move(dir)), backend_(backend) {}
+  void record(const std::string& name, int layer, const Tensor& value) {
+    OwnedTensor host = OwnedTensor::host_like(value, value.dtype);
+    backend_.copy(host.view, value);
+    tensors_.push_back({layer < 0 ? name : "layer" + std::to_string(layer) + "." + name, std::move(host)});
+  }
+  Status flush() {
+    std::vector<std::pair<std::string, Tensor>> views;
+    for (const auto& [name, t] : tensors_) views.push_back({name, t.view});
+    Status written = io::write_safetensors(dir_ + "/step" + std::to_string(step_++) + ".safetensors", views);
+    tensors_.clear();
+    return written;
+  }
+
+ private:
+  std::string dir_;
+  ops::Backend& backend_;
+  int step_ = 0;
+  std::vector<std::pair<std::string, OwnedTensor>> tensors_;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -146,8 +175,22 @@ int run_generate(const GenerateOptions& o) {
     results[i]["adapter"] = requests[i]->adapter.empty() ? nlohmann::json(nullptr) : nlohmann::json(requests[i]->adapter);
     ids.push_back({*id, i});
   }
+  std::unique_ptr<ActivationWriter> dump;
+  if (!o.dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.dump_dir, ec);
+    if (ec) return fail(io_error("--dump-activations: cannot create '" + o.dump_dir + "': " + ec.message()));
+    dump = std::make_unique<ActivationWriter>(o.dump_dir, **backend);
+    eng.mutable_model().set_activation_dump(
+        [&](const std::string& name, int layer, const Tensor& value) { dump->record(name, layer, value); });
+  }
   while (eng.has_work()) {
-    if (eng.step().num_tokens == 0) {
+    int ran = eng.step().num_tokens;
+    if (dump) {
+      Status written = dump->flush();
+      if (!written.ok()) return fail(written);
+    }
+    if (ran == 0) {
       std::cerr << "loramux generate: the scheduler cannot make progress (KV cache or adapter slots too small)\n";
       return 1;
     }
@@ -192,6 +235,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--page-size", opts->engine.scheduler.page_size, "KV-cache page size (tokens)")->capture_default_str();
   cmd->add_option("--num-kv-pages", opts->engine.num_kv_pages, "KV-cache pages (0 = enough for max-num-seqs)")
       ->capture_default_str();
+  cmd->add_option("--dump-activations", opts->dump_dir,
+                  "Write every layer's named activations of each step to DIR/step<N>.safetensors");
   cmd->add_option("--weight-seed", opts->weight_seed, "Seed of preset weights and dummy adapters")->capture_default_str();
   return [opts, cmd]() { return cmd->parsed() ? run_generate(*opts) : 0; };
 }

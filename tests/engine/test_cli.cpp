@@ -148,3 +148,20 @@ TEST(Cli, GenerateWithPeftAdapterDirectory) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, DumpActivationsWritesEveryLayerPerStep) {
+  lmx::testing::TempDir dir("dump");
+  CliRun r = run_cli("generate --max-tokens 2 --ignore-eos --dump-activations " + dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* step : {"step0.safetensors", "step1.safetensors"}) {
+    std::ifstream f(dir.file(step), std::ios::binary);
+    ASSERT_TRUE(f.good()) << step;
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (const char* name : {"\"embedding\"", "\"layer0.attention\"", "\"layer1.mlp\"", "\"logits\""})
+      EXPECT_NE(bytes.find(name), std::string::npos) << step << " lacks " << name;
+  }
+}
+
+}  // namespace
