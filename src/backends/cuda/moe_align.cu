@@ -1,0 +1,258 @@
+// MoE sort/align kernels (moe_align.cuh) and their launcher. Two paths with one result:
+//  - one block (up to kMoeAlignSmallPairs pairs, i.e. decode): zero the counts, count, scan, then place
+//    every pair at its group's offset + its rank among the earlier pairs of its group (a compare loop over
+//    the keys in shared memory: n²/1024 compares, a few µs at n = 1024); one launch.
+//  - sort (larger batches): key each pair, stable CUB radix sort of (key, pair) over the key's bits, scan
+//    the counts in one block, scatter each sorted pair to its padded position.
+// Both count per group in global memory, so G = S·E is bounded by memory only (512 × 64 = 32768 groups is
+// 128 KB of counters). The scan runs in one block of 1024 threads, each owning ceil(G / 1024) groups.
+#include "backends/cuda/moe_align.cuh"
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
+#include "backends/cuda/check.h"
+
+namespace lmx::cuda {
+namespace {
+
+constexpr int kScanThreads = 1024;
+constexpr int kKeyThreads = 256;
+using ScanInt = cub::BlockScan<int, kScanThreads>;
+
+struct AlignKernelParams {
+  const int32_t* topk_ids;    // [T, K] i32
+  const int32_t* token_slot;  // [T] i32, or null: group by expert
+  int pairs;                  // T * K (also the sentinel)
+  int top_k;                  // K
+  int experts;                // E
+  int groups;                 // G
+  int block_m;                // BLOCK_M
+  int max_tiles;              // capacity / BLOCK_M
+  int32_t* counts;            // [G] i32 workspace
+  int32_t* unpadded_offsets;  // [G] i32 workspace (sort path)
+  int32_t* keys;              // [pairs] i32 workspace (sort path: unsorted keys; sentinel key G = dropped)
+  int32_t* values;            // [pairs] i32 workspace (sort path: pair index)
+  const int32_t* sorted_keys;    // [pairs] i32 workspace (sort path)
+  const int32_t* sorted_values;  // [pairs] i32 workspace (sort path)
+  int32_t* sorted_pairs;      // [capacity] i32
+  int32_t* tile_group;        // [max_tiles] i32
+  int32_t* group_offsets;     // [G + 1] i32
+  int32_t* num_tiles;         // [1] i32
+};
+
+// The group of pair p, or G when its token has no slot (LoRA grouping only).
+__device__ __forceinline__ int group_of(const AlignKernelParams& p, int pair) {
+  const int expert = p.topk_ids[pair];
+  if (p.token_slot == nullptr) return expert;
+  const int slot = p.token_slot[pair / p.top_k];
+  return slot < 0 ? p.groups : slot * p.experts + expert;
+}
+
+// Block-wide, 1024 threads: from counts[G] write group_offsets, tile_group (with -1 past the last tile up
+// to max_tiles), num_tiles, the sentinel on every padding position, and (if asked) the unpadded offsets.
+// PRECOND: blockDim.x == kScanThreads; counts complete and visible to the block.
+__device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
+  __shared__ typename ScanInt::TempStorage scan_storage;
+  __shared__ int total_tiles;
+  const int per_thread = (p.groups + kScanThreads - 1) / kScanThreads;
+  const int first = threadIdx.x * per_thread, last = min(first + per_thread, p.groups);
+  int padded = 0, unpadded = 0;
+  for (int g = first; g < last; ++g) {
+    const int c = p.counts[g];
+    padded += (c + p.block_m - 1) / p.block_m * p.block_m;
+    unpadded += c;
+  }
+  int padded_start = 0, padded_total = 0;
+  ScanInt(scan_storage).ExclusiveSum(padded, padded_start, padded_total);
+  __syncthreads();
+  int unpadded_start = 0;
+  if (write_unpadded) ScanInt(scan_storage).ExclusiveSum(unpadded, unpadded_start);
+  for (int g = first; g < last; ++g) {
+    const int c = p.counts[g];
+    const int size = (c + p.block_m - 1) / p.block_m * p.block_m;
+    p.group_offsets[g] = padded_start;
+    if (write_unpadded) p.unpadded_offsets[g] = unpadded_start;
+    for (int i = c; i < size; ++i) p.sorted_pairs[padded_start + i] = p.pairs;
+    for (int tile = padded_start / p.block_m; tile < (padded_start + size) / p.block_m; ++tile) p.tile_group[tile] = g;
+    padded_start += size;
+    unpadded_start += c;
+  }
+  if (threadIdx.x == 0) {
+    total_tiles = padded_total / p.block_m;
+    p.group_offsets[p.groups] = padded_total;
+    *p.num_tiles = total_tiles;
+  }
+  __syncthreads();
+  for (int tile = total_tiles + threadIdx.x; tile < p.max_tiles; tile += kScanThreads) p.tile_group[tile] = -1;
+}
+
+// The whole align in one block. PRECOND: blockDim.x == kScanThreads; pairs <= kMoeAlignSmallPairs.
+__global__ static void align_small_kernel(const __grid_constant__ AlignKernelParams p) {
+  __shared__ int keys[kMoeAlignSmallPairs];
+  for (int g = threadIdx.x; g < p.groups; g += kScanThreads) p.counts[g] = 0;
+  for (int pair = threadIdx.x; pair < p.pairs; pair += kScanThreads) keys[pair] = group_of(p, pair);
+  __syncthreads();  // also orders the zeroing before the atomics (global memory, same block)
+  for (int pair = threadIdx.x; pair < p.pairs; pair += kScanThreads) {
+    if (keys[pair] < p.groups) atomicAdd(&p.counts[keys[pair]], 1);
+  }
+  __syncthreads();
+  scan_groups(p, false);
+  __syncthreads();
+  for (int pair = threadIdx.x; pair < p.pairs; pair += kScanThreads) {
+    const int key = keys[pair];
+    if (key >= p.groups) continue;
+    int rank = 0;  // earlier pairs of the same group: the stable order
+    for (int q = 0; q < pair; ++q) rank += keys[q] == key;
+    p.sorted_pairs[p.group_offsets[key] + rank] = pair;
+  }
+}
+
+// Sort path, step 1: key and count every pair. PRECOND: counts zeroed.
+__global__ static void align_keys_kernel(const __grid_constant__ AlignKernelParams p) {
+  const int pair = blockIdx.x * blockDim.x + threadIdx.x;
+  if (pair >= p.pairs) return;
+  const int key = group_of(p, pair);
+  p.keys[pair] = key;
+  p.values[pair] = pair;
+  if (key < p.groups) atomicAdd(&p.counts[key], 1);
+}
+
+// Sort path, step 3 (after the radix sort): offsets and tiles. PRECOND: one block of kScanThreads.
+__global__ static void align_scan_kernel(const __grid_constant__ AlignKernelParams p) { scan_groups(p, true); }
+
+// Sort path, step 4: sorted position i of group g goes to group_offsets[g] + (i - unpadded_offsets[g]).
+__global__ static void align_scatter_kernel(const __grid_constant__ AlignKernelParams p) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.pairs) return;
+  const int key = p.sorted_keys[i];
+  if (key >= p.groups) return;
+  p.sorted_pairs[p.group_offsets[key] + i - p.unpadded_offsets[key]] = p.sorted_values[i];
+}
+
+// ---- launchers ----------------------------------------------------------------------------------------
+
+constexpr size_t kAlign = 256;
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+int key_bits(int64_t groups) {  // keys run over [0, G]: G is the "no slot" key, sorted last
+  int bits = 1;
+  while ((int64_t(1) << bits) <= groups) ++bits;
+  return bits;
+}
+
+size_t cub_temp_bytes(int64_t pairs, int64_t groups) {
+  size_t bytes = 0;
+  LMX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), int(std::max<int64_t>(pairs, 1)), 0,
+                                                 key_bits(groups)));
+  return bytes;
+}
+
+}  // namespace
+
+int64_t moe_align_capacity(int64_t pairs, int64_t groups, int block_m) {
+  return std::max<int64_t>(pairs + std::min(pairs, groups) * (block_m - 1), block_m);
+}
+
+size_t moe_align_workspace_bytes(int64_t pairs, int64_t groups) {
+  // counts, unpadded offsets, keys, values, sorted keys, sorted values, CUB's scratch
+  return 2 * round_up(size_t(groups) * 4) + 4 * round_up(size_t(pairs) * 4) + round_up(cub_temp_bytes(pairs, groups));
+}
+
+void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
+  const char* op = "moe_align";
+  if (p.topk_ids.dtype != DType::I32 || p.topk_ids.ndim != 2) {
+    detail::contract_failure(op, "topk_ids", p.topk_ids, "[T, K] I32");
+  }
+  const int64_t tokens = p.topk_ids.dim(0), top_k = p.topk_ids.dim(1), pairs = tokens * top_k;
+  const bool by_slot = p.slots > 0;
+  if (by_slot && (p.token_slot.dtype != DType::I32 || p.token_slot.ndim != 1 || p.token_slot.dim(0) != tokens)) {
+    detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32 with T = topk_ids.dim(0)");
+  }
+  const int64_t groups = by_slot ? p.slots * p.experts : p.experts;
+  LMX_CHECK(p.experts > 0 && p.slots >= 0, "moe_align: E = %lld, S = %lld", (long long)p.experts,
+            (long long)p.slots);
+  LMX_CHECK(p.block_m >= 1 && p.block_m <= 1024 && (p.block_m & (p.block_m - 1)) == 0,
+            "moe_align: block_m = %d is not a power of two in [1, 1024]", p.block_m);
+  const int64_t capacity = moe_align_capacity(pairs, groups, p.block_m), max_tiles = capacity / p.block_m;
+  LMX_CHECK(capacity < 0x7fffffff && groups < 0x7fffffff);
+  auto require_i32 = [&](const char* name, const Tensor& t, int64_t numel) {
+    if (t.dtype != DType::I32 || t.numel() != numel) {
+      detail::contract_failure(op, name, t, ("I32 with " + std::to_string(numel) + " elements").c_str());
+    }
+  };
+  require_i32("sorted_pairs", p.sorted_pairs, capacity);
+  require_i32("tile_group", p.tile_group, max_tiles);
+  require_i32("group_offsets", p.group_offsets, groups + 1);
+  require_i32("num_tiles", p.num_tiles, 1);
+  if (p.workspace.nbytes() < moe_align_workspace_bytes(pairs, groups)) {
+    detail::contract_failure(op, "workspace", p.workspace,
+                             ("moe_align_workspace_bytes = " + std::to_string(moe_align_workspace_bytes(pairs, groups)) +
+                              " bytes").c_str());
+  }
+  std::initializer_list<std::pair<const char*, const Tensor*>> tensors = {
+      {"topk_ids", &p.topk_ids},       {"sorted_pairs", &p.sorted_pairs}, {"tile_group", &p.tile_group},
+      {"group_offsets", &p.group_offsets}, {"num_tiles", &p.num_tiles},   {"workspace", &p.workspace}};
+  detail::require_cuda(op, tensors);
+  if (by_slot) detail::require_cuda(op, {{"token_slot", &p.token_slot}});
+
+  char* work = static_cast<char*>(p.workspace.data);
+  auto carve = [&](size_t bytes) {
+    char* at = work;
+    work += round_up(bytes);
+    return reinterpret_cast<int32_t*>(at);
+  };
+  int32_t* counts = carve(size_t(groups) * 4);
+  int32_t* unpadded = carve(size_t(groups) * 4);
+  int32_t* keys = carve(size_t(pairs) * 4);
+  int32_t* values = carve(size_t(pairs) * 4);
+  int32_t* sorted_keys = carve(size_t(pairs) * 4);
+  int32_t* sorted_values = carve(size_t(pairs) * 4);
+  void* cub_temp = work;
+
+  const AlignKernelParams params{.topk_ids = static_cast<const int32_t*>(p.topk_ids.data),
+                                 .token_slot = by_slot ? static_cast<const int32_t*>(p.token_slot.data) : nullptr,
+                                 .pairs = int(pairs),
+                                 .top_k = int(top_k),
+                                 .experts = int(p.experts),
+                                 .groups = int(groups),
+                                 .block_m = p.block_m,
+                                 .max_tiles = int(max_tiles),
+                                 .counts = counts,
+                                 .unpadded_offsets = unpadded,
+                                 .keys = keys,
+                                 .values = values,
+                                 .sorted_keys = sorted_keys,
+                                 .sorted_values = sorted_values,
+                                 .sorted_pairs = static_cast<int32_t*>(p.sorted_pairs.data),
+                                 .tile_group = static_cast<int32_t*>(p.tile_group.data),
+                                 .group_offsets = static_cast<int32_t*>(p.group_offsets.data),
+                                 .num_tiles = static_cast<int32_t*>(p.num_tiles.data)};
+  const bool small = p.force_path == 0 || (p.force_path < 0 && pairs <= kMoeAlignSmallPairs);
+  if (small) {
+    LMX_CHECK(pairs <= kMoeAlignSmallPairs, "moe_align: one-block path forced with %lld pairs", (long long)pairs);
+    align_small_kernel<<<1, kScanThreads, 0, stream>>>(params);
+    LMX_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  LMX_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(groups) * 4, stream));
+  if (pairs > 0) {
+    align_keys_kernel<<<detail::blocks_for(pairs, kKeyThreads), kKeyThreads, 0, stream>>>(params);
+    LMX_CUDA_CHECK_LAUNCH();
+    size_t temp_bytes = cub_temp_bytes(pairs, groups);
+    LMX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, temp_bytes, keys, sorted_keys, values, sorted_values,
+                                                   int(pairs), 0, key_bits(groups), stream));
+  }
+  align_scan_kernel<<<1, kScanThreads, 0, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
+  if (pairs > 0) {
+    align_scatter_kernel<<<detail::blocks_for(pairs, kKeyThreads), kKeyThreads, 0, stream>>>(params);
+    LMX_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace lmx::cuda

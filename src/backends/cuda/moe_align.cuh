@@ -1,0 +1,43 @@
+// Entry point of the MoE sort/align on cuda: groups the (token, k) pairs of a batch by expert (base
+// grouped GEMM) or by (adapter slot, expert) (MoE-LoRA) into tiles of BLOCK_M pairs, padded with a
+// sentinel. Deterministic: inside a group, pairs keep increasing pair index t*K + k. Counting lives in
+// global memory, so any E × S fits (512 × 64 tested); nothing is sized by shared memory.
+// Callers: moe_lora (and later the base MoE GEMM), tests, bench. Host sizes come from the functions below,
+// so buffers are allocated once at start-up and the call itself never allocates or synchronizes.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace lmx::cuda {
+
+struct MoeAlignParams {
+  Tensor topk_ids;    // [T, K] i32, each in [0, E)
+  Tensor token_slot;  // [T] i32 in [-1, S), read only when slots > 0 (pairs of slot -1 are dropped)
+  int64_t experts = 0;  // E
+  int64_t slots = 0;    // S > 0: group by (slot, expert); 0: group by expert only (token_slot unused).
+                        // Explicit, not token_slot.defined(): an empty batch's tensors have no data.
+  int block_m = 16;     // tile height, a power of two in [1, 1024]
+  // Outputs; group g = slot * E + expert (or expert); G = S * E (or E).
+  Tensor sorted_pairs;   // [moe_align_capacity] i32: pair t*K + k, or T*K (the sentinel) on padding
+  Tensor tile_group;     // [moe_align_capacity / block_m] i32: group of each tile, -1 past the last tile
+  Tensor group_offsets;  // [G + 1] i32: first padded position of each group; [G] = tiles * block_m
+  Tensor num_tiles;      // [1] i32
+  Tensor workspace;      // [moe_align_workspace_bytes] U8, device scratch
+  // Test/tuning knob: -1 picks by size (one-block path up to kMoeAlignSmallPairs pairs, sort path above);
+  // 0 forces the one-block path, 1 the radix-sort path.
+  int force_path = -1;
+};
+
+constexpr int64_t kMoeAlignSmallPairs = 1024;
+
+// Padded positions needed in the worst case: every pair plus (BLOCK_M - 1) padding per non-empty group.
+int64_t moe_align_capacity(int64_t pairs, int64_t groups, int block_m);
+size_t moe_align_workspace_bytes(int64_t pairs, int64_t groups);
+
+void moe_align(const MoeAlignParams& p, cudaStream_t stream);
+
+}  // namespace lmx::cuda

@@ -1,0 +1,95 @@
+// Parity of the CUDA MoE sort/align (backends/cuda/moe_align.cuh) with a CPU reference written here from
+// the contract: groups by expert or by (slot, expert), pairs in increasing t*K + k inside a group, groups
+// padded to BLOCK_M with the sentinel T*K, tile -> group, offsets, tile count. Both paths (one block, radix
+// sort) on every case up to 1024 pairs, the sort path above; up to E = 512 × S = 64 (32768 groups). Exact.
+#include <vector>
+
+#include "backends/cuda/moe_align.cuh"
+#include "cuda_test_util.h"
+
+namespace lmx::test {
+namespace {
+
+class CudaMoeAlign : public CudaTest {};
+
+struct Aligned {
+  std::vector<int32_t> sorted_pairs, tile_group, group_offsets;
+  int32_t num_tiles = 0;
+};
+
+Aligned align_reference(const Tensor& topk_ids, const Tensor* token_slot, int64_t experts, int64_t slots,
+                        int block_m) {
+  const int64_t tokens = topk_ids.dim(0), top_k = topk_ids.dim(1), pairs = tokens * top_k;
+  const int64_t groups = token_slot ? slots * experts : experts;
+  std::vector<std::vector<int32_t>> members(static_cast<size_t>(groups));
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int32_t expert = topk_ids.ptr<int32_t>()[pair];
+    if (!token_slot) {
+      members[expert].push_back(int32_t(pair));
+      continue;
+    }
+    const int32_t slot = token_slot->ptr<int32_t>()[pair / top_k];
+    if (slot >= 0) members[slot * experts + expert].push_back(int32_t(pair));
+  }
+  Aligned r;
+  for (int64_t g = 0; g < groups; ++g) {
+    r.group_offsets.push_back(int32_t(r.sorted_pairs.size()));
+    for (int32_t pair : members[g]) r.sorted_pairs.push_back(pair);
+    while (r.sorted_pairs.size() % block_m != 0) r.sorted_pairs.push_back(int32_t(pairs));
+    while (int64_t(r.tile_group.size()) * block_m < int64_t(r.sorted_pairs.size())) r.tile_group.push_back(int32_t(g));
+  }
+  r.group_offsets.push_back(int32_t(r.sorted_pairs.size()));
+  r.num_tiles = int32_t(r.tile_group.size());
+  return r;
+}
+
+std::vector<int32_t> to_vector(const Tensor& host, int64_t n) {
+  return std::vector<int32_t>(host.ptr<int32_t>(), host.ptr<int32_t>() + n);
+}
+
+TEST_F(CudaMoeAlign, MatchesReference) {
+  struct Case { int64_t tokens, top_k, experts, slots; int block_m; bool by_slot; };
+  const std::vector<Case> cases = {
+      {1, 4, 32, 8, 16, true},     {3, 2, 8, 4, 16, true},       {16, 4, 32, 8, 16, true},   {16, 4, 32, 8, 16, false},
+      {64, 8, 128, 8, 16, true},   {256, 4, 32, 8, 16, true},    {256, 4, 32, 8, 64, false}, {257, 4, 32, 1, 1, true},
+      {64, 8, 512, 64, 16, true},  {1024, 8, 512, 64, 16, true}, {2048, 4, 32, 8, 16, true}, {4096, 8, 128, 16, 16, false},
+      {4096, 8, 128, 16, 16, true}, {0, 4, 32, 8, 16, true}};
+  for (const Case& c : cases) {
+    const int64_t pairs = c.tokens * c.top_k, groups = c.by_slot ? c.slots * c.experts : c.experts;
+    OwnedTensor topk_ids = OwnedTensor::host(DType::I32, {c.tokens, c.top_k});
+    for (int64_t t = 0; t < c.tokens; ++t) {  // distinct experts per token, as the router makes them
+      OwnedTensor ids = distinct_ids(rng(), c.top_k, int32_t(c.experts));
+      std::copy(ids.view.ptr<int32_t>(), ids.view.ptr<int32_t>() + c.top_k, topk_ids.view.ptr<int32_t>() + t * c.top_k);
+    }
+    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));  // -1: base tokens
+    const Aligned want = align_reference(topk_ids, c.by_slot ? &token_slot.view : nullptr, c.experts, c.slots, c.block_m);
+    const int64_t capacity = cuda::moe_align_capacity(pairs, groups, c.block_m);
+    for (int path : {0, 1}) {
+      if (path == 0 && pairs > cuda::kMoeAlignSmallPairs) continue;
+      SCOPED_TRACE("T " + std::to_string(c.tokens) + " K " + std::to_string(c.top_k) + " E " +
+                   std::to_string(c.experts) + " S " + std::to_string(c.slots) + " BLOCK_M " +
+                   std::to_string(c.block_m) + (c.by_slot ? " by slot" : " by expert") + " path " + std::to_string(path));
+      OwnedTensor d_ids = cuda::upload(topk_ids), d_slot = cuda::upload(token_slot);
+      OwnedTensor sorted = poisoned(DType::I32, {capacity});
+      OwnedTensor tiles = poisoned(DType::I32, {capacity / c.block_m});
+      OwnedTensor offsets = poisoned(DType::I32, {groups + 1});
+      OwnedTensor num_tiles = poisoned(DType::I32, {1});
+      OwnedTensor workspace = poisoned(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, groups))});
+      cuda::moe_align({.topk_ids = d_ids, .token_slot = d_slot, .experts = c.experts,
+                       .slots = c.by_slot ? c.slots : 0, .block_m = c.block_m, .sorted_pairs = sorted, .tile_group = tiles,
+                       .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace, .force_path = path},
+                      stream_);
+      sync();
+      OwnedTensor got_num = cuda::download(num_tiles);
+      ASSERT_EQ(got_num.view.ptr<int32_t>()[0], want.num_tiles);
+      EXPECT_EQ(to_vector(cuda::download(sorted), int64_t(want.sorted_pairs.size())), want.sorted_pairs);
+      std::vector<int32_t> want_tiles = want.tile_group;
+      want_tiles.resize(size_t(capacity / c.block_m), -1);
+      EXPECT_EQ(to_vector(cuda::download(tiles), capacity / c.block_m), want_tiles);
+      EXPECT_EQ(to_vector(cuda::download(offsets), groups + 1), want.group_offsets);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lmx::test
