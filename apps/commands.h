@@ -7,4 +7,6 @@ namespace lmx::apps {
 // Each returns the action to run when its subcommand was chosen (the process exit code).
 std::function<int()> add_generate_command(CLI::App& app);
 std::function<int()> add_inspect_command(CLI::App& app);
+std::function<int()> add_tokenize_command(CLI::App& app);
+std::function<int()> add_serve_command(CLI::App& app);
 }  // namespace lmx::apps

@@ -14,6 +14,26 @@ Status AdapterStore::add(lora::Adapter adapter) {
   return Status::Ok();
 }
 
+Status AdapterStore::remove(const std::string& name) {
+  auto it = adapters_.find(name);
+  if (it == adapters_.end()) return not_found("unknown adapter '" + name + "'");
+  int slot = find_slot(name);
+  if (slot >= 0) {
+    LMX_CHECK(slot_state_[size_t(slot)].users == 0);
+    slots_.clear(slot);
+    slot_state_[size_t(slot)] = SlotState{};
+  }
+  adapters_.erase(it);
+  return Status::Ok();
+}
+
+std::vector<std::string> AdapterStore::resident() const {
+  std::vector<std::string> out;
+  for (const SlotState& st : slot_state_)
+    if (!st.name.empty()) out.push_back(st.name);
+  return out;
+}
+
 std::vector<std::string> AdapterStore::names() const {
   std::vector<std::string> out;
   for (const auto& [name, _] : adapters_) out.push_back(name);

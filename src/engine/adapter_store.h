@@ -17,8 +17,11 @@ class AdapterStore {
 
   // Register a loaded adapter under its name; an existing name is an error.
   Status add(lora::Adapter adapter);
+  // Forget `name` and empty its slot. The caller guarantees no sequence uses it (Engine::remove_adapter).
+  Status remove(const std::string& name);
   bool contains(const std::string& name) const { return adapters_.count(name) != 0; }
   std::vector<std::string> names() const;
+  std::vector<std::string> resident() const;  // adapters currently in a device slot
   const lora::BaseModelShapes& base() const { return base_; }
   int max_rank() const { return max_rank_; }
 

@@ -95,6 +95,19 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
 
 Status Engine::add_adapter(lora::Adapter adapter) { return adapters_->add(std::move(adapter)); }
 
+Status Engine::remove_adapter(const std::string& name) {
+  if (!adapters_->contains(name)) return not_found("unknown adapter '" + name + "'");
+  int users = scheduler_->num_using(name);
+  if (users > 0)
+    return invalid_argument("adapter '" + name + "' is used by " + std::to_string(users) + " queued or running requests");
+  return adapters_->remove(name);
+}
+
+bool Engine::abort(uint64_t id) {
+  if (finished_.erase(id)) return true;
+  return scheduler_->abort(id) != nullptr;
+}
+
 Result<uint64_t> Engine::add_request(Request request) {
   const model::ModelConfig& mc = model_->config();
   const SchedulerLimits& lim = config_.scheduler;

@@ -32,6 +32,8 @@ class Engine {
                                                  const EngineConfig& config);
 
   Status add_adapter(lora::Adapter adapter);
+  // Forget an adapter; refused while a queued or running request uses it (callers drain first).
+  Status remove_adapter(const std::string& name);
   const AdapterStore& adapters() const { return *adapters_; }
   // Queue a request; errors name the problem (unknown adapter, empty or too long prompt, bad token id,
   // bad sampling option). Returns the request id.
@@ -46,6 +48,9 @@ class Engine {
   StepReport step();
   // A finished sequence (tokens, finish reason, logits if asked), removed from the engine.
   std::unique_ptr<Sequence> take_finished(uint64_t id);
+  // Cancel a request wherever it is (waiting, running, or finished but not taken): its pages and adapter
+  // slot are freed now. False when the id is unknown.
+  bool abort(uint64_t id);
 
   const Scheduler& scheduler() const { return *scheduler_; }
   const model::Model& model() const { return *model_; }

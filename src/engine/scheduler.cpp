@@ -103,4 +103,27 @@ std::unique_ptr<Sequence> Scheduler::finish(Sequence* seq, FinishReason reason) 
   return owned;
 }
 
+std::unique_ptr<Sequence> Scheduler::abort(uint64_t id) {
+  auto has_id = [&](const auto& p) { return p->id == id; };
+  if (auto it = std::find_if(running_.begin(), running_.end(), has_id); it != running_.end())
+    return finish(it->get(), FinishReason::kAbort);
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), has_id);
+  if (it == waiting_.end()) return nullptr;
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  waiting_.erase(it);
+  // Waiting sequences hold no slot; pages only if a future admission policy reserves them early.
+  pages_.release(owned->pages);
+  owned->pages.clear();
+  owned->state = SeqState::kFinished;
+  owned->finish = FinishReason::kAbort;
+  return owned;
+}
+
+int Scheduler::num_using(const std::string& adapter) const {
+  int n = 0;
+  for (const auto& seq : waiting_) n += seq->request.adapter == adapter;
+  for (const auto& seq : running_) n += seq->request.adapter == adapter;
+  return n;
+}
+
 }  // namespace lmx::engine

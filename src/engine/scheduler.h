@@ -38,6 +38,11 @@ class Scheduler {
   void commit(const std::vector<ScheduledSeq>& step);
   // Finish a running sequence: free its pages and adapter slot; returns ownership to the caller.
   std::unique_ptr<Sequence> finish(Sequence* seq, FinishReason reason);
+  // Remove a waiting or running sequence (client gone): frees its pages and adapter slot; nullptr when
+  // no such sequence is queued or running.
+  std::unique_ptr<Sequence> abort(uint64_t id);
+  // Waiting plus running sequences that use `adapter` (an adapter may be removed only at zero).
+  int num_using(const std::string& adapter) const;
 
   const SchedulerLimits& limits() const { return limits_; }
   const kv::PageAllocator& pages() const { return pages_; }

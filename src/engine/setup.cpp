@@ -2,6 +2,7 @@
 #include "engine/setup.h"
 
 #include "backends/cpu/cpu_backend.h"
+#include "lora/adapter.h"
 #include "model/presets.h"
 
 namespace lmx::engine {
@@ -28,6 +29,23 @@ Status parse_lora_argument(const std::string& arg, std::string* name, std::strin
     return invalid_argument("--lora expects NAME=DIR, got '" + arg + "'");
   *name = arg.substr(0, eq);
   *dir = arg.substr(eq + 1);
+  return Status::Ok();
+}
+
+Status add_cli_adapters(Engine& engine, const std::vector<std::string>& loras, int dummy_loras, int dummy_lora_rank,
+                        uint64_t weight_seed) {
+  const lora::BaseModelShapes shapes = lora_shapes(engine.model().config());
+  const lora::AdapterLimits limits{.max_rank = engine.config().max_lora_rank};
+  for (const std::string& arg : loras) {
+    std::string name, dir;
+    LMX_RETURN_IF_ERROR(parse_lora_argument(arg, &name, &dir));
+    Result<lora::Adapter> adapter = lora::load_adapter(dir, name, shapes, limits);
+    if (!adapter.ok()) return adapter.status();
+    LMX_RETURN_IF_ERROR(engine.add_adapter(std::move(adapter).value()));
+  }
+  for (int i = 0; i < dummy_loras; ++i)
+    LMX_RETURN_IF_ERROR(engine.add_adapter(lora::make_dummy_adapter("lora" + std::to_string(i), shapes, dummy_lora_rank,
+                                                                    weight_seed + 1000 + uint64_t(i))));
   return Status::Ok();
 }
 

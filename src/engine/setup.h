@@ -19,4 +19,9 @@ Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t s
 // "NAME=DIR" as given to --lora; error names the malformed argument.
 Status parse_lora_argument(const std::string& arg, std::string* name, std::string* dir);
 
+// --lora NAME=DIR adapters (loaded and validated) and --dummy-loras N generated adapters lora0..lora{N-1}
+// (seeded from weight_seed exactly as `generate` seeds them, so serve and generate agree), added to `engine`.
+Status add_cli_adapters(Engine& engine, const std::vector<std::string>& loras, int dummy_loras, int dummy_lora_rank,
+                        uint64_t weight_seed);
+
 }  // namespace lmx::engine

@@ -186,5 +186,64 @@ TEST(Engine, RejectsInconsistentLimits) {
   EXPECT_NE(e.status().message().find("num_kv_pages 2 cannot hold"), std::string::npos);
 }
 
+// A client that goes away: abort frees the pages and the adapter slot of a running request at once, drops
+// a waiting one, and the remaining requests produce exactly what they would have alone.
+TEST(Engine, AbortFreesPagesAndSlotAndLeavesOthersIntact) {
+  auto f = make_fixture(2);
+  EngineConfig config;
+  config.max_loras = 1;
+  config.scheduler.max_num_seqs = 2;
+  std::vector<Request> rs = mixed_requests(2, 3);  // a0, a1, base
+  for (Request& r : rs) r.sampling.max_tokens = 12;
+  std::vector<RunResult> reference = run_alone(*f, {rs[2]}, config);
+  auto e = make_engine(*f, config);
+  std::vector<uint64_t> ids;
+  for (const Request& r : rs) ids.push_back(e->add_request(r).value());
+  e->step();  // a0 runs (holding the only slot), a1 waits for the slot, base runs
+  EXPECT_EQ(e->scheduler().num_running(), 2);
+  EXPECT_EQ(e->scheduler().num_waiting(), 1);
+  int total = e->scheduler().pages().num_pages();
+  EXPECT_LT(e->scheduler().pages().num_free(), total);
+  EXPECT_TRUE(e->abort(ids[0]));   // running
+  EXPECT_TRUE(e->abort(ids[1]));   // waiting
+  EXPECT_FALSE(e->abort(ids[1]));  // already gone
+  EXPECT_FALSE(e->abort(12345));
+  EXPECT_EQ(e->scheduler().num_running(), 1);
+  EXPECT_EQ(e->scheduler().num_waiting(), 0);
+  EXPECT_EQ(e->take_finished(ids[0]), nullptr);
+  // The slot a0 held is idle again: the adapter can be removed, which the engine refuses while it is used.
+  EXPECT_TRUE(e->remove_adapter("a0").ok());
+  while (e->has_work()) e->step();
+  std::unique_ptr<Sequence> base = e->take_finished(ids[2]);
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(std::vector<int32_t>(base->tokens.begin() + base->prompt_len, base->tokens.end()), reference[0].tokens);
+  EXPECT_EQ(e->scheduler().pages().num_free(), total);
+  // Finished but not taken: abort drops it too.
+  uint64_t late = e->add_request(rs[2]).value();
+  while (e->has_work()) e->step();
+  EXPECT_TRUE(e->abort(late));
+  EXPECT_EQ(e->take_finished(late), nullptr);
+}
+
+TEST(Engine, RemoveAdapterRefusedWhileUsedThenForgotten) {
+  auto f = make_fixture(2);
+  auto e = make_engine(*f, EngineConfig{});
+  Request r = mixed_requests(2, 1)[0];  // a0
+  uint64_t id = e->add_request(r).value();
+  Status busy = e->remove_adapter("a0");
+  EXPECT_FALSE(busy.ok());
+  EXPECT_NE(busy.message().find("used by 1 queued or running"), std::string::npos) << busy.message();
+  EXPECT_EQ(e->remove_adapter("nope").code(), StatusCode::kNotFound);
+  while (e->has_work()) e->step();
+  ASSERT_NE(e->take_finished(id), nullptr);
+  EXPECT_EQ(e->adapters().resident(), std::vector<std::string>{"a0"});
+  EXPECT_TRUE(e->remove_adapter("a0").ok());
+  EXPECT_TRUE(e->adapters().resident().empty());
+  EXPECT_NE(e->add_request(r).status().message().find("unknown adapter 'a0'"), std::string::npos);
+  // The same name can be registered again (its slot was emptied, so no stale weights are reused).
+  EXPECT_TRUE(e->add_adapter(f->adapters[0]).ok());
+  EXPECT_TRUE(e->add_request(r).ok());
+}
+
 }  // namespace
 }  // namespace lmx::engine

@@ -1,0 +1,115 @@
+// Prometheus text rendering of the server's metrics (see metrics.h).
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace lmx::server {
+
+namespace {
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+void line(std::string* out, const std::string& name, const std::string& labels, double value) {
+  *out += name;
+  if (!labels.empty()) *out += "{" + labels + "}";
+  *out += " " + number(value) + "\n";
+}
+void help(std::string* out, const std::string& name, const char* type, const char* text) {
+  *out += "# HELP " + name + " " + text + "\n# TYPE " + name + " " + type + "\n";
+}
+}  // namespace
+
+std::string prometheus_label(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(std::string* out, const std::string& name, const std::string& labels) const {
+  uint64_t cumulative = 0;
+  std::string sep = labels.empty() ? "" : ",";
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
+    line(out, name + "_bucket", labels + sep + "le=\"" + le + "\"", double(cumulative));
+  }
+  line(out, name + "_sum", labels, sum_);
+  line(out, name + "_count", labels, double(count_));
+}
+
+void Metrics::record_request(const RequestRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PerModel& m = models_[r.model];
+  ++m.finished[r.finish_reason];
+  m.prompt_tokens += uint64_t(r.prompt_tokens);
+  m.generation_tokens += uint64_t(r.generation_tokens);
+  if (r.ttft_s >= 0) m.ttft.observe(r.ttft_s);
+  if (r.generation_tokens > 1) m.tpot.observe((r.e2e_s - r.ttft_s) / (r.generation_tokens - 1));
+  m.e2e.observe(r.e2e_s);
+}
+
+void Metrics::record_response(int http_status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++responses_[http_status];
+}
+
+std::string Metrics::render(const EngineSnapshot& e) const {
+  std::string out;
+  auto gauge = [&](const char* name, const char* text, double v) {
+    help(&out, name, "gauge", text);
+    line(&out, name, "", v);
+  };
+  gauge("loramux_num_requests_running", "Sequences in the engine's running set.", e.num_running);
+  gauge("loramux_num_requests_waiting", "Sequences waiting for admission.", e.num_waiting);
+  gauge("loramux_kv_pages_used", "KV-cache pages held by sequences.", e.kv_pages_used);
+  gauge("loramux_kv_pages_total", "KV-cache pages in the cache.", e.kv_pages_total);
+  gauge("loramux_kv_cache_usage_perc", "Fraction of KV-cache pages in use.",
+        e.kv_pages_total ? double(e.kv_pages_used) / e.kv_pages_total : 0.0);
+  gauge("loramux_adapters_loaded", "Adapters registered (servable by name).", double(e.adapters.size()));
+  gauge("loramux_adapters_resident", "Adapters in a device slot.", double(e.resident_adapters.size()));
+  help(&out, "loramux_num_preemptions_total", "counter", "Sequences preempted (recomputed later) for KV pages.");
+  line(&out, "loramux_num_preemptions_total", "", double(e.num_preemptions));
+  help(&out, "loramux_adapter_slot_loads_total", "counter", "Adapter copies into a device slot.");
+  line(&out, "loramux_adapter_slot_loads_total", "", double(e.adapter_loads));
+  help(&out, "loramux_adapter_resident", "gauge", "1 for each adapter in a device slot.");
+  for (const std::string& a : e.resident_adapters) line(&out, "loramux_adapter_resident", "adapter=\"" + prometheus_label(a) + "\"", 1);
+  help(&out, "loramux_requests_in_flight", "gauge", "Accepted requests not yet finished, by model.");
+  for (const auto& [model, n] : e.in_flight) line(&out, "loramux_requests_in_flight", "model=\"" + prometheus_label(model) + "\"", n);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  help(&out, "loramux_http_responses_total", "counter", "HTTP responses by status code.");
+  for (const auto& [status, n] : responses_) line(&out, "loramux_http_responses_total", "status=\"" + std::to_string(status) + "\"", double(n));
+  help(&out, "loramux_requests_total", "counter", "Finished generation requests by model and finish reason.");
+  for (const auto& [model, m] : models_)
+    for (const auto& [reason, n] : m.finished)
+      line(&out, "loramux_requests_total", "model=\"" + prometheus_label(model) + "\",finish_reason=\"" + reason + "\"", double(n));
+  help(&out, "loramux_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+  for (const auto& [model, m] : models_) line(&out, "loramux_prompt_tokens_total", "model=\"" + prometheus_label(model) + "\"", double(m.prompt_tokens));
+  help(&out, "loramux_generation_tokens_total", "counter", "Generated tokens of finished requests.");
+  for (const auto& [model, m] : models_)
+    line(&out, "loramux_generation_tokens_total", "model=\"" + prometheus_label(model) + "\"", double(m.generation_tokens));
+  help(&out, "loramux_time_to_first_token_seconds", "histogram", "Arrival to first generated token.");
+  for (const auto& [model, m] : models_) m.ttft.render(&out, "loramux_time_to_first_token_seconds", "model=\"" + prometheus_label(model) + "\"");
+  help(&out, "loramux_time_per_output_token_seconds", "histogram", "Mean time between output tokens after the first.");
+  for (const auto& [model, m] : models_) m.tpot.render(&out, "loramux_time_per_output_token_seconds", "model=\"" + prometheus_label(model) + "\"");
+  help(&out, "loramux_e2e_request_latency_seconds", "histogram", "Arrival to last token.");
+  for (const auto& [model, m] : models_) m.e2e.render(&out, "loramux_e2e_request_latency_seconds", "model=\"" + prometheus_label(model) + "\"");
+  return out;
+}
+
+}  // namespace lmx::server

@@ -1,0 +1,72 @@
+// Prometheus metrics of the server: request counters and latency histograms labelled by model (the base
+// model's served name or the adapter's name), HTTP responses by status, and gauges read from the engine
+// loop's snapshot at scrape time. Thread-safe (one mutex; recording is a few adds per finished request).
+// Who calls: the engine loop (finished requests), the HTTP server (responses, GET /metrics).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace lmx::server {
+
+// The engine's state as last published by its thread.
+struct EngineSnapshot {
+  int num_running = 0;
+  int num_waiting = 0;
+  int kv_pages_used = 0;
+  int kv_pages_total = 0;
+  std::vector<std::string> adapters;           // served (registered) adapters
+  std::vector<std::string> resident_adapters;  // in a device slot now
+  std::map<std::string, int> in_flight;        // per model label: accepted and not yet finished
+  uint64_t num_preemptions = 0;
+  uint64_t adapter_loads = 0;                  // copies of an adapter into a slot
+};
+
+struct RequestRecord {
+  std::string model;           // label
+  std::string finish_reason;   // "stop", "length", "abort"
+  int prompt_tokens = 0;
+  int generation_tokens = 0;
+  double ttft_s = -1;          // < 0: no token was produced
+  double e2e_s = 0;
+};
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Prometheus lines for `name` with the extra label text (e.g. model="x").
+  void render(std::string* out, const std::string& name, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // [bounds + 1], the last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  void record_request(const RequestRecord& r);
+  void record_response(int http_status);
+  std::string render(const EngineSnapshot& engine) const;
+
+ private:
+  struct PerModel {
+    std::map<std::string, uint64_t> finished;  // by finish reason
+    uint64_t prompt_tokens = 0, generation_tokens = 0;
+    Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+    Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+    Histogram e2e{{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}};
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, PerModel> models_;
+  std::map<int, uint64_t> responses_;  // by HTTP status
+};
+
+// Escape a label value for the Prometheus text format.
+std::string prometheus_label(const std::string& value);
+
+}  // namespace lmx::server
