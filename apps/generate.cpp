@@ -5,12 +5,15 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "apps/commands.h"
 #include "core/log.h"
 #include "engine/setup.h"
 #include "io/safetensors.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "lora/adapter.h"
 
 namespace lmx::apps {
@@ -24,6 +27,10 @@ struct GenerateOptions {
   int dummy_lora_rank = 16;
   std::string adapter;
   std::string prompt_ids = "1,2,3,4";
+  std::string prompt_text;     // --prompt: encoded with the tokenizer
+  std::string messages_file;   // --messages: rendered with the chat template, then encoded
+  std::string tokenizer_dir;   // default: the model directory
+  std::string chat_template;   // --chat-template FILE
   std::string requests_file;
   int max_tokens = 16;
   float temperature = 0.0f;
@@ -107,6 +114,43 @@ Result<engine::Request> parse_request_line(const std::string& line, size_t line_
   return r;
 }
 
+// Text in (--prompt / --messages) needs a tokenizer: --tokenizer DIR, else the model directory's own.
+struct TextSupport {
+  std::optional<tokenizer::Tokenizer> tok;
+  std::string dir;
+};
+
+Result<TextSupport> load_text_support(const GenerateOptions& o, const model::ModelConfig& config) {
+  TextSupport text;
+  if (o.prompt_text.empty() && o.messages_file.empty()) return text;
+  text.dir = !o.tokenizer_dir.empty() ? o.tokenizer_dir : o.model;
+  if (text.dir.rfind("preset:", 0) == 0)
+    return invalid_argument("--prompt/--messages with a preset model need --tokenizer DIR");
+  LMX_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::load(text.dir));
+  if (tok.vocab_size() > config.vocab_size)
+    return invalid_argument("tokenizer in " + text.dir + " has " + std::to_string(tok.vocab_size()) +
+                            " ids but the model's vocabulary has " + std::to_string(config.vocab_size));
+  text.tok = std::move(tok);
+  return text;
+}
+
+// The prompt ids of the single request: --prompt text, --messages rendered by the chat template, or
+// --prompt-ids.
+Result<std::vector<int32_t>> single_prompt(const GenerateOptions& o, const TextSupport& text) {
+  if (!o.prompt_text.empty()) return text.tok->encode(o.prompt_text, /*add_special_tokens=*/true);
+  if (!o.messages_file.empty()) {
+    LMX_ASSIGN_OR_RETURN(std::string json_text, io::read_text_file(o.messages_file));
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(json_text, nullptr, false);
+    if (j.is_object() && j.contains("messages")) j = j["messages"];
+    if (!j.is_array()) return invalid_argument(o.messages_file + ": expected a JSON array of messages (or {\"messages\": [...]})");
+    LMX_ASSIGN_OR_RETURN(tokenizer::ChatTemplate chat, tokenizer::load_chat_template(text.dir, o.chat_template));
+    LMX_ASSIGN_OR_RETURN(std::string rendered, chat.render(j, {{"add_generation_prompt", true}}));
+    // The template writes BOS and other special tokens itself, as transformers' apply_chat_template does.
+    return text.tok->encode(rendered, /*add_special_tokens=*/false);
+  }
+  return parse_ids(o.prompt_ids);
+}
+
 int run_generate(const GenerateOptions& o) {
   auto fail = [](const Status& s) {
     std::cerr << "loramux generate: " << s.message() << "\n";
@@ -116,6 +160,8 @@ int run_generate(const GenerateOptions& o) {
   if (!backend.ok()) return fail(backend.status());
   Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed);
   if (!weights.ok()) return fail(weights.status());
+  Result<TextSupport> text = load_text_support(o, weights->config);
+  if (!text.ok()) return fail(text.status());
   Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, o.engine);
   if (!created.ok()) return fail(created.status());
   engine::Engine& eng = **created;
@@ -150,7 +196,7 @@ int run_generate(const GenerateOptions& o) {
       requests.push_back(parse_request_line(line, line_no, o));
     }
   } else {
-    Result<std::vector<int32_t>> ids = parse_ids(o.prompt_ids);
+    Result<std::vector<int32_t>> ids = single_prompt(o, *text);
     if (!ids.ok()) return fail(ids.status());
     engine::Request r;
     r.adapter = o.adapter;
@@ -158,6 +204,7 @@ int run_generate(const GenerateOptions& o) {
     r.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .max_tokens = o.max_tokens,
                   .ignore_eos = o.ignore_eos};
     if (o.seed >= 0) r.sampling.seed = uint64_t(o.seed);
+    if (text->tok && text->tok->eos_id() >= 0) r.sampling.stop_token_ids.push_back(text->tok->eos_id());
     requests.push_back(r);
   }
 
@@ -198,7 +245,9 @@ int run_generate(const GenerateOptions& o) {
   for (auto [id, index] : ids) {
     std::unique_ptr<engine::Sequence> seq = eng.take_finished(id);
     LMX_CHECK(seq != nullptr);
-    results[index]["token_ids"] = std::vector<int32_t>(seq->tokens.begin() + seq->prompt_len, seq->tokens.end());
+    std::vector<int32_t> generated(seq->tokens.begin() + seq->prompt_len, seq->tokens.end());
+    if (text->tok) results[index]["text"] = text->tok->decode(generated, /*skip_special_tokens=*/true);
+    results[index]["token_ids"] = generated;
     results[index]["finish_reason"] = engine::finish_reason_name(seq->finish);
   }
   for (const nlohmann::json& r : results) std::cout << r.dump() << "\n";
@@ -217,6 +266,10 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--dummy-lora-rank", opts->dummy_lora_rank, "Rank of generated adapters")->capture_default_str();
   cmd->add_option("--adapter", opts->adapter, "Adapter for --prompt-ids (default: base model)");
   cmd->add_option("--prompt-ids", opts->prompt_ids, "Comma-separated prompt token ids")->capture_default_str();
+  cmd->add_option("--prompt", opts->prompt_text, "Prompt text (needs a tokenizer)");
+  cmd->add_option("--messages", opts->messages_file, "JSON file of chat messages, rendered with the chat template");
+  cmd->add_option("--tokenizer", opts->tokenizer_dir, "Directory with tokenizer.json (default: the model directory)");
+  cmd->add_option("--chat-template", opts->chat_template, "Jinja chat template file overriding the model's");
   cmd->add_option("--requests", opts->requests_file,
                   "JSONL file: {\"adapter\": .., \"prompt_ids\": [..], \"max_tokens\": n} per line, run together");
   cmd->add_option("--max-tokens", opts->max_tokens, "Tokens to generate per request")->capture_default_str();
