@@ -200,4 +200,13 @@ TEST(Presets, RefusesWhatCannotFitBeforeAllocating) {
 }
 
 }  // namespace
+TEST(Presets, VocabOverrideResizesEmbeddingAndHead) {
+  auto m = make_preset_model("tiny-moe", 1, 1000);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->config.vocab_size, 1000);
+  EXPECT_EQ(m->embed.shape_str(), "[1000, 64] BF16");
+  EXPECT_EQ(m->lm_head.shape_str(), "[1000, 64] BF16");
+  EXPECT_FALSE(make_preset_model("tiny-moe", 1, -5).ok());
+}
+
 }  // namespace lmx::model

@@ -36,7 +36,7 @@ CliRun run_tokenize(const std::string& args, const std::string& input) {
 
 TEST(TokenizeCli, EncodesAndDecodesLikeHf) {
   if (!std::filesystem::exists(testing::tokenizer_dir("qwen3"))) {
-    if (std::getenv("LORAMUX_NO_SHARED_DATA")) GTEST_SKIP() << "no shared data";
+    if (testing::shared_data_optional()) GTEST_SKIP() << "no shared data";
     FAIL() << "missing " << testing::tokenizer_dir("qwen3");
   }
   const nlohmann::json& corpus = testing::reference()["corpus"];
@@ -64,7 +64,7 @@ TEST(TokenizeCli, EncodesAndDecodesLikeHf) {
 
 TEST(TokenizeCli, BadInputLineIsReportedAndOthersContinue) {
   if (!std::filesystem::exists(testing::tokenizer_dir("qwen3"))) {
-    if (std::getenv("LORAMUX_NO_SHARED_DATA")) GTEST_SKIP() << "no shared data";
+    if (testing::shared_data_optional()) GTEST_SKIP() << "no shared data";
     FAIL() << "missing " << testing::tokenizer_dir("qwen3");
   }
   CliRun r = run_tokenize("--model " + testing::tokenizer_dir("qwen3"), "\"Hello\"\n[1,2]\n{oops\n\"Hello\"\n");

@@ -17,7 +17,13 @@
 
 namespace lmx::tokenizer::testing {
 
-inline std::string shared_data_dir() { return std::string(LORAMUX_SOURCE_DIR) + "/../shared/data"; }
+// The build's shared-data directory (tests/CMakeLists.txt searches ../shared/data); "" when none was found.
+inline std::string shared_data_dir() { return LORAMUX_SHARED_DATA; }
+// Whether a missing tokenizer skips (no shared data known to this build, or LORAMUX_NO_SHARED_DATA set)
+// rather than fails (the build found the data and it has gone missing).
+inline bool shared_data_optional() {
+  return shared_data_dir().empty() || std::getenv("LORAMUX_NO_SHARED_DATA") != nullptr;
+}
 inline std::string tokenizer_dir(const std::string& name) { return shared_data_dir() + "/tokenizers/" + name; }
 
 inline std::string read_file(const std::string& path) {
@@ -34,8 +40,10 @@ inline const Tokenizer* shared_tokenizer(const std::string& name, std::string& w
   auto it = loaded.find(name);
   if (it != loaded.end()) return it->second.get();
   if (!std::filesystem::exists(tokenizer_dir(name))) {
-    why = "missing " + tokenizer_dir(name) + " (the real tokenizers live in ../shared/data; set "
-          "LORAMUX_NO_SHARED_DATA=1 to skip these tests on a machine without it)";
+    why = shared_data_dir().empty()
+              ? "this build found no shared data (../shared/data with the published tokenizers)"
+              : "missing " + tokenizer_dir(name) + " (the real tokenizers live in ../shared/data; set "
+                "LORAMUX_NO_SHARED_DATA=1 to skip these tests on a machine without it)";
     return nullptr;
   }
   Result<Tokenizer> tok = Tokenizer::load(tokenizer_dir(name));
@@ -54,12 +62,12 @@ inline const nlohmann::json& reference() {
 
 }  // namespace lmx::tokenizer::testing
 
-// Gets the named real tokenizer or ends the test: FAIL when the shared data is missing, unless
-// LORAMUX_NO_SHARED_DATA is set, then SKIP.
+// Gets the named real tokenizer or ends the test: FAIL when the shared data is missing, SKIP when the
+// build found none or LORAMUX_NO_SHARED_DATA is set.
 #define LMX_GET_TOKENIZER(var, name)                                                   \
   std::string lmx_why_;                                                                \
   const ::lmx::tokenizer::Tokenizer* var = ::lmx::tokenizer::testing::shared_tokenizer(name, lmx_why_); \
   if (var == nullptr) {                                                                \
-    if (std::getenv("LORAMUX_NO_SHARED_DATA") != nullptr) GTEST_SKIP() << lmx_why_;    \
+    if (::lmx::tokenizer::testing::shared_data_optional()) GTEST_SKIP() << lmx_why_;   \
     FAIL() << lmx_why_;                                                                \
   }
