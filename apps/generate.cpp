@@ -1,6 +1,7 @@
 // `loramux generate`: offline generation from prompt ids (no tokenizer yet). One request from
 // --prompt-ids, or many from --requests FILE.jsonl run together as mixed-adapter batches; prints one JSON
 // object per request in input order. A bad request is reported in its own line; the others still run.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -115,23 +116,34 @@ Result<engine::Request> parse_request_line(const std::string& line, size_t line_
 }
 
 // Text in (--prompt / --messages) needs a tokenizer: --tokenizer DIR, else the model directory's own.
+// Loaded before the model, because a preset is generated with the tokenizer's vocabulary size.
 struct TextSupport {
   std::optional<tokenizer::Tokenizer> tok;
   std::string dir;
 };
 
-Result<TextSupport> load_text_support(const GenerateOptions& o, const model::ModelConfig& config) {
+Result<TextSupport> load_text_support(const GenerateOptions& o) {
   TextSupport text;
-  if (o.prompt_text.empty() && o.messages_file.empty()) return text;
+  if (o.prompt_text.empty() && o.messages_file.empty() && o.tokenizer_dir.empty()) return text;
   text.dir = !o.tokenizer_dir.empty() ? o.tokenizer_dir : o.model;
   if (text.dir.rfind("preset:", 0) == 0)
     return invalid_argument("--prompt/--messages with a preset model need --tokenizer DIR");
   LMX_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::load(text.dir));
-  if (tok.vocab_size() > config.vocab_size)
-    return invalid_argument("tokenizer in " + text.dir + " has " + std::to_string(tok.vocab_size()) +
-                            " ids but the model's vocabulary has " + std::to_string(config.vocab_size));
   text.tok = std::move(tok);
   return text;
+}
+
+// The tokenizer must fit the model's vocabulary; its EOS ends generation (unless ignore_eos) beside
+// config.json's EOS ids — the same rule as `serve`, so both give the same tokens.
+Status attach_tokenizer(const TextSupport& text, model::ModelConfig& config) {
+  if (!text.tok) return Status::Ok();
+  if (text.tok->vocab_size() > config.vocab_size)
+    return invalid_argument("tokenizer in " + text.dir + " has " + std::to_string(text.tok->vocab_size()) +
+                            " ids but the model's vocabulary has " + std::to_string(config.vocab_size));
+  const int32_t eos = text.tok->eos_id();
+  std::vector<int>& ids = config.eos_token_ids;
+  if (eos >= 0 && std::find(ids.begin(), ids.end(), eos) == ids.end()) ids.push_back(eos);
+  return Status::Ok();
 }
 
 // The prompt ids of the single request: --prompt text, --messages rendered by the chat template, or
@@ -158,10 +170,14 @@ int run_generate(const GenerateOptions& o) {
   };
   Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device);
   if (!backend.ok()) return fail(backend.status());
-  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed);
-  if (!weights.ok()) return fail(weights.status());
-  Result<TextSupport> text = load_text_support(o, weights->config);
+  Result<TextSupport> text = load_text_support(o);
   if (!text.ok()) return fail(text.status());
+  const bool is_preset = o.model.rfind("preset:", 0) == 0;
+  Result<model::ModelWeights> weights =
+      engine::load_base_model(o.model, o.weight_seed, is_preset && text->tok ? text->tok->vocab_size() : 0);
+  if (!weights.ok()) return fail(weights.status());
+  Status attached = attach_tokenizer(*text, weights->config);
+  if (!attached.ok()) return fail(attached);
   Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, o.engine);
   if (!created.ok()) return fail(created.status());
   engine::Engine& eng = **created;
@@ -204,7 +220,6 @@ int run_generate(const GenerateOptions& o) {
     r.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .max_tokens = o.max_tokens,
                   .ignore_eos = o.ignore_eos};
     if (o.seed >= 0) r.sampling.seed = uint64_t(o.seed);
-    if (text->tok && text->tok->eos_id() >= 0) r.sampling.stop_token_ids.push_back(text->tok->eos_id());
     requests.push_back(r);
   }
 

@@ -1,9 +1,12 @@
 // `loramux serve`: the OpenAI-compatible server. Builds the backend, base model, engine and adapters as
-// `generate` does, prints the effective configuration, then runs the HTTP server on this thread and the
-// engine loop on its own. SIGTERM/SIGINT drain: stop accepting, finish in-flight requests, exit 0 (a
-// second signal exits at once).
+// `generate` does, attaches the tokenizer and chat template (--tokenizer DIR, else the model directory's
+// tokenizer.json; --chat-template FILE), prints the effective configuration, then runs the HTTP server on
+// this thread and the engine loop on its own. SIGTERM/SIGINT drain: stop accepting, finish in-flight
+// requests, exit 0 (a second signal exits at once).
 #include <utility>  // before asio (Boost 1.74 awaitable.hpp needs std::exchange)
 #include <boost/asio.hpp>
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "apps/commands.h"
@@ -11,6 +14,7 @@
 #include "engine/setup.h"
 #include "lora/adapter.h"
 #include "server/http_server.h"
+#include "server/tokenizer_text.h"
 
 namespace lmx::apps {
 namespace {
@@ -18,6 +22,8 @@ namespace {
 struct ServeOptions {
   std::string model = "preset:tiny-moe";
   std::string served_model_name;  // "" = the --model value
+  std::string tokenizer;      // "" = the model directory's tokenizer.json, if any
+  std::string chat_template;  // "" = the tokenizer directory's template, if any
   std::string device = "cpu";
   std::vector<std::string> loras;
   int dummy_loras = 0;
@@ -35,8 +41,38 @@ int run_serve(ServeOptions o) {
   if (o.served_model_name.empty()) o.served_model_name = o.model;
   Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device);
   if (!backend.ok()) return fail(backend.status());
-  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed);
+
+  // The tokenizer first: a preset takes its vocabulary size from it.
+  const bool is_preset = o.model.rfind("preset:", 0) == 0;
+  std::string tokenizer_dir = o.tokenizer;
+  std::error_code fs_error;
+  if (tokenizer_dir.empty() && !is_preset &&
+      std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json", fs_error))
+    tokenizer_dir = o.model;
+  if (tokenizer_dir.empty() && !o.chat_template.empty())
+    return fail(invalid_argument("--chat-template needs a tokenizer: pass --tokenizer DIR (" +
+                                 std::string(is_preset ? "presets have none" : "no tokenizer.json in " + o.model) + ")"));
+  std::unique_ptr<server::TokenizerText> text;
+  if (!tokenizer_dir.empty()) {
+    Result<std::unique_ptr<server::TokenizerText>> loaded = server::TokenizerText::load(tokenizer_dir, o.chat_template);
+    if (!loaded.ok()) return fail(loaded.status().with_context("tokenizer"));
+    text = std::move(loaded).value();
+  }
+  const int tokenizer_vocab = text ? int(text->tokenizer().vocab_size()) : 0;
+  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, is_preset ? tokenizer_vocab : 0);
   if (!weights.ok()) return fail(weights.status());
+  if (text) {
+    // Checkpoints often pad V beyond the tokenizer (fine); a tokenizer with ids past V would index past the
+    // embedding and LM head.
+    if (tokenizer_vocab > weights->config.vocab_size)
+      return fail(invalid_argument("the tokenizer in " + tokenizer_dir + " has " + std::to_string(tokenizer_vocab) +
+                                   " ids but the model's vocab_size is " + std::to_string(weights->config.vocab_size) +
+                                   "; use the model's own tokenizer"));
+    // The tokenizer's EOS ends generation (unless ignore_eos), beside config.json's eos ids.
+    std::vector<int>& eos = weights->config.eos_token_ids;
+    const int32_t tokenizer_eos = text->tokenizer().eos_id();
+    if (tokenizer_eos >= 0 && std::find(eos.begin(), eos.end(), tokenizer_eos) == eos.end()) eos.push_back(tokenizer_eos);
+  }
   Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, o.engine);
   if (!created.ok()) return fail(created.status());
   engine::Engine& eng = **created;
@@ -45,13 +81,20 @@ int run_serve(ServeOptions o) {
   Status added = engine::add_cli_adapters(eng, o.loras, o.dummy_loras, o.dummy_lora_rank, o.weight_seed);
   if (!added.ok()) return fail(added);
 
-  // Tokenizer: the seam (server/text.h) is wired when src/tokenizer lands; until then token ids only.
-  const server::TextCodec* text = nullptr;
   server::ModelInfo info{.served_name = o.served_model_name,
                          .max_model_len = eng.config().scheduler.max_model_len,
                          .vocab_size = weights->config.vocab_size,
                          .has_tokenizer = text != nullptr,
                          .has_chat_template = text != nullptr && text->has_chat_template()};
+  std::string tokenizer_line = "none (token-id prompts only)", template_line = "none (no tokenizer)";
+  if (text) {
+    tokenizer_line = tokenizer_dir + " (vocab " + std::to_string(tokenizer_vocab) + ", eos " +
+                     std::to_string(text->tokenizer().eos_id()) + ")";
+    template_line = text->has_chat_template() ? text->chat_template_origin()
+                                              : "none (" + text->chat_template_problem() + ")";
+  }
+  std::string eos_line;
+  for (int id : weights->config.eos_token_ids) eos_line += (eos_line.empty() ? "" : ",") + std::to_string(id);
 
   const engine::EngineConfig& ec = eng.config();
   std::string adapters;
@@ -60,7 +103,9 @@ int run_serve(ServeOptions o) {
             << "  model                   " << o.model << " (served as '" << o.served_model_name << "', "
             << model::family_name(weights->config.family) << ", vocab " << weights->config.vocab_size << ")\n"
             << "  device                  " << o.device << "\n"
-            << "  tokenizer               " << (text ? "yes" : "none (token-id prompts only)") << "\n"
+            << "  tokenizer               " << tokenizer_line << "\n"
+            << "  chat template           " << template_line << "\n"
+            << "  eos ids                 " << (eos_line.empty() ? "(none)" : eos_line) << "\n"
             << "  adapters                " << (adapters.empty() ? "(none)" : adapters) << "\n"
             << "  max-loras               " << ec.max_loras << "\n"
             << "  max-lora-rank           " << ec.max_lora_rank << "\n"
@@ -77,7 +122,7 @@ int run_serve(ServeOptions o) {
   server::Metrics metrics;
   server::EngineLoop loop(eng, metrics, o.served_model_name);
   boost::asio::io_context ioc(1);
-  auto http = std::make_shared<server::HttpServer>(ioc, o.server, info, loop, metrics, shapes, limits, text);
+  auto http = std::make_shared<server::HttpServer>(ioc, o.server, info, loop, metrics, shapes, limits, text.get());
   Status listening = http->listen();
   if (!listening.ok()) return fail(listening);
   loop.start();
@@ -114,6 +159,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, models, adapters, metrics)");
   cmd->add_option("--model", o->model, "Hugging Face model directory or preset:NAME")->capture_default_str();
   cmd->add_option("--served-model-name", o->served_model_name, "Name that selects the base model (default: --model)");
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "Directory with tokenizer.json (+ tokenizer_config.json) for text prompts and chat; a preset's "
+                  "vocabulary is sized to it (default: the model directory's tokenizer.json, if any)");
+  cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file overriding the tokenizer's");
   cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--lora", o->loras, "Adapter as NAME=DIR (PEFT directory); repeatable");
   cmd->add_option("--dummy-loras", o->dummy_loras, "Generate N random adapters lora0.. (as generate does)")->capture_default_str();

@@ -17,9 +17,9 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device) {
   return invalid_argument("unknown device '" + device + "' (expected cpu or cuda)");
 }
 
-Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed) {
+Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size) {
   const std::string prefix = "preset:";
-  if (model.rfind(prefix, 0) == 0) return model::make_preset_model(model.substr(prefix.size()), seed);
+  if (model.rfind(prefix, 0) == 0) return model::make_preset_model(model.substr(prefix.size()), seed, preset_vocab_size);
   return model::load_model(model);
 }
 

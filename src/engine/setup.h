@@ -13,8 +13,10 @@ namespace lmx::engine {
 // "cpu" or "cuda" (the latter only when built with LORAMUX_CUDA); error names the device otherwise.
 Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device);
 
-// `preset:NAME` (generated weights, seeded) or a Hugging Face model directory.
-Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed);
+// `preset:NAME` (generated weights, seeded) or a Hugging Face model directory. `preset_vocab_size` > 0
+// sizes a preset's vocabulary (to fit an attached tokenizer, see make_preset_model); directories ignore it,
+// their vocabulary is the checkpoint's.
+Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size = 0);
 
 // "NAME=DIR" as given to --lora; error names the malformed argument.
 Status parse_lora_argument(const std::string& arg, std::string* name, std::string* dir);

@@ -288,8 +288,16 @@ Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
-Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed) {
+Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size) {
   LMX_ASSIGN_OR_RETURN(ModelConfig config, preset_config(name));
+  if (vocab_size < 0)
+    return invalid_argument("preset '" + std::string(strip_prefix(name)) + "': vocab_size must be positive, got " +
+                            std::to_string(vocab_size));
+  if (vocab_size > 0) {
+    config.vocab_size = vocab_size;
+    std::erase_if(config.eos_token_ids, [&](int id) { return id >= vocab_size; });
+    if (config.bos_token_id >= vocab_size) config.bos_token_id = -1;
+  }
   auto weights = make_random_weights(config, seed);
   if (!weights.ok()) return weights.status().with_context("preset '" + std::string(strip_prefix(name)) + "'");
   return weights;

@@ -20,8 +20,10 @@ std::vector<std::string> preset_names();
 Result<ModelConfig> preset_config(std::string_view name);
 
 // The preset's config with generated weights (see make_random_weights). Fails, before allocating, when
-// the bf16 weights would not fit in the host's available memory.
-Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed);
+// the bf16 weights would not fit in the host's available memory. `vocab_size` > 0 replaces the preset's V
+// (embedding and LM head rows), so a preset can serve a real tokenizer's ids (`serve --tokenizer DIR`);
+// the preset's eos/bos ids that fall outside the new vocabulary are dropped. 0 keeps the preset's V.
+Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size = 0);
 
 // Deterministic weights for any config: each tensor's values depend only on (seed, tensor name), never on
 // the thread count. Linear weights ~ N(0, 1/fan_in) (≈0.02 at H=2880) so logits and router scores have

@@ -238,11 +238,13 @@ std::optional<ApiError> parse_generate_request(std::string_view body_text, Endpo
     }
   }
   if (out->prompt_text && !model.has_tokenizer)
-    return bad_request("text prompts need a tokenizer and this model has none; send prompt as an array of token ids",
-                       "prompt");
+    return bad_request("text prompts need a tokenizer and this model has none (serve it with --tokenizer DIR); send "
+                       "prompt as an array of token ids", "prompt");
   if (endpoint == Endpoint::kChat && !model.has_chat_template)
-    return bad_request("this model has no chat template (no tokenizer or template loaded); use /v1/completions with "
-                       "token ids", "messages");
+    return bad_request(model.has_tokenizer
+                           ? "this model has no chat template (serve it with --chat-template FILE); use /v1/completions"
+                           : "this model has no tokenizer and so no chat template (serve it with --tokenizer DIR); use "
+                             "/v1/completions with token ids", "messages");
   if (!out->prompt_ids.empty()) return finalize_prompt(model, out);
   return std::nullopt;
 }

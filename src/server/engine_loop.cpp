@@ -61,8 +61,8 @@ uint64_t EngineLoop::submit(engine::Request request, TokenSink sink) {
   return ticket;
 }
 
-void EngineLoop::cancel(uint64_t ticket) {
-  post([this, ticket] {
+void EngineLoop::cancel(uint64_t ticket, engine::FinishReason reason) {
+  post([this, ticket, reason] {
     auto it = active_.find(ticket);
     if (it == active_.end()) return;  // already finished
     engine_.abort(it->second.engine_id);
@@ -70,7 +70,7 @@ void EngineLoop::cancel(uint64_t ticket) {
     active_.erase(it);
     ticket_of_.erase(a.engine_id);
     a.sink = nullptr;
-    finish(a, engine::FinishReason::kAbort);
+    finish(a, reason);
     retire_unused_adapters();
   });
 }

@@ -46,9 +46,9 @@ class EngineLoop {
 
   // Queue a request; returns a ticket for cancel(). The sink is called on the engine thread.
   uint64_t submit(engine::Request request, TokenSink sink);
-  // The client is gone (or a stop string matched): abort the request and free its pages and slot. No
-  // further events reach its sink.
-  void cancel(uint64_t ticket);
+  // The client is gone (kAbort) or a stop string matched (kStop): end the request and free its pages and
+  // slot. No further events reach its sink; `reason` is what metrics record.
+  void cancel(uint64_t ticket, engine::FinishReason reason = engine::FinishReason::kAbort);
 
   // Adapters. Unloading refuses new requests at once and removes the adapter from the engine when its
   // last queued or running request has finished (they finish with its weights, never another's).

@@ -267,8 +267,13 @@ class Session : public std::enable_shared_from_this<Session> {
     engine::Request request{.adapter = adapter, .prompt_ids = std::move(g.prompt_ids), .sampling = g.sampling};
     auto self = shared_from_this();
     generating_ = true;
-    ticket_ = s_.loop.submit(std::move(request), [self](TokenEvent ev) {
-      net::post(self->stream_.get_executor(), [self, ev = std::move(ev)]() mutable { self->on_tokens(std::move(ev)); });
+    // Events are tagged with this request's number: after a stop string the engine may still deliver a few
+    // tokens before its cancel lands, and they must not reach the next request on this connection.
+    const uint64_t request_number = ++request_number_;
+    ticket_ = s_.loop.submit(std::move(request), [self, request_number](TokenEvent ev) {
+      net::post(self->stream_.get_executor(), [self, request_number, ev = std::move(ev)]() mutable {
+        if (request_number == self->request_number_) self->on_tokens(std::move(ev));
+      });
     });
     watch_disconnect();
   }
@@ -314,12 +319,13 @@ class Session : public std::enable_shared_from_this<Session> {
       if (gen_.text_stream) text += gen_.text_stream->add(t);
     }
     gen_.usage.completion_tokens = ev.completion_tokens;
-    if (gen_.text_stream && gen_.text_stream->stopped() && !ev.finished) {
-      // A stop string matched: the engine need not generate further.
-      s_.loop.cancel(ticket_);
+    if (gen_.text_stream && gen_.text_stream->stopped()) {
+      // A stop string matched (possibly on the last token, which would otherwise say "length"): the text
+      // ends before it, and the engine need not generate further.
+      if (!ev.finished) s_.loop.cancel(ticket_, engine::FinishReason::kStop);
       ev.finished = true;
       finish = engine::FinishReason::kStop;
-    } else if (gen_.text_stream && ev.finished && !gen_.text_stream->stopped()) {
+    } else if (gen_.text_stream && ev.finished) {
       text += gen_.text_stream->flush();
     }
     gen_.text += text;
@@ -371,6 +377,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool admitted_ = false;       // holds one of max_pending_requests
   uint64_t ticket_ = 0;
   uint64_t watch_generation_ = 0;
+  uint64_t request_number_ = 0;  // generation requests started on this connection
   Generation gen_;
 };
 

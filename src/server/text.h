@@ -1,7 +1,7 @@
-// The server's seam to the tokenizer (src/tokenizer lands separately): encoding text prompts, rendering
-// chat messages through the model's template, and per-request incremental detokenization with stop
-// strings. A server without one (nullptr) serves token-id prompts only: choices carry `token_ids` and
-// empty text. Two implementations: the tokenizer adapter in apps/serve.cpp and the fake in tests/server.
+// The server's seam to the tokenizer: encoding text prompts, rendering chat messages through the model's
+// template, and per-request incremental detokenization with stop strings. A server without one (nullptr)
+// serves token-id prompts only: choices carry `token_ids` and empty text. Implemented by TokenizerText
+// (server/tokenizer_text.h) over src/tokenizer; http_server.cpp sees only this interface.
 #pragma once
 #include <memory>
 #include <string>

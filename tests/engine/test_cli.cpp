@@ -165,3 +165,48 @@ TEST(Cli, DumpActivationsWritesEveryLayerPerStep) {
 }
 
 }  // namespace
+
+namespace {
+
+// Text in: --prompt is encoded with the tokenizer (a preset then takes the tokenizer's vocabulary), so it
+// generates exactly what the same ids given with --prompt-ids generate; --messages goes through the chat
+// template. Needs the published Qwen3 tokenizer from ../shared/data.
+TEST(Cli, GenerateFromTextAndMessages) {
+  const std::string shared = LORAMUX_SHARED_DATA;
+  if (shared.empty()) GTEST_SKIP() << "this build found no shared data (../shared/data)";
+  const std::string tok = shared + "/tokenizers/qwen3";
+  const std::string common = "generate --model preset:tiny-moe --tokenizer " + tok + " --max-tokens 4 --ignore-eos ";
+
+  lmx::testing::TempDir dir("text");
+  std::ofstream(dir.file("line.txt")) << "\"Shall I compare thee to a summer day?\"\n";
+  CliRun ids = run_cli("tokenize --model " + tok + " < " + dir.file("line.txt"));
+  ASSERT_EQ(ids.exit_code, 0) << ids.out;
+  std::string id_list = nlohmann::json::parse(ids.out).dump();
+  id_list = id_list.substr(1, id_list.size() - 2);  // "[1,2,3]" -> "1,2,3"
+
+  CliRun text = run_cli(common + "--prompt 'Shall I compare thee to a summer day?'");
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  CliRun by_ids = run_cli(common + "--prompt-ids " + id_list);
+  ASSERT_EQ(by_ids.exit_code, 0) << by_ids.out;
+  auto t = json_lines(text.out), b = json_lines(by_ids.out);
+  ASSERT_EQ(t.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(t[0]["token_ids"].size(), 4u);
+  EXPECT_EQ(t[0]["token_ids"], b[0]["token_ids"]);
+  EXPECT_TRUE(t[0]["text"].is_string());
+
+  std::ofstream(dir.file("chat.json")) << R"([{"role": "user", "content": "Name a sonnet."}])";
+  CliRun chat = run_cli(common + "--messages " + dir.file("chat.json"));
+  ASSERT_EQ(chat.exit_code, 0) << chat.out;
+  EXPECT_EQ(json_lines(chat.out)[0]["token_ids"].size(), 4u);
+
+  std::ofstream(dir.file("bad.json")) << R"({"role": "user"})";
+  CliRun bad = run_cli(common + "--messages " + dir.file("bad.json"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("expected a JSON array of messages"), std::string::npos) << bad.out;
+  CliRun no_tok = run_cli("generate --prompt hello");
+  EXPECT_NE(no_tok.exit_code, 0);
+  EXPECT_NE(no_tok.out.find("--tokenizer"), std::string::npos) << no_tok.out;
+}
+
+}  // namespace

@@ -109,6 +109,12 @@ TEST(ServerApi, MalformedBodiesAndChatWithoutTemplate) {
   auto chat = parse(R"({"messages": [{"role": "user", "content": "hi"}]})", nullptr, kModel, Endpoint::kChat);
   ASSERT_TRUE(chat);
   EXPECT_NE(chat->message.find("no chat template"), std::string::npos);
+  EXPECT_NE(chat->message.find("--tokenizer"), std::string::npos);
+  ModelInfo no_template = kModel;
+  no_template.has_tokenizer = true;  // a tokenizer directory without a template
+  auto chat_no_template = parse(R"({"messages": [{"role": "user", "content": "hi"}]})", nullptr, no_template, Endpoint::kChat);
+  ASSERT_TRUE(chat_no_template);
+  EXPECT_NE(chat_no_template->message.find("--chat-template"), std::string::npos) << chat_no_template->message;
   auto bad_messages = parse(R"({"messages": [{"content": "hi"}]})", nullptr, kModel, Endpoint::kChat);
   ASSERT_TRUE(bad_messages);
   EXPECT_EQ(bad_messages->param, "messages");

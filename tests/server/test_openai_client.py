@@ -16,7 +16,7 @@ import time
 import openai
 import pytest
 
-from serve_helpers import BIN, ROOT, Server, http_request
+from serve_helpers import BIN, ROOT, Server
 
 MODEL = os.path.join(ROOT, "tests", "fixtures", "gpt_oss", "model")  # tiny GPT-OSS, vocab 256
 FIXTURE_ADAPTERS = os.path.join(ROOT, "tests", "fixtures", "gpt_oss", "adapters")

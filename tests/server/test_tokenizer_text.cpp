@@ -14,7 +14,10 @@
 namespace lmx::server {
 namespace {
 
-const std::string kQwen3 = std::string(LORAMUX_SOURCE_DIR) + "/../shared/data/tokenizers/qwen3";
+// LORAMUX_SHARED_DATA: the ../shared/data tests/CMakeLists.txt found at configure time ("" when none).
+const std::string kQwen3 = std::string(LORAMUX_SHARED_DATA) + "/tokenizers/qwen3";
+// Missing data skips when this build found none (or LORAMUX_NO_SHARED_DATA is set), else fails.
+bool shared_data_optional() { return std::string(LORAMUX_SHARED_DATA).empty() || std::getenv("LORAMUX_NO_SHARED_DATA"); }
 
 // The Qwen3 codec, loaded once for the binary; nullptr (after FAIL/SKIP by the caller) when absent.
 const TokenizerText* qwen3() {
@@ -28,7 +31,7 @@ const TokenizerText* qwen3() {
 #define LMX_GET_QWEN3(var)                                                                                   \
   const TokenizerText* var = qwen3();                                                                        \
   if (var == nullptr) {                                                                                      \
-    if (std::getenv("LORAMUX_NO_SHARED_DATA") != nullptr) GTEST_SKIP() << "no " << kQwen3;                   \
+    if (shared_data_optional()) GTEST_SKIP() << "no " << kQwen3;                                             \
     FAIL() << "cannot load " << kQwen3 << " (set LORAMUX_NO_SHARED_DATA=1 on a machine without ../shared)"; \
   }
 
@@ -121,7 +124,10 @@ TEST(TokenizerText, StopStringsCutAcrossTokenBoundariesAndAreNotEmitted) {
 }
 
 TEST(TokenizerText, ChatTemplateOverrideAndErrors) {
-  if (!std::filesystem::exists(kQwen3)) GTEST_SKIP() << "no " << kQwen3;
+  if (!std::filesystem::exists(kQwen3)) {
+    if (shared_data_optional()) GTEST_SKIP() << "no " << kQwen3;
+    FAIL() << "missing " << kQwen3;
+  }
   lmx::testing::TempDir dir("tokenizer_text");
   std::ofstream(dir.file("plain.jinja"))
       << "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
