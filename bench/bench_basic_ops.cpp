@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/cuda/attention.cuh"
+#include "bench/cuda_timing.h"
 #include "backends/cuda/basic.cuh"
 #include "backends/cuda/memory.h"
 #include "backends/cuda/rope.cuh"
@@ -26,14 +27,6 @@
 namespace lmx {
 namespace {
 
-#define BENCH_CUDA(call)                                                                              \
-  do {                                                                                                \
-    cudaError_t err_ = (call);                                                                        \
-    if (err_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "bench_cuda_ops: %s failed: %s\n", #call, cudaGetErrorString(err_));      \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 constexpr double kCeilingBytesPerSecond = 4.2e12;  // device-to-device copy on an H200 (docs/perf-log.md)
 constexpr size_t kRotationBytes = size_t(512) << 20;  // per op: ~8x the L2, so every launch reads DRAM
@@ -102,31 +95,7 @@ int sets_for(double bytes_per_launch) {
 // Seconds per launch: `launches` calls of launch(i) captured into one graph, replays timed with events,
 // median replay / launches.
 double time_per_launch(cudaStream_t stream, int launches, const std::function<void(int)>& launch) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) launch(i);
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up: module load, first touch
-  std::vector<float> ms(kReplays);
-  for (float& m : ms) {
-    BENCH_CUDA(cudaEventRecord(start, stream));
-    BENCH_CUDA(cudaGraphLaunch(exec, stream));
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    BENCH_CUDA(cudaEventElapsedTime(&m, start, stop));
-  }
-  BENCH_CUDA(cudaGetLastError());
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]) * 1e-3 / launches;
+  return bench::seconds_per_launch(stream, launches, kReplays, launch);
 }
 
 int launches_for(int sets) { return (std::max(kMinLaunches, sets) + sets - 1) / sets * sets; }
@@ -163,23 +132,11 @@ void bench_copy(cudaStream_t stream) {
   const size_t bytes = size_t(1) << 30;
   Buffer src = cuda::allocate(bytes), dst = cuda::allocate(bytes);
   BENCH_CUDA(cudaMemset(src.data(), 0x3c, bytes));
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  BENCH_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));  // warm-up
-  std::vector<float> ms(kReplays);
-  for (float& m : ms) {
-    BENCH_CUDA(cudaEventRecord(start, stream));
+  const double seconds = bench::median_seconds(stream, kReplays, [&] {
     BENCH_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    BENCH_CUDA(cudaEventElapsedTime(&m, start, stop));
-  }
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
+  });
   print_row({.op = "d2d_copy", .shape = "1 GiB (stream)", .tokens = 0, .bytes = 2.0 * double(bytes),
-             .seconds = double(ms[ms.size() / 2]) * 1e-3});
+             .seconds = seconds});
 }
 
 void bench_tokens(int64_t T, cudaStream_t stream, Rng& rng, const Buffer& table) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/cuda/memory.h"
+#include "bench/cuda_timing.h"
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_lora.cuh"
 #include "core/rng.h"
@@ -25,14 +26,6 @@
 namespace lmx {
 namespace {
 
-#define BENCH_CUDA(call)                                                                         \
-  do {                                                                                           \
-    cudaError_t err_ = (call);                                                                   \
-    if (err_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "bench_moe_lora: %s failed: %s\n", #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 constexpr double kBytesPerSecond = 4.2e12;   // measured d2d copy (docs/perf-log.md)
 constexpr double kFlopsPerSecond = 750e12;   // measured bf16 dense (issue 4)
@@ -54,31 +47,7 @@ OwnedTensor random_device_bf16(Rng& rng, std::initializer_list<int64_t> dims) {
 }
 
 double time_graph(cudaStream_t stream, const std::function<void(int)>& launch) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kIterations; ++i) launch(i);
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  BENCH_CUDA(cudaGraphLaunch(exec, stream));
-  std::vector<float> ms(kReplays);
-  for (float& m : ms) {
-    BENCH_CUDA(cudaEventRecord(start, stream));
-    BENCH_CUDA(cudaGraphLaunch(exec, stream));
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    BENCH_CUDA(cudaEventElapsedTime(&m, start, stop));
-  }
-  BENCH_CUDA(cudaGetLastError());
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]) * 1e-3 / kIterations;
+  return bench::seconds_per_launch(stream, kIterations, kReplays, launch);
 }
 
 void print_row(const char* what, int64_t tokens, double bytes, double flops, double seconds) {
