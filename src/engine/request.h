@@ -40,6 +40,7 @@ struct Sequence {
   SeqState state = SeqState::kWaiting;
   FinishReason finish = FinishReason::kNone;
   int slot = -1;                 // adapter slot while running, -1 = base
+  int adapter_wait_steps = 0;    // steps passed over while waiting for an adapter slot
   std::vector<std::vector<float>> logits;  // per generated token, when request.return_logits
 
   int num_generated() const { return int(tokens.size()) - prompt_len; }

@@ -59,13 +59,20 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     ++it;
   }
 
-  // 2. Waiting prompts, FIFO, skipping those whose adapter cannot get a slot right now.
+  // 2. Waiting prompts, FIFO, skipping those whose adapter cannot get a slot right now — unless one has
+  // been skipped too long: then later adapter requests wait too, so held slots drain to it.
+  bool starving = false;
   for (auto it = waiting_.begin();
        it != waiting_.end() && budget > 0 && int(running_.size()) < limits_.max_num_seqs &&
        int(step.size()) < limits_.max_num_seqs;) {
     Sequence* seq = it->get();
     const std::string& adapter = seq->request.adapter;
     if (!adapter.empty() && !adapters_->can_acquire(adapter)) {
+      if (++seq->adapter_wait_steps >= limits_.max_adapter_wait_steps) starving = true;
+      ++it;
+      continue;
+    }
+    if (starving && !adapter.empty()) {  // base-model requests hold no slot and may still go
       ++it;
       continue;
     }

@@ -18,6 +18,10 @@ struct SchedulerLimits {
   int max_num_batched_tokens = 2048;  // T per step
   int page_size = 16;                 // P
   int max_model_len = 4096;           // prompt + output tokens of one sequence
+  // A waiting request passed over this many steps because every adapter slot is held stops later
+  // adapter requests from being admitted until it gets a slot: its wait is bounded by the running
+  // sequences' remaining tokens (no starvation by a stream of requests for resident adapters).
+  int max_adapter_wait_steps = 32;
 };
 
 struct ScheduledSeq {

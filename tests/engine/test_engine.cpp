@@ -247,3 +247,39 @@ TEST(Engine, RemoveAdapterRefusedWhileUsedThenForgotten) {
 
 }  // namespace
 }  // namespace lmx::engine
+
+namespace lmx::engine {
+namespace {
+
+// One slot, a steady stream of requests for the resident adapter a0, and one request for a1 behind
+// them. Without the wait bound a1 never gets the slot (each new a0 request keeps it held); with it, a1
+// finishes within the bound plus the running a0 sequences' remaining tokens.
+TEST(Engine, AdapterWaitIsBounded) {
+  auto f = make_fixture(2);
+  EngineConfig config;
+  config.max_loras = 1;
+  config.scheduler.max_adapter_wait_steps = 4;
+  auto e = make_engine(*f, config);
+  auto request = [](const std::string& adapter, int max_tokens) {
+    Request r;
+    r.adapter = adapter;
+    r.prompt_ids = {5, 6, 7};
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  ASSERT_TRUE(e->add_request(request("a0", 10)).ok());
+  Result<uint64_t> starved = e->add_request(request("a1", 3));
+  ASSERT_TRUE(starved.ok());
+  int steps = 0;
+  for (; steps < 200; ++steps) {
+    ASSERT_TRUE(e->add_request(request("a0", 10)).ok());  // a new a0 request every step
+    ASSERT_GT(e->step().num_tokens, 0);
+    if (e->take_finished(*starved)) break;
+  }
+  // wait bound (4) + the longest a0 sequence admitted before it (10 tokens + prefill) + its own 3 tokens.
+  EXPECT_LE(steps, 4 + 11 + 4) << "the a1 request waited " << steps << " steps";
+}
+
+}  // namespace
+}  // namespace lmx::engine
