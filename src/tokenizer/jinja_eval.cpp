@@ -295,7 +295,8 @@ class Interpreter {
           scope_->vars.set("caller", value);
           continue;
         }
-        auto it = std::find_if(s.params.begin(), s.params.end(), [&](const auto& p) { return p.first == key; });
+        const std::string& name = key;  // structured bindings cannot be captured before C++20 compilers caught up (clang 14)
+        auto it = std::find_if(s.params.begin(), s.params.end(), [&](const auto& p) { return p.first == name; });
         if (it == s.params.end()) {
           kwargs.set(key, value);
           continue;
