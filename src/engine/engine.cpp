@@ -57,6 +57,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
   if (config.max_loras < 1) return invalid_argument("max_loras must be >= 1, got " + std::to_string(config.max_loras));
   if (config.max_lora_rank < 1)
     return invalid_argument("max_lora_rank must be >= 1, got " + std::to_string(config.max_lora_rank));
+  if (config.max_cpu_loras != 0 && config.max_cpu_loras < config.max_loras)
+    return invalid_argument("max_cpu_loras " + std::to_string(config.max_cpu_loras) + " must be 0 (no limit) or >= max_loras " +
+                            std::to_string(config.max_loras) + ": every adapter in a slot is read from the host tier");
   int per_seq = kv::pages_for_tokens(lim.max_model_len, lim.page_size);
   if (config.num_kv_pages != 0 && config.num_kv_pages < per_seq)
     return invalid_argument("num_kv_pages " + std::to_string(config.num_kv_pages) + " cannot hold one sequence of max_model_len " +
@@ -72,7 +75,8 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   if (config_.num_kv_pages == 0) config_.num_kv_pages = max_pages_per_seq_ * B;
   model_ = std::make_unique<model::Model>(weights, backend, model::ModelLimits{.max_tokens = T, .max_seqs = B});
   cache_ = model::KvCache::allocate(backend, weights.config, config_.num_kv_pages, lim.page_size);
-  adapters_ = std::make_unique<AdapterStore>(backend, lora_shapes(weights.config), config_.max_loras, config_.max_lora_rank);
+  adapters_ = std::make_unique<AdapterStore>(backend, lora_shapes(weights.config), config_.max_loras, config_.max_lora_rank,
+                                             config_.max_cpu_loras);
   scheduler_ = std::make_unique<Scheduler>(lim, config_.num_kv_pages, adapters_.get());
 
   auto stage = [&](DType dtype, std::initializer_list<int64_t> dims) {
@@ -91,9 +95,14 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   top_p_ = stage(DType::F32, {B});
   uniform_ = stage(DType::F32, {B});
   sampled_tokens_ = stage(DType::I32, {B});
+  sampled_logprob_ = stage(DType::F32, {B});
+  top_ids_ = stage(DType::I32, {int64_t(B) * ops::kMaxTopLogprobs});
+  top_logprobs_ = stage(DType::F32, {int64_t(B) * ops::kMaxTopLogprobs});
 }
 
-Status Engine::add_adapter(lora::Adapter adapter) { return adapters_->add(std::move(adapter)); }
+Status Engine::add_adapter(lora::Adapter adapter, AdapterOptions options) {
+  return adapters_->add(std::move(adapter), std::move(options));
+}
 
 Status Engine::remove_adapter(const std::string& name) {
   if (!adapters_->contains(name)) return not_found("unknown adapter '" + name + "'");
@@ -111,8 +120,7 @@ bool Engine::abort(uint64_t id) {
 Result<uint64_t> Engine::add_request(Request request) {
   const model::ModelConfig& mc = model_->config();
   const SchedulerLimits& lim = config_.scheduler;
-  if (!request.adapter.empty() && !adapters_->contains(request.adapter))
-    return not_found("unknown adapter '" + request.adapter + "' (loaded: " + std::to_string(adapters_->names().size()) + ")");
+  if (!request.adapter.empty()) LMX_RETURN_IF_ERROR(adapters_->check_servable(request.adapter));
   if (request.prompt_ids.empty()) return invalid_argument("prompt is empty");
   for (size_t i = 0; i < request.prompt_ids.size(); ++i) {
     int32_t id = request.prompt_ids[i];
@@ -125,6 +133,9 @@ Result<uint64_t> Engine::add_request(Request request) {
   if (!(so.temperature >= 0.0f)) return invalid_argument("temperature must be >= 0, got " + std::to_string(so.temperature));
   if (so.top_k < 0) return invalid_argument("top_k must be >= 0, got " + std::to_string(so.top_k));
   if (!(so.top_p > 0.0f && so.top_p <= 1.0f)) return invalid_argument("top_p must be in (0, 1], got " + std::to_string(so.top_p));
+  if (so.logprobs < -1 || so.logprobs > ops::kMaxTopLogprobs)
+    return invalid_argument("logprobs must be -1 (off) or in [0, " + std::to_string(ops::kMaxTopLogprobs) + "], got " +
+                            std::to_string(so.logprobs));
   int64_t total = int64_t(request.prompt_ids.size()) + so.max_tokens;
   if (total > lim.max_model_len)
     return invalid_argument("prompt (" + std::to_string(request.prompt_ids.size()) + " tokens) + max_tokens (" +
@@ -190,10 +201,13 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step) {
 
 // One uniform number per sampled row from the request's stream and the index of the token being drawn,
 // so a seeded request samples the same tokens however it is batched.
-std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits) {
+std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits,
+                                    std::vector<std::optional<TokenLogprobs>>* logprobs) {
   std::vector<int32_t> tokens;
   int S = int(logits.dim(0));
+  logprobs->assign(size_t(S), std::nullopt);
   if (S == 0) return tokens;
+  int top_n = -1;  // the widest top-logprobs list a row of this step asked for; -1 = no row wants logprobs
   float* temperature = temperature_.host.view.ptr<float>();
   int32_t* top_k = top_k_.host.view.ptr<int32_t>();
   float* top_p = top_p_.host.view.ptr<float>();
@@ -205,6 +219,7 @@ std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const
     temperature[i] = so.temperature;
     top_k[i] = so.top_k;
     top_p[i] = so.top_p;
+    top_n = std::max(top_n, so.logprobs);
     uint64_t stream = so.seed ? mix64(*so.seed) : mix64(config_.seed ^ mix64(s.seq->id));
     uint64_t draw = mix64(stream ^ mix64(uint64_t(s.seq->num_generated())));
     uniform[i] = float(draw >> 40) * (1.0f / 16777216.0f);
@@ -216,15 +231,50 @@ std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const
     return dst;
   };
   Tensor out = sampled_tokens_.device.view.rows(0, S);
-  backend_.sample({.logits = logits,
-                   .temperature = upload(temperature_),
-                   .top_k = upload(top_k_),
-                   .top_p = upload(top_p_),
-                   .uniform = upload(uniform_),
-                   .out_tokens = out});
+  ops::SamplingParams params{.logits = logits,
+                             .temperature = upload(temperature_),
+                             .top_k = upload(top_k_),
+                             .top_p = upload(top_p_),
+                             .uniform = upload(uniform_),
+                             .out_tokens = out};
+  // Logprobs only when a row asked; every row then gets the widest list and keeps its own prefix of it
+  // (never wider than the vocabulary: a tiny model lists all of its tokens).
+  top_n = int(std::min<int64_t>(top_n, logits.dim(1)));
+  auto top_view = [&](Staged& st, bool device) {
+    return (device ? st.device : st.host).view.rows(0, int64_t(S) * top_n).reshape({S, top_n});
+  };
+  if (top_n >= 0) {
+    params.out_logprob = sampled_logprob_.device.view.rows(0, S);
+    if (top_n > 0) {
+      params.out_top_ids = top_view(top_ids_, true);
+      params.out_top_logprobs = top_view(top_logprobs_, true);
+    }
+  }
+  backend_.sample(params);
   backend_.copy(sampled_tokens_.host.view.rows(0, S), out);
   const int32_t* host = sampled_tokens_.host.view.ptr<int32_t>();
   tokens.assign(host, host + S);
+  if (top_n < 0) return tokens;
+  backend_.copy(sampled_logprob_.host.view.rows(0, S), params.out_logprob);
+  if (top_n > 0) {
+    backend_.copy(top_view(top_ids_, false), params.out_top_ids);
+    backend_.copy(top_view(top_logprobs_, false), params.out_top_logprobs);
+  }
+  const float* logprob = sampled_logprob_.host.view.ptr<float>();         // [S] f32
+  const int32_t* top_ids = top_ids_.host.view.ptr<int32_t>();             // [S, top_n] i32
+  const float* top_logprobs = top_logprobs_.host.view.ptr<float>();       // [S, top_n] f32
+  i = 0;
+  for (const ScheduledSeq& s : step) {
+    if (!s.sample) continue;
+    const int n = std::min(s.seq->request.sampling.logprobs, top_n);
+    if (n >= 0) {
+      const size_t row = size_t(i) * size_t(top_n);
+      (*logprobs)[size_t(i)] = TokenLogprobs{.logprob = logprob[i],
+                                             .top_ids = {top_ids + row, top_ids + row + n},
+                                             .top_logprobs = {top_logprobs + row, top_logprobs + row + n}};
+    }
+    ++i;
+  }
   return tokens;
 }
 
@@ -233,17 +283,23 @@ Engine::StepReport Engine::step() {
   std::vector<StepOutput>& outputs = report.outputs;
   // 1. schedule
   std::vector<ScheduledSeq> step = scheduler_->schedule();
+  for (std::unique_ptr<Sequence>& failed : scheduler_->take_failed()) {  // e.g. its adapter could not be read
+    outputs.push_back({.id = failed->id, .finished = true, .finish = FinishReason::kAbort, .error = failed->error});
+    finished_[failed->id] = std::move(failed);
+  }
   if (step.empty()) return report;
   // 2. run
   build_batch(step);
   report.num_tokens = batch_.num_tokens;
+  for (const ScheduledSeq& s : step) report.scheduled.push_back(s.seq->id);
   const model::ModelConfig& mc = model_->config();
   const lora::SlotTable& slots = adapters_->slots();
   Tensor logits = model_->forward(batch_, cache_, [&](int layer, ops::LoraTarget target) {
     return slots.stack(layer, target);
   });
   // 3. sample
-  std::vector<int32_t> tokens = sample(step, logits);
+  std::vector<std::optional<TokenLogprobs>> token_logprobs;  // per sampled row
+  std::vector<int32_t> tokens = sample(step, logits, &token_logprobs);
   scheduler_->commit(step);
   // 4. postprocess
   OwnedTensor host_logits;
@@ -260,6 +316,8 @@ Engine::StepReport Engine::step() {
       const float* row = host_logits.view.row(i).ptr<float>();
       seq->logits.emplace_back(row, row + mc.vocab_size);
     }
+    std::optional<TokenLogprobs> token_logprob = std::move(token_logprobs[size_t(i)]);
+    if (token_logprob) seq->token_logprobs.push_back(*token_logprob);
     ++i;
     seq->tokens.push_back(token);
     const SamplingOptions& so = seq->request.sampling;
@@ -268,7 +326,8 @@ Engine::StepReport Engine::step() {
     bool is_stop = std::find(so.stop_token_ids.begin(), so.stop_token_ids.end(), token) != so.stop_token_ids.end();
     if ((is_eos && !so.ignore_eos) || is_stop) reason = FinishReason::kStop;
     else if (seq->num_generated() >= so.max_tokens) reason = FinishReason::kLength;
-    outputs.push_back({.id = seq->id, .token = token, .finished = reason != FinishReason::kNone, .finish = reason});
+    outputs.push_back({.id = seq->id, .token = token, .finished = reason != FinishReason::kNone, .finish = reason,
+                       .logprobs = std::move(token_logprob)});
     if (reason != FinishReason::kNone) {
       std::unique_ptr<Sequence> done = scheduler_->finish(seq, reason);
       finished_[done->id] = std::move(done);

@@ -1,6 +1,7 @@
 // Engine: the serving loop of design.md §1. step() = schedule → run (build the flat batch, one forward
 // pass) → sample → postprocess (append tokens, stop checks, free finished sequences). Owns the model on
-// its backend, the KV cache, the adapter store and the scheduler. Single-threaded: the caller drives it.
+// its backend, the KV cache, the adapter store and the scheduler. Single-threaded: the caller drives it
+// (the adapter store reads adapters from disk on its own loader thread, which touches no engine state).
 #pragma once
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@ struct EngineConfig {
   int num_kv_pages = 0;  // 0 = enough for max_num_seqs sequences of max_model_len
   int max_loras = 4;     // adapter slots on the device (--max-loras)
   int max_lora_rank = 64;
+  int max_cpu_loras = 0; // parsed adapters kept on the host (--max-cpu-loras); 0 = all, else >= max_loras
   uint64_t seed = 0;     // derives per-request sampling streams when a request has no seed
 };
 
@@ -31,19 +33,22 @@ class Engine {
   static Result<std::unique_ptr<Engine>> create(const model::ModelWeights& weights, ops::Backend& backend,
                                                  const EngineConfig& config);
 
-  Status add_adapter(lora::Adapter adapter);
+  Status add_adapter(lora::Adapter adapter, AdapterOptions options = {});
   // Forget an adapter; refused while a queued or running request uses it (callers drain first).
   Status remove_adapter(const std::string& name);
   const AdapterStore& adapters() const { return *adapters_; }
+  AdapterStore& mutable_adapters() { return *adapters_; }
   // Queue a request; errors name the problem (unknown adapter, empty or too long prompt, bad token id,
   // bad sampling option). Returns the request id.
   Result<uint64_t> add_request(Request request);
   bool has_work() const { return scheduler_->has_work(); }
   // One step. A step that only prefills chunks yields no outputs but ran tokens; 0 tokens with
-  // has_work() means the waiting requests cannot be scheduled (a caller's stall check).
+  // has_work() means the waiting requests cannot be scheduled (a caller's stall check) — unless
+  // adapters().num_loading() > 0: requests wait for an adapter read from disk.
   struct StepReport {
     int num_tokens = 0;
     std::vector<StepOutput> outputs;
+    std::vector<uint64_t> scheduled;  // ids of the sequences that ran this step (queue-time metrics)
   };
   StepReport step();
   // A finished sequence (tokens, finish reason, logits if asked), removed from the engine.
@@ -60,7 +65,9 @@ class Engine {
  private:
   Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config);
   void build_batch(const std::vector<ScheduledSeq>& step);
-  std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits);
+  // The sampled token of each sampled row; `logprobs` gets one entry per row (set for rows that asked).
+  std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits,
+                              std::vector<std::optional<TokenLogprobs>>* logprobs);
 
   EngineConfig config_;
   ops::Backend& backend_;
@@ -78,6 +85,8 @@ class Engine {
   };
   Staged token_ids_, positions_, token_slot_, seq_start_, block_table_, kv_write_index_, sample_index_;
   Staged temperature_, top_k_, top_p_, uniform_, sampled_tokens_;
+  Staged sampled_logprob_;           // [B] f32
+  Staged top_ids_, top_logprobs_;    // [B * kMaxTopLogprobs] i32 / f32, viewed as [S, N] per step
   model::BatchView batch_;
 };
 

@@ -1,7 +1,9 @@
 // Scheduler: each step picks what runs — every running sequence's pending tokens (decode: one token;
 // a prefill in progress: its next chunk) and then waiting prompts, FIFO — within the token, sequence,
 // KV-page and adapter-slot budgets. When a running sequence cannot get a KV page the most recently
-// admitted sequence is preempted (pages freed, recomputed later). Plain host data structure.
+// admitted sequence is preempted (pages freed, recomputed later). With prefix caching an admitted
+// sequence starts after the longest run of its full pages already cached for the same adapter content,
+// and pages it fills are published for later sequences. Plain host data structure.
 #pragma once
 #include <deque>
 #include <list>
@@ -22,6 +24,9 @@ struct SchedulerLimits {
   // adapter requests from being admitted until it gets a slot: its wait is bounded by the running
   // sequences' remaining tokens (no starvation by a stream of requests for resident adapters).
   int max_adapter_wait_steps = 32;
+  // Automatic prefix caching (--enable-prefix-caching, on by default as in vLLM V1): full pages are
+  // keyed by (prefix, page tokens, adapter content hash) and shared instead of recomputed.
+  bool enable_prefix_caching = true;
 };
 
 struct ScheduledSeq {
@@ -47,23 +52,37 @@ class Scheduler {
   std::unique_ptr<Sequence> abort(uint64_t id);
   // Waiting plus running sequences that use `adapter` (an adapter may be removed only at zero).
   int num_using(const std::string& adapter) const;
+  // Sequences that failed while waiting (their adapter could not be read), finished with kAbort and an
+  // error; the caller takes them after each schedule().
+  std::vector<std::unique_ptr<Sequence>> take_failed();
 
   const SchedulerLimits& limits() const { return limits_; }
   const kv::PageAllocator& pages() const { return pages_; }
   int num_running() const { return int(running_.size()); }
   int num_waiting() const { return int(waiting_.size()); }
   uint64_t num_preemptions() const { return preemptions_; }
+  // Prefix cache, in tokens as vLLM counts them: tokens of admitted sequences looked up, and found cached.
+  uint64_t prefix_cache_queries() const { return prefix_queries_; }
+  uint64_t prefix_cache_hits() const { return prefix_hits_; }
 
  private:
   bool ensure_pages(Sequence* seq, int tokens_after);
   void preempt(std::list<std::unique_ptr<Sequence>>::iterator it);
+  // Chain hashes of the sequence's first `num_pages` full pages (computed once, kept across preemption).
+  void extend_page_hashes(Sequence* seq, int num_pages);
+  // Admit a waiting sequence's first chunk: share its cached prefix pages and allocate the rest. False
+  // (nothing changed) when the pages do not fit. *num_tokens: the chunk fed this step.
+  bool admit_pages(Sequence* seq, int budget, int* num_tokens);
+  void release_pages(Sequence* seq);
 
   SchedulerLimits limits_;
   kv::PageAllocator pages_;
   AdapterStore* adapters_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::list<std::unique_ptr<Sequence>> running_;  // admission order
+  std::vector<std::unique_ptr<Sequence>> failed_;
   uint64_t preemptions_ = 0;
+  uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };
 
 }  // namespace lmx::engine

@@ -11,19 +11,39 @@
 namespace lmx::engine {
 
 // "cpu" or "cuda" (the latter only when built with LORAMUX_CUDA); error names the device otherwise.
-Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device);
+// `kernel_configs`: a `loramux tune` folder for the CUDA backend ("" = the committed configs/kernels, if any).
+Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device, const std::string& kernel_configs = "");
 
 // `preset:NAME` (generated weights, seeded) or a Hugging Face model directory. `preset_vocab_size` > 0
 // sizes a preset's vocabulary (to fit an attached tokenizer, see make_preset_model); directories ignore it,
 // their vocabulary is the checkpoint's.
-Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size = 0);
+// With a GPU `backend`, a preset's weights are generated in its memory (seconds for 21B, no host copy).
+Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size = 0,
+                                            ops::Backend* backend = nullptr);
+
+// The built-in default model (models/default: a small trained Qwen3-MoE with a tokenizer and adapters, made
+// by tools/train_default.py), used when --model is not given. Searched in order: $LORAMUX_DEFAULT_MODEL
+// (when set, the only place), <binary's folder>/models/default, <binary's folder>/../models/default, and
+// the source tree the binary was built from. The error lists every place tried.
+Result<std::string> find_default_model_dir();
+
+// When `*model` is empty: sets it to find_default_model_dir() and puts one "NAME=DIR" per folder under
+// its adapters/ (sorted by name) before `*loras`, and returns true; otherwise changes nothing, returns false.
+Result<bool> use_default_model_if_unset(std::string* model, std::vector<std::string>* loras);
 
 // "NAME=DIR" as given to --lora; error names the malformed argument.
 Status parse_lora_argument(const std::string& arg, std::string* name, std::string* dir);
 
 // --lora NAME=DIR adapters (loaded and validated) and --dummy-loras N generated adapters lora0..lora{N-1}
 // (seeded from weight_seed exactly as `generate` seeds them, so serve and generate agree), added to `engine`.
+// Each stays re-readable (its directory, or its dummy recipe) once the host tier drops it. `pinned` names
+// (--pin-lora) must be among them; they keep their slot and host copy for the engine's life.
 Status add_cli_adapters(Engine& engine, const std::vector<std::string>& loras, int dummy_loras, int dummy_lora_rank,
-                        uint64_t weight_seed);
+                        uint64_t weight_seed, const std::vector<std::string>& pinned = {});
+
+// --max-cpu-loras when not given (0): max(--max-loras, number of start-up adapters), as documented.
+inline int default_max_cpu_loras(int max_loras, int num_startup_adapters) {
+  return num_startup_adapters > max_loras ? num_startup_adapters : max_loras;
+}
 
 }  // namespace lmx::engine

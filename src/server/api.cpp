@@ -1,8 +1,11 @@
 // OpenAI request parsing/validation and response JSON (see api.h).
 #include "server/api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "ops/sampling.h"
 
 namespace lmx::server {
 
@@ -125,17 +128,40 @@ std::optional<ApiError> read_messages(const json& body, GenerateRequest* out) {
   return std::nullopt;
 }
 
+// Logprobs: completions take `logprobs: N` (the legacy API; false = off); chat takes `logprobs: true` with
+// `top_logprobs: N`. Either way N is in [0, kMaxTopLogprobs] and becomes SamplingOptions::logprobs.
+std::optional<ApiError> read_logprobs(const json& body, Endpoint endpoint, engine::SamplingOptions* so) {
+  constexpr int64_t kMax = ops::kMaxTopLogprobs;
+  const std::string range = "[0, " + std::to_string(kMax) + "]";
+  auto lp = body.find("logprobs");
+  const bool given = lp != body.end() && !lp->is_null();
+  std::optional<int64_t> top;
+  if (endpoint == Endpoint::kCompletions) {
+    if (body.contains("top_logprobs") && !body["top_logprobs"].is_null())
+      return bad_request("top_logprobs belongs to /v1/chat/completions; here logprobs: N asks for N alternatives",
+                         "top_logprobs");
+    if (!given || *lp == false) return std::nullopt;
+    if (!lp->is_number_integer()) return bad_request("logprobs must be an integer in " + range + " or null", "logprobs");
+    if (auto e = read_int(body, "logprobs", 0, kMax, &top)) return e;
+    so->logprobs = int(*top);
+    return std::nullopt;
+  }
+  bool wanted = false;
+  if (auto e = read_bool(body, "logprobs", &wanted)) return e;
+  if (auto e = read_int(body, "top_logprobs", 0, kMax, &top)) return e;
+  if (top && *top > 0 && !wanted) return bad_request("top_logprobs needs logprobs: true", "top_logprobs");
+  if (wanted) so->logprobs = int(top.value_or(0));
+  return std::nullopt;
+}
+
 // Options this server does not implement are refused by name rather than silently ignored.
-std::optional<ApiError> refuse_unsupported(const json& body, Endpoint endpoint) {
+std::optional<ApiError> refuse_unsupported(const json& body) {
   auto set = [&](const char* f) { return body.contains(f) && !body[f].is_null(); };
   if (set("n") && !(body["n"].is_number_integer() && body["n"].get<int64_t>() == 1))
     return bad_request("n: only n=1 is supported", "n");
   if (set("best_of") && !(body["best_of"].is_number_integer() && body["best_of"].get<int64_t>() == 1))
     return bad_request("best_of: only best_of=1 is supported", "best_of");
   if (set("echo") && body["echo"] != false) return bad_request("echo is not supported", "echo");
-  bool logprobs = set("logprobs") && body["logprobs"] != false &&
-                  !(endpoint == Endpoint::kCompletions && body["logprobs"] == 0);
-  if (logprobs) return bad_request("logprobs are not supported yet", "logprobs");
   for (const char* f : {"presence_penalty", "frequency_penalty", "repetition_penalty"})
     if (set(f) && !(body[f].is_number() && body[f].get<double>() == (std::string(f) == "repetition_penalty" ? 1.0 : 0.0)))
       return bad_request(std::string(f) + " is not supported", f);
@@ -175,7 +201,8 @@ std::optional<ApiError> parse_generate_request(std::string_view body_text, Endpo
   } else {
     if (auto e = read_messages(body, out)) return e;
   }
-  if (auto e = refuse_unsupported(body, endpoint)) return e;
+  if (auto e = refuse_unsupported(body)) return e;
+  if (auto e = read_logprobs(body, endpoint, &out->sampling)) return e;
 
   engine::SamplingOptions& so = out->sampling;
   std::optional<int64_t> max_tokens, top_k, seed;
@@ -315,10 +342,50 @@ json header_json(const ResponseHeader& h, bool chunk) {
 
 }  // namespace
 
+namespace {
+
+// vLLM's stand-in for -inf, which JSON cannot carry.
+double logprob_value(float logprob) { return std::max(double(logprob), -9999.0); }
+
+json token_bytes_json(const std::string& token) {
+  json bytes = json::array();
+  for (unsigned char c : token) bytes.push_back(int(c));
+  return bytes;
+}
+
+}  // namespace
+
+json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobView>& tokens) {
+  if (endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const TokenLogprobView& t : tokens) {
+      json top = json::array();
+      for (const LogprobEntry& e : t.top)
+        top.push_back({{"token", e.token}, {"logprob", logprob_value(e.logprob)}, {"bytes", token_bytes_json(e.token)}});
+      content.push_back({{"token", t.sampled.token},
+                         {"logprob", logprob_value(t.sampled.logprob)},
+                         {"bytes", token_bytes_json(t.sampled.token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json texts = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobView& t : tokens) {
+    texts.push_back(t.sampled.token);
+    values.push_back(logprob_value(t.sampled.logprob));
+    json top = json::object();
+    for (const LogprobEntry& e : t.top) top[e.token] = logprob_value(e.logprob);
+    top[t.sampled.token] = logprob_value(t.sampled.logprob);  // as vLLM: the sampled token is always listed
+    tops.push_back(top);
+    offsets.push_back(t.text_offset);
+  }
+  return {{"tokens", texts}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json full_response(const ResponseHeader& h, const std::string& text, const std::vector<int32_t>& token_ids,
-                   engine::FinishReason finish, const Usage& usage) {
+                   engine::FinishReason finish, const Usage& usage, const json& logprobs) {
   json j = header_json(h, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}, {"token_ids", token_ids}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}, {"token_ids", token_ids}};
   if (h.endpoint == Endpoint::kChat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   j["choices"] = json::array({choice});
@@ -327,9 +394,9 @@ json full_response(const ResponseHeader& h, const std::string& text, const std::
 }
 
 json stream_chunk(const ResponseHeader& h, const std::string& text, const std::vector<int32_t>& token_ids,
-                  engine::FinishReason finish, bool with_usage_null, bool first_chat_chunk) {
+                  engine::FinishReason finish, bool with_usage_null, bool first_chat_chunk, const json& logprobs) {
   json j = header_json(h, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}, {"token_ids", token_ids}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}, {"token_ids", token_ids}};
   if (h.endpoint == Endpoint::kChat) {
     json delta = {{"content", text}};
     if (first_chat_chunk) delta["role"] = "assistant";

@@ -82,13 +82,32 @@ struct Usage {
   int completion_tokens = 0;
 };
 nlohmann::json usage_json(const Usage& usage);
-// A whole (non-streamed) response: one choice with text, token_ids and finish_reason.
+
+// One generated token's logprobs as a response shows them. Token texts are the token's own bytes (the
+// server's TextCodec::token_text), or "token_id:ID" without a tokenizer (vLLM's convention).
+struct LogprobEntry {
+  std::string token;
+  float logprob = 0.0f;
+};
+struct TokenLogprobView {
+  LogprobEntry sampled;
+  std::vector<LogprobEntry> top;  // [N] most likely first
+  int text_offset = 0;            // completions: characters (code points) of the completion text before it
+};
+// choices[].logprobs for `endpoint`: completions' legacy {tokens, token_logprobs, top_logprobs (one
+// {text: logprob} object per token: the top N and the sampled token), text_offset}; chat's {content:
+// [{token, logprob, bytes, top_logprobs: [N x {token, logprob, bytes}]}]}. -inf is sent as -9999.0 (vLLM).
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobView>& tokens);
+
+// A whole (non-streamed) response: one choice with text, token_ids, finish_reason and `logprobs` (null
+// when not requested).
 nlohmann::json full_response(const ResponseHeader& h, const std::string& text, const std::vector<int32_t>& token_ids,
-                             engine::FinishReason finish, const Usage& usage);
-// One stream chunk with new text/ids; finish kNone = not finished. `with_usage_null` adds "usage": null
-// (OpenAI's convention for chunks before the usage chunk when include_usage is set).
+                             engine::FinishReason finish, const Usage& usage, const nlohmann::json& logprobs = nullptr);
+// One stream chunk with new text/ids (and their logprobs); finish kNone = not finished. `with_usage_null`
+// adds "usage": null (OpenAI's convention for chunks before the usage chunk when include_usage is set).
 nlohmann::json stream_chunk(const ResponseHeader& h, const std::string& text, const std::vector<int32_t>& token_ids,
-                            engine::FinishReason finish, bool with_usage_null, bool first_chat_chunk);
+                            engine::FinishReason finish, bool with_usage_null, bool first_chat_chunk,
+                            const nlohmann::json& logprobs = nullptr);
 // The last chunk when include_usage: no choices, the usage.
 nlohmann::json usage_chunk(const ResponseHeader& h, const Usage& usage);
 // "data: <json>\n\n"

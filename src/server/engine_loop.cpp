@@ -149,6 +149,7 @@ void EngineLoop::finish(Active& a, engine::FinishReason reason) {
                            .prompt_tokens = a.prompt_tokens,
                            .generation_tokens = a.generated,
                            .ttft_s = a.generated > 0 ? seconds(a.first_token - a.arrival) : -1.0,
+                           .queue_s = a.scheduled ? seconds(a.first_scheduled - a.arrival) : -1.0,
                            .e2e_s = seconds(now - a.arrival)});
 }
 
@@ -160,13 +161,26 @@ void EngineLoop::deliver(const engine::StepOutput& out) {
   if (a.generated++ == 0) a.first_token = Clock::now();
   TokenEvent ev{.tokens = {out.token}, .finished = out.finished, .finish = out.finish,
                 .prompt_tokens = a.prompt_tokens, .completion_tokens = a.generated};
-  a.sink(std::move(ev));
-  if (out.finished) {
-    engine_.take_finished(out.id);  // the sink has every token; drop the sequence
-    finish(a, out.finish);
-    ticket_of_.erase(t);
-    active_.erase(ticket);
+  if (out.logprobs) ev.logprobs.push_back(*out.logprobs);
+  if (!out.error.empty()) {  // failed before any token (its adapter could not be read again)
+    --a.generated;
+    ev.tokens.clear();
+    ev.completion_tokens = 0;
+    ev.error = ApiError{500, out.error, "model"};
   }
+  if (!out.finished) {
+    a.sink(std::move(ev));
+    return;
+  }
+  // Metrics and the published snapshot are updated before the client gets its last token, so a scrape
+  // made after the response never finds the request still in flight.
+  TokenSink sink = std::move(a.sink);
+  engine_.take_finished(out.id);  // the sink gets every token; drop the sequence
+  finish(a, out.finish);
+  ticket_of_.erase(t);
+  active_.erase(ticket);
+  publish();
+  sink(std::move(ev));
 }
 
 void EngineLoop::publish() {
@@ -179,7 +193,17 @@ void EngineLoop::publish() {
   s.resident_adapters = engine_.adapters().resident();
   s.num_preemptions = sched.num_preemptions();
   s.adapter_loads = engine_.adapters().loads();
+  s.kv_pages_cached = sched.pages().num_cached();
+  s.prefix_cache_queries = sched.prefix_cache_queries();
+  s.prefix_cache_hits = sched.prefix_cache_hits();
+  s.host_adapters = int(engine_.adapters().host_resident().size());
+  s.adapter_disk_loads = engine_.adapters().disk_loads();
   for (const auto& [ticket, a] : active_) ++s.in_flight[a.label];
+  // Per model label (every served adapter and the base, zeros included): requests that have run in a step
+  // (running; a preempted one stays counted here) and those not yet scheduled (waiting).
+  s.running_by_model[base_label_] = s.waiting_by_model[base_label_] = 0;
+  for (const std::string& name : engine_.adapters().names()) s.running_by_model[name] = s.waiting_by_model[name] = 0;
+  for (const auto& [ticket, a] : active_) ++(a.scheduled ? s.running_by_model : s.waiting_by_model)[a.label];
   std::lock_guard<std::mutex> lock(mu_);
   s.adapters.assign(served_.begin(), served_.end());
   snapshot_ = std::move(s);
@@ -200,6 +224,16 @@ void EngineLoop::run() {
     for (auto& command : commands) command();
     if (engine_.has_work()) {
       engine::Engine::StepReport report = engine_.step();
+      const Clock::time_point ran = Clock::now();
+      for (uint64_t id : report.scheduled) {
+        auto t = ticket_of_.find(id);
+        if (t == ticket_of_.end()) continue;
+        Active& a = active_.at(t->second);
+        if (!a.scheduled) {
+          a.scheduled = true;
+          a.first_scheduled = ran;
+        }
+      }
       for (const engine::StepOutput& out : report.outputs) deliver(out);
       bool any_finished = false;
       for (const engine::StepOutput& out : report.outputs) any_finished |= out.finished;

@@ -23,6 +23,7 @@ namespace lmx::server {
 // What a request's sink receives: new tokens (one per step today), and once, finished = true.
 struct TokenEvent {
   std::vector<int32_t> tokens;
+  std::vector<engine::TokenLogprobs> logprobs;  // one per token when the request asked for logprobs
   bool finished = false;
   engine::FinishReason finish = engine::FinishReason::kNone;
   int prompt_tokens = 0;
@@ -66,7 +67,8 @@ class EngineLoop {
     TokenSink sink;
     std::string label;  // metrics label: adapter name or the base label
     std::string adapter;
-    Clock::time_point arrival, first_token;
+    Clock::time_point arrival, first_scheduled, first_token;
+    bool scheduled = false;  // ran in a step at least once (counted as running from then on)
     int prompt_tokens = 0;
     int generated = 0;
   };

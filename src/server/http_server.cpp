@@ -25,12 +25,14 @@ using nlohmann::json;
 
 struct HttpServer::Shared {
   ServerOptions options;
-  ModelInfo model;
-  EngineLoop& loop;
   Metrics& metrics;
+  // Written once by set_ready before `ready` is released; sessions read them only after seeing it.
+  ModelInfo model;
+  EngineLoop* loop = nullptr;
   lora::BaseModelShapes adapter_shapes;
   lora::AdapterLimits adapter_limits;
-  const TextCodec* text;
+  const TextCodec* text = nullptr;
+  std::atomic<bool> ready{false};
   std::atomic<int> in_flight{0};     // admitted generation requests not yet answered
   std::atomic<bool> draining{false};
   std::atomic<uint64_t> next_id{0};
@@ -172,9 +174,13 @@ class Session : public std::enable_shared_from_this<Session> {
         return respond_error({401, "invalid or missing API key (Authorization: Bearer KEY)", ""});
     }
     auto method_not_allowed = [&] { respond_error({405, "method " + std::string(req.method_string()) + " not allowed on " + target, ""}); };
-    if (target == "/health") return get ? respond(200, "text/plain", "") : method_not_allowed();
+    const bool ready = s_.ready.load(std::memory_order_acquire);
     if (target == "/metrics")
-      return get ? respond(200, "text/plain; version=0.0.4", s_.metrics.render(s_.loop.snapshot())) : method_not_allowed();
+      return get ? respond(200, "text/plain; version=0.0.4", s_.metrics.render(ready ? s_.loop->snapshot() : EngineSnapshot{}))
+                 : method_not_allowed();
+    if (!ready && (target == "/health" || target.rfind("/v1/", 0) == 0))
+      return respond_error({503, "model is loading; retry shortly", ""});
+    if (target == "/health") return get ? respond(200, "text/plain", "") : method_not_allowed();
     if (target == "/v1/models") return get ? list_models() : method_not_allowed();
     if (target == "/v1/completions") return post ? generate(req.body(), Endpoint::kCompletions) : method_not_allowed();
     if (target == "/v1/chat/completions") return post ? generate(req.body(), Endpoint::kChat) : method_not_allowed();
@@ -189,7 +195,7 @@ class Session : public std::enable_shared_from_this<Session> {
     json data = json::array();
     data.push_back({{"id", base}, {"object", "model"}, {"created", now}, {"owned_by", "loramux"}, {"root", base},
                     {"parent", nullptr}, {"max_model_len", s_.model.max_model_len}});
-    for (const std::string& name : s_.loop.adapter_names())
+    for (const std::string& name : s_.loop->adapter_names())
       data.push_back({{"id", name}, {"object", "model"}, {"created", now}, {"owned_by", "loramux"}, {"root", name},
                       {"parent", base}});
     respond_json(200, {{"object", "list"}, {"data", data}});
@@ -203,7 +209,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond_error({403, "runtime adapter loading is disabled; start the server with --lora-dir ROOT", ""});
     Result<std::string> dir = resolve_adapter_dir(s_.options.lora_dir, a.path);
     if (!dir.ok()) return respond_error({dir.status().code() == StatusCode::kNotFound ? 404 : 400, dir.status().message(), "lora_path"});
-    if (s_.loop.has_adapter(a.name)) return respond_error({400, "adapter '" + a.name + "' is already loaded", "lora_name"});
+    if (s_.loop->has_adapter(a.name)) return respond_error({400, "adapter '" + a.name + "' is already loaded", "lora_name"});
     auto self = shared_from_this();
     auto reply = [self, name = a.name](std::optional<ApiError> e) {
       net::post(self->stream_.get_executor(), [self, name, e] {
@@ -214,7 +220,7 @@ class Session : public std::enable_shared_from_this<Session> {
     net::post(s_.blocking, [self, name = a.name, dir = dir.value(), reply]() mutable {
       Result<lora::Adapter> adapter = lora::load_adapter(dir, name, self->s_.adapter_shapes, self->s_.adapter_limits);
       if (!adapter.ok()) reply(ApiError{400, adapter.status().message(), "lora_path"});
-      else self->s_.loop.add_adapter(std::move(adapter).value(), reply);
+      else self->s_.loop->add_adapter(std::move(adapter).value(), reply);
       // Drop these references on the session's strand, never here: the last one may destroy the server,
       // whose destructor joins this pool.
       auto executor = self->stream_.get_executor();
@@ -226,7 +232,7 @@ class Session : public std::enable_shared_from_this<Session> {
     AdapterRequest a;
     if (auto e = parse_adapter_request(body, false, s_.model, &a)) return respond_error(*e);
     auto self = shared_from_this();
-    s_.loop.remove_adapter(a.name, [self, name = a.name](std::optional<ApiError> e) {
+    s_.loop->remove_adapter(a.name, [self, name = a.name](std::optional<ApiError> e) {
       net::post(self->stream_.get_executor(), [self, name, e] {
         if (e) return self->respond_error(*e);
         self->respond(200, "text/plain", "Success: LoRA adapter '" + name + "' removed successfully.");
@@ -240,7 +246,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto e = parse_generate_request(body, endpoint, s_.model, &g)) return respond_error(*e);
     std::string adapter;
     if (!g.model.empty() && g.model != s_.model.served_name) {
-      if (!s_.loop.has_adapter(g.model))
+      if (!s_.loop->has_adapter(g.model))
         return respond_error({404, "The model `" + g.model + "` does not exist.", "model"});
       adapter = g.model;
     }
@@ -258,6 +264,7 @@ class Session : public std::enable_shared_from_this<Session> {
     gen_ = Generation{};
     gen_.stream = g.stream;
     gen_.include_usage = g.include_usage;
+    gen_.logprobs = g.sampling.logprobs;
     gen_.header = {.endpoint = endpoint,
                    .id = s_.new_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
                    .created = int64_t(std::time(nullptr)),
@@ -270,7 +277,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // Events are tagged with this request's number: after a stop string the engine may still deliver a few
     // tokens before its cancel lands, and they must not reach the next request on this connection.
     const uint64_t request_number = ++request_number_;
-    ticket_ = s_.loop.submit(std::move(request), [self, request_number](TokenEvent ev) {
+    ticket_ = s_.loop->submit(std::move(request), [self, request_number](TokenEvent ev) {
       net::post(self->stream_.get_executor(), [self, request_number, ev = std::move(ev)]() mutable {
         if (request_number == self->request_number_) self->on_tokens(std::move(ev));
       });
@@ -291,7 +298,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void cancel_generation() {
-    if (generating_) s_.loop.cancel(ticket_);
+    if (generating_) s_.loop->cancel(ticket_);
     generating_ = false;
     release_admission();
   }
@@ -314,24 +321,32 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     std::string text;
     engine::FinishReason finish = ev.finish;
-    for (int32_t t : ev.tokens) {
+    std::vector<TokenLogprobView> logprobs;  // of this event's tokens
+    for (size_t k = 0; k < ev.tokens.size(); ++k) {
+      const int32_t t = ev.tokens[k];
       gen_.token_ids.push_back(t);
+      if (gen_.logprobs >= 0 && k < ev.logprobs.size())
+        logprobs.push_back(logprob_view(t, ev.logprobs[k], gen_.text_chars + utf8_chars(text)));
       if (gen_.text_stream) text += gen_.text_stream->add(t);
     }
     gen_.usage.completion_tokens = ev.completion_tokens;
     if (gen_.text_stream && gen_.text_stream->stopped()) {
       // A stop string matched (possibly on the last token, which would otherwise say "length"): the text
       // ends before it, and the engine need not generate further.
-      if (!ev.finished) s_.loop.cancel(ticket_, engine::FinishReason::kStop);
+      if (!ev.finished) s_.loop->cancel(ticket_, engine::FinishReason::kStop);
       ev.finished = true;
       finish = engine::FinishReason::kStop;
     } else if (gen_.text_stream && ev.finished) {
       text += gen_.text_stream->flush();
     }
     gen_.text += text;
+    gen_.text_chars += utf8_chars(text);
     if (ev.finished) generating_ = false;  // the admission is released once the response is written
     if (!gen_.stream) {
-      if (ev.finished) respond_json(200, full_response(gen_.header, gen_.text, gen_.token_ids, finish, gen_.usage));
+      gen_.logprobs_so_far.insert(gen_.logprobs_so_far.end(), logprobs.begin(), logprobs.end());
+      if (ev.finished)
+        respond_json(200, full_response(gen_.header, gen_.text, gen_.token_ids, finish, gen_.usage,
+                                        gen_.logprobs >= 0 ? logprobs_json(gen_.header.endpoint, gen_.logprobs_so_far) : json()));
       return;
     }
     std::string bytes;
@@ -344,7 +359,8 @@ class Session : public std::enable_shared_from_this<Session> {
               (keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n") + "\r\n";
     }
     bytes += chunk(sse_event(stream_chunk(gen_.header, text, ev.tokens, ev.finished ? finish : engine::FinishReason::kNone,
-                                          gen_.include_usage, gen_.first_chunk)));
+                                          gen_.include_usage, gen_.first_chunk,
+                                          gen_.logprobs >= 0 ? logprobs_json(gen_.header.endpoint, logprobs) : json())));
     gen_.first_chunk = false;
     if (ev.finished) {
       if (gen_.include_usage) bytes += chunk(sse_event(usage_chunk(gen_.header, gen_.usage)));
@@ -354,8 +370,27 @@ class Session : public std::enable_shared_from_this<Session> {
     enqueue(std::move(bytes));
   }
 
+  // One generated token's logprobs with the token texts resolved (the tokenizer's bytes, or "token_id:ID").
+  TokenLogprobView logprob_view(int32_t token, const engine::TokenLogprobs& lp, int text_offset) const {
+    auto text_of = [&](int32_t id) { return s_.text ? s_.text->token_text(id) : "token_id:" + std::to_string(id); };
+    TokenLogprobView view{.sampled = {text_of(token), lp.logprob}, .text_offset = text_offset};
+    for (size_t i = 0; i < lp.top_ids.size() && i < lp.top_logprobs.size(); ++i)
+      view.top.push_back({text_of(lp.top_ids[i]), lp.top_logprobs[i]});
+    return view;
+  }
+
+  // Code points in UTF-8 text (text_offset counts characters, as Python's len() does for vLLM).
+  static int utf8_chars(const std::string& text) {
+    int n = 0;
+    for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+    return n;
+  }
+
   struct Generation {
     bool stream = false, include_usage = false, sse_started = false, first_chunk = true;
+    int logprobs = -1;                                // top-N width; -1 = no logprobs in the response
+    std::vector<TokenLogprobView> logprobs_so_far;    // non-streamed responses gather them here
+    int text_chars = 0;                               // code points in `text`
     ResponseHeader header;
     Usage usage;
     std::vector<int32_t> token_ids;
@@ -383,13 +418,23 @@ class Session : public std::enable_shared_from_this<Session> {
 
 }  // namespace
 
-HttpServer::HttpServer(net::io_context& ioc, ServerOptions options, ModelInfo model, EngineLoop& loop, Metrics& metrics,
-                       lora::BaseModelShapes adapter_shapes, lora::AdapterLimits adapter_limits, const TextCodec* text)
+HttpServer::HttpServer(net::io_context& ioc, ServerOptions options, Metrics& metrics)
     : ioc_(ioc), acceptor_(net::make_strand(ioc)), drain_timer_(ioc),
-      shared_(new Shared{.options = std::move(options), .model = std::move(model), .loop = loop, .metrics = metrics,
-                         .adapter_shapes = std::move(adapter_shapes), .adapter_limits = adapter_limits, .text = text}) {
+      shared_(new Shared{.options = std::move(options), .metrics = metrics}) {
   shared_->id_salt = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
 }
+
+void HttpServer::set_ready(Serving serving) {
+  LMX_CHECK(!shared_->ready.load() && serving.loop != nullptr);
+  shared_->model = std::move(serving.model);
+  shared_->loop = serving.loop;
+  shared_->adapter_shapes = std::move(serving.adapter_shapes);
+  shared_->adapter_limits = serving.adapter_limits;
+  shared_->text = serving.text;
+  shared_->ready.store(true, std::memory_order_release);
+}
+
+bool HttpServer::ready() const { return shared_->ready.load(std::memory_order_acquire); }
 
 HttpServer::~HttpServer() { shared_->blocking.join(); }
 

@@ -2,7 +2,8 @@
 // session on its own strand (no thread per connection or stream); generation requests go to the engine
 // loop and their tokens come back onto the session's strand, streamed as SSE or gathered into one JSON
 // response. Routes: /v1/completions, /v1/chat/completions, /v1/models, /v1/load_lora_adapter,
-// /v1/unload_lora_adapter, /health, /metrics. Who calls: apps/serve.cpp.
+// /v1/unload_lora_adapter, /health, /metrics. The port is bound before the model loads: until set_ready,
+// /health and every /v1 route answer 503 "model is loading" (/metrics answers). Who calls: apps/serve.cpp.
 #pragma once
 #include <utility>  // before asio: Boost 1.74's awaitable.hpp uses std::exchange without including it
 #include <atomic>
@@ -31,14 +32,25 @@ struct ServerOptions {
   int write_timeout_s = 60;             // a client that reads nothing this long is dropped (its request aborted)
 };
 
+// What the server serves once start-up has loaded it; every pointer outlives the server's io thread.
+struct Serving {
+  ModelInfo model;
+  EngineLoop* loop = nullptr;
+  lora::BaseModelShapes adapter_shapes;
+  lora::AdapterLimits adapter_limits;
+  const TextCodec* text = nullptr;  // nullptr: token-id prompts only
+};
+
 class HttpServer : public std::enable_shared_from_this<HttpServer> {
  public:
   // Sessions hold the server alive, so it is always created with std::make_shared.
-  HttpServer(boost::asio::io_context& ioc, ServerOptions options, ModelInfo model, EngineLoop& loop, Metrics& metrics,
-             lora::BaseModelShapes adapter_shapes, lora::AdapterLimits adapter_limits, const TextCodec* text);
+  HttpServer(boost::asio::io_context& ioc, ServerOptions options, Metrics& metrics);
   ~HttpServer();
 
-  Status listen();  // bind, listen(backlog), start accepting
+  Status listen();  // bind, listen(backlog), start accepting (answering 503 until set_ready)
+  // The model, tokenizer and start-up adapters are loaded: serve. Call once, from any thread.
+  void set_ready(Serving serving);
+  bool ready() const;
   int port() const { return bound_port_; }
   // Stop accepting; requests arriving on open connections get 503; `drained` runs (on the io thread) once
   // no generation request is in flight.

@@ -61,6 +61,8 @@ void Metrics::record_request(const RequestRecord& r) {
   if (r.ttft_s >= 0) m.ttft.observe(r.ttft_s);
   if (r.generation_tokens > 1) m.tpot.observe((r.e2e_s - r.ttft_s) / (r.generation_tokens - 1));
   m.e2e.observe(r.e2e_s);
+  if (r.queue_s >= 0) m.queue.observe(r.queue_s);
+  if (r.generation_tokens > 1 && r.e2e_s > r.ttft_s) m.otps.observe((r.generation_tokens - 1) / (r.e2e_s - r.ttft_s));
 }
 
 void Metrics::record_response(int http_status) {
@@ -86,10 +88,26 @@ std::string Metrics::render(const EngineSnapshot& e) const {
   line(&out, "loramux_num_preemptions_total", "", double(e.num_preemptions));
   help(&out, "loramux_adapter_slot_loads_total", "counter", "Adapter copies into a device slot.");
   line(&out, "loramux_adapter_slot_loads_total", "", double(e.adapter_loads));
+  gauge("loramux_kv_pages_cached", "Free KV-cache pages still holding a cached prefix (evictable).", e.kv_pages_cached);
+  help(&out, "loramux_gpu_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  line(&out, "loramux_gpu_prefix_cache_queries_total", "", double(e.prefix_cache_queries));
+  help(&out, "loramux_gpu_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.");
+  line(&out, "loramux_gpu_prefix_cache_hits_total", "", double(e.prefix_cache_hits));
+  gauge("loramux_gpu_prefix_cache_hit_rate", "Prefix cache hits / queries (tokens) since start.",
+        e.prefix_cache_queries ? double(e.prefix_cache_hits) / double(e.prefix_cache_queries) : 0.0);
+  gauge("loramux_adapters_host", "Adapters parsed in the host tier (--max-cpu-loras).", e.host_adapters);
+  help(&out, "loramux_adapter_disk_loads_total", "counter", "Adapter reads from disk into the host tier after start.");
+  line(&out, "loramux_adapter_disk_loads_total", "", double(e.adapter_disk_loads));
   help(&out, "loramux_adapter_resident", "gauge", "1 for each adapter in a device slot.");
   for (const std::string& a : e.resident_adapters) line(&out, "loramux_adapter_resident", "adapter=\"" + prometheus_label(a) + "\"", 1);
   help(&out, "loramux_requests_in_flight", "gauge", "Accepted requests not yet finished, by model.");
   for (const auto& [model, n] : e.in_flight) line(&out, "loramux_requests_in_flight", "model=\"" + prometheus_label(model) + "\"", n);
+  help(&out, "loramux_model_requests_running", "gauge", "In-flight requests that have been scheduled, by model (adapter).");
+  for (const auto& [model, n] : e.running_by_model)
+    line(&out, "loramux_model_requests_running", "model=\"" + prometheus_label(model) + "\"", n);
+  help(&out, "loramux_model_requests_waiting", "gauge", "In-flight requests not yet scheduled, by model (adapter).");
+  for (const auto& [model, n] : e.waiting_by_model)
+    line(&out, "loramux_model_requests_waiting", "model=\"" + prometheus_label(model) + "\"", n);
 
   std::lock_guard<std::mutex> lock(mu_);
   help(&out, "loramux_http_responses_total", "counter", "HTTP responses by status code.");
@@ -109,6 +127,13 @@ std::string Metrics::render(const EngineSnapshot& e) const {
   for (const auto& [model, m] : models_) m.tpot.render(&out, "loramux_time_per_output_token_seconds", "model=\"" + prometheus_label(model) + "\"");
   help(&out, "loramux_e2e_request_latency_seconds", "histogram", "Arrival to last token.");
   for (const auto& [model, m] : models_) m.e2e.render(&out, "loramux_e2e_request_latency_seconds", "model=\"" + prometheus_label(model) + "\"");
+  help(&out, "loramux_request_queue_time_seconds", "histogram", "Arrival to the first step that ran the request.");
+  for (const auto& [model, m] : models_)
+    m.queue.render(&out, "loramux_request_queue_time_seconds", "model=\"" + prometheus_label(model) + "\"");
+  help(&out, "loramux_request_output_tokens_per_second", "histogram",
+       "Per-request decode speed (OTPS): (generated tokens - 1) / (e2e - TTFT).");
+  for (const auto& [model, m] : models_)
+    m.otps.render(&out, "loramux_request_output_tokens_per_second", "model=\"" + prometheus_label(model) + "\"");
   return out;
 }
 

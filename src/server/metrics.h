@@ -20,8 +20,15 @@ struct EngineSnapshot {
   std::vector<std::string> adapters;           // served (registered) adapters
   std::vector<std::string> resident_adapters;  // in a device slot now
   std::map<std::string, int> in_flight;        // per model label: accepted and not yet finished
+  std::map<std::string, int> running_by_model;  // per model label: in flight and scheduled at least once
+  std::map<std::string, int> waiting_by_model;  // per model label: in flight, never scheduled yet
   uint64_t num_preemptions = 0;
   uint64_t adapter_loads = 0;                  // copies of an adapter into a slot
+  int kv_pages_cached = 0;                     // free pages still holding a cached prefix (not in kv_pages_used)
+  uint64_t prefix_cache_queries = 0;           // prompt tokens looked up in the prefix cache
+  uint64_t prefix_cache_hits = 0;              // of which found cached
+  int host_adapters = 0;                       // adapters parsed in the host tier
+  uint64_t adapter_disk_loads = 0;             // reads of an adapter from disk into the host tier
 };
 
 struct RequestRecord {
@@ -30,6 +37,7 @@ struct RequestRecord {
   int prompt_tokens = 0;
   int generation_tokens = 0;
   double ttft_s = -1;          // < 0: no token was produced
+  double queue_s = -1;         // arrival to first scheduled step; < 0: never scheduled
   double e2e_s = 0;
 };
 
@@ -60,6 +68,9 @@ class Metrics {
     Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
     Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
     Histogram e2e{{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}};
+    Histogram queue{{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+    // OTPS = (generated - 1) / (e2e - ttft): the per-request decode speed of design.md §9.
+    Histogram otps{{1, 2.5, 5, 10, 25, 50, 75, 100, 150, 200, 300, 500, 1000}};
   };
   mutable std::mutex mu_;
   std::map<std::string, PerModel> models_;

@@ -32,6 +32,8 @@ class TextCodec {
   virtual Result<std::vector<int32_t>> render_chat(const std::vector<ChatMessage>& messages) const = 0;
   virtual bool has_chat_template() const = 0;
   virtual std::unique_ptr<Stream> start(const std::vector<std::string>& stop) const = 0;
+  // One token's own bytes, as logprobs show it (special tokens included; may be part of a UTF-8 character).
+  virtual std::string token_text(int32_t id) const = 0;
 };
 
 }  // namespace lmx::server

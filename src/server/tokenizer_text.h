@@ -25,6 +25,7 @@ class TokenizerText : public TextCodec {
   Result<std::vector<int32_t>> render_chat(const std::vector<ChatMessage>& messages) const override;
   bool has_chat_template() const override { return chat_template_.has_value(); }
   std::unique_ptr<Stream> start(const std::vector<std::string>& stop) const override;
+  std::string token_text(int32_t id) const override { return tokenizer_.token_bytes(id); }
 
   // The rendered prompt text of `messages` (what render_chat tokenizes).
   Result<std::string> render_chat_text(const std::vector<ChatMessage>& messages) const;

@@ -204,7 +204,7 @@ TEST(Cli, GenerateFromTextAndMessages) {
   CliRun bad = run_cli(common + "--messages " + dir.file("bad.json"));
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("expected a JSON array of messages"), std::string::npos) << bad.out;
-  CliRun no_tok = run_cli("generate --prompt hello");
+  CliRun no_tok = run_cli("generate --model preset:tiny-moe --prompt hello");
   EXPECT_NE(no_tok.exit_code, 0);
   EXPECT_NE(no_tok.out.find("--tokenizer"), std::string::npos) << no_tok.out;
 }

@@ -35,9 +35,11 @@ def http_request(port, method, path, body=None, headers=None):
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, wait_ready=True, env=None):
+        """Start serving; with wait_ready, return once /health says 200 (the model has loaded)."""
         self.log = tempfile.NamedTemporaryFile(prefix="loramux_serve_", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([BIN, "serve", "--port", "0", *args], stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen([BIN, "serve", "--port", "0", *args], stdout=self.log, stderr=self.log,
+                                     env={**os.environ, **(env or {})})
         deadline = time.time() + 60
         self.port = None
         while time.time() < deadline and self.proc.poll() is None:
@@ -48,6 +50,9 @@ class Server:
             time.sleep(0.05)
         assert self.port, "server did not start:\n" + open(self.log.name).read()
         self.url = f"http://127.0.0.1:{self.port}"
+        while wait_ready and self.get("/health").status_code != 200:  # 503 while the model loads
+            assert time.time() < deadline and self.proc.poll() is None, "server not ready:\n" + open(self.log.name).read()
+            time.sleep(0.05)
 
     def client(self, api_key="none"):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60)

@@ -62,7 +62,7 @@ TEST(ServerApi, InvalidParametersNameTheField) {
   EXPECT_EQ(param_of(R"({"prompt": [1], "stop_token_ids": 3})"), "stop_token_ids");
   EXPECT_EQ(param_of(R"({"prompt": [1], "ignore_eos": 1})"), "ignore_eos");
   EXPECT_EQ(param_of(R"({"prompt": [1], "n": 2})"), "n");
-  EXPECT_EQ(param_of(R"({"prompt": [1], "logprobs": 2})"), "logprobs");
+  EXPECT_EQ(param_of(R"({"prompt": [1], "logprobs": 21})"), "logprobs");
   EXPECT_EQ(param_of(R"({"prompt": [1], "logprobs": 0})"), "ok");
   EXPECT_EQ(param_of(R"({"prompt": [1], "echo": true})"), "echo");
   EXPECT_EQ(param_of(R"({"prompt": [1], "stream_options": {"include_usage": true}})"), "stream_options");
