@@ -1,7 +1,10 @@
 // bench_moe_lora: GPU time of the MoE-LoRA of one GPT-OSS-20B layer (H 2880, I 2880, E 32, K 4), 8 adapter
-// slots of rank 32, tokens spread evenly over the slots, for T = 1, 16 (decode), 256 and 2048 (prefill):
-// align by (slot, expert), shrink + expand for gate_up (x [T, H] -> [T*K, 2I]) and for down ([T*K, I] ->
-// [T*K, H]). Each row prints µs, the bytes that must move (the touched A/B slices — R·in + out·R bf16 per
+// slots of rank 32, tokens spread evenly over the slots, for T = 1, 16, 64 (decode), 256, 2048 and 4096
+// (prefill): align by (slot, expert), shrink + expand for gate_up (x [T, H] -> [T*K, 2I]) and for down
+// ([T*K, I] -> [T*K, H]), per layer under each knob of MoeLoraConfig (PDL on/off, split, CTA order, BLOCK_N,
+// expand chunks per CTA)
+// and per kernel; then the dense multi-LoRA on q_proj (2880 -> 4096) and o_proj (4096 -> 2880) at T 16 and
+// 2048. Each row prints µs, the bytes that must move (the touched A/B slices — R·in + out·R bf16 per
 // distinct (slot, expert) and projection — plus x, z and y), the FLOPs, and the share of the H200 floor
 // max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_cuda_ops: many launches in one CUDA graph,
 // cycling over 3 copies of the layer's LoRA stacks (708 MB, ~12× the L2) so weights come from DRAM; median
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/lora_dense.cuh"
 #include "backends/cuda/memory.h"
 #include "bench/cuda_timing.h"
 #include "backends/cuda/moe_align.cuh"
@@ -61,6 +65,16 @@ struct Layer {
   OwnedTensor gu_a, gu_b, down_a, down_b;  // [S, E, R, H], [S, E, 2I, R], [S, E, R, I], [S, E, H, R] bf16
 };
 
+std::string knob_suffix(const cuda::MoeLoraConfig& c) {
+  return std::string(" (split ") + (c.split_k == 0 ? "auto" : std::to_string(c.split_k)) +
+         (c.order == cuda::MoeLoraCtaOrder::kTileFastest ? "" : ", piece-fastest") +
+         (c.expand_block_n == 128 ? "" : ", N " + std::to_string(c.expand_block_n)) +
+         (c.expand_chunks == 0 ? "" : ", chunks " + std::to_string(c.expand_chunks)) +
+         (c.shrink_tiles_per_cta == 0 ? "" : ", shrink tiles " + std::to_string(c.shrink_tiles_per_cta)) +
+         (c.pdl ? ", pdl" : ", no pdl") +
+         ")";
+}
+
 void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedTensor& rank, cudaStream_t stream,
                   Rng& rng) {
   const int64_t pairs = tokens * kTopK, groups = kSlots * kExperts;
@@ -85,8 +99,12 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   OwnedTensor act = random_device_bf16(rng, {pairs, kInter});
   OwnedTensor y_gu = random_device_bf16(rng, {pairs, 2 * kInter});
   OwnedTensor y_down = random_device_bf16(rng, {pairs, kHidden});
-  OwnedTensor z_gu = cuda::empty(DType::F32, {pairs, kRank}), z_down = cuda::empty(DType::F32, {pairs, kRank});
   const int64_t capacity = cuda::moe_align_capacity(pairs, groups, cuda::kMoeLoraBlockM);
+  // Self-cleaning z and tile counters (moe_lora.cuh): zeroed once here, never memset in the timed path.
+  OwnedTensor z_gu = cuda::empty(DType::F32, {pairs, kRank}), z_down = cuda::empty(DType::F32, {pairs, kRank});
+  OwnedTensor counters_gu = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+  OwnedTensor counters_down = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+  for (const OwnedTensor* t : {&z_gu, &z_down, &counters_gu, &counters_down}) cuda::fill_bytes(t->view, 0);
   OwnedTensor sorted = cuda::empty(DType::I32, {capacity});
   OwnedTensor tiles = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
   OwnedTensor offsets = cuda::empty(DType::I32, {groups + 1});
@@ -95,24 +113,27 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   const cuda::MoeAlignParams align{.topk_ids = d_ids, .token_slot = d_slot, .experts = kExperts, .slots = kSlots,
                                    .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
                                    .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace};
-  auto gate_up = [&](int layer, int split) {
+  auto gate_up = [&](int layer, const cuda::MoeLoraConfig& config) {
     return cuda::MoeLoraParams{.x = x, .w = {.a = layers[layer].gu_a, .b = layers[layer].gu_b, .rank = rank},
                                .top_k = kTopK, .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
-                               .block_m = cuda::kMoeLoraBlockM, .z = z_gu, .y = y_gu, .split_k = split};
+                               .block_m = cuda::kMoeLoraBlockM, .z = z_gu, .y = y_gu, .config = config,
+                               .tile_counters = counters_gu};
   };
-  auto down = [&](int layer, int split) {
+  auto down = [&](int layer, const cuda::MoeLoraConfig& config) {
     return cuda::MoeLoraParams{.x = act, .w = {.a = layers[layer].down_a, .b = layers[layer].down_b, .rank = rank},
                                .top_k = kTopK, .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
-                               .block_m = cuda::kMoeLoraBlockM, .z = z_down, .y = y_down, .split_k = split};
+                               .block_m = cuda::kMoeLoraBlockM, .z = z_down, .y = y_down, .config = config,
+                               .tile_counters = counters_down};
   };
-  auto whole_layer = [&](int layer, int split) {
+  auto whole_layer = [&](int layer, const cuda::MoeLoraConfig& config) {
     cuda::moe_align(align, stream);
-    cuda::moe_lora_shrink(gate_up(layer, split), stream);
-    cuda::moe_lora_expand(gate_up(layer, split), stream);
-    cuda::moe_lora_shrink(down(layer, split), stream);
-    cuda::moe_lora_expand(down(layer, split), stream);
+    cuda::moe_lora_shrink(gate_up(layer, config), stream);
+    cuda::moe_lora_expand(gate_up(layer, config), stream);
+    cuda::moe_lora_shrink(down(layer, config), stream);
+    cuda::moe_lora_expand(down(layer, config), stream);
   };
-  whole_layer(0, 0);
+  const cuda::MoeLoraConfig defaults{};
+  whole_layer(0, defaults);
   BENCH_CUDA(cudaStreamSynchronize(stream));
 
   const double g = double(touched.size()), p = double(pairs), t = double(tokens), r = double(kRank);
@@ -126,26 +147,81 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   const double total_bytes = shrink_gu_bytes + expand_gu_bytes + shrink_down_bytes + expand_down_bytes + align_bytes;
   const double total_flops = shrink_gu_flops + expand_gu_flops + shrink_down_flops + expand_down_flops;
   const int auto_split = cuda::moe_lora_auto_split(pairs, groups, kHidden);
-  std::printf("-- T %lld: %lld pairs, %zu distinct (slot, expert), auto split_k %d, max tiles %lld\n",
-              (long long)tokens, (long long)pairs, touched.size(), auto_split,
-              (long long)(capacity / cuda::kMoeLoraBlockM));
+  const int64_t max_tiles = capacity / cuda::kMoeLoraBlockM;
+  std::printf("-- T %lld: %lld pairs, %zu distinct (slot, expert), auto split_k %d, max tiles %lld, auto expand "
+              "chunks (N 128) gate_up %d down %d\n",
+              (long long)tokens, (long long)pairs, touched.size(), auto_split, (long long)max_tiles,
+              cuda::moe_lora_auto_expand_chunks(max_tiles, (2 * kInter + 127) / 128),
+              cuda::moe_lora_auto_expand_chunks(max_tiles, (kHidden + 127) / 128));
 
-  print_row("layer (auto split)", tokens, total_bytes, total_flops,
-            time_graph(stream, [&](int i) { whole_layer(i % kLayers, 0); }));
-  print_row("layer (no split)", tokens, total_bytes, total_flops,
-            time_graph(stream, [&](int i) { whole_layer(i % kLayers, 1); }));
-  print_row("  align", tokens, align_bytes, 0, time_graph(stream, [&](int) { cuda::moe_align(align, stream); }));
-  for (int split : {0, 1}) {
-    const std::string suffix = split == 0 ? " (auto split)" : " (no split)";
-    print_row(("  shrink gate_up" + suffix).c_str(), tokens, shrink_gu_bytes, shrink_gu_flops,
-              time_graph(stream, [&](int i) { cuda::moe_lora_shrink(gate_up(i % kLayers, split), stream); }));
-    print_row(("  shrink down" + suffix).c_str(), tokens, shrink_down_bytes, shrink_down_flops,
-              time_graph(stream, [&](int i) { cuda::moe_lora_shrink(down(i % kLayers, split), stream); }));
+  // Layer rows: the default knobs, then one knob changed at a time (PDL off is the before/after of PDL).
+  const std::vector<cuda::MoeLoraConfig> layer_configs = {
+      defaults,
+      {.pdl = false},
+      {.split_k = 1},
+      {.order = cuda::MoeLoraCtaOrder::kPieceFastest},
+      {.expand_block_n = 64},
+      {.expand_chunks = 1},
+      {.shrink_tiles_per_cta = 1}};
+  for (const cuda::MoeLoraConfig& config : layer_configs) {
+    print_row(("layer" + knob_suffix(config)).c_str(), tokens, total_bytes, total_flops,
+              time_graph(stream, [&](int i) { whole_layer(i % kLayers, config); }));
   }
-  print_row("  expand gate_up", tokens, expand_gu_bytes, expand_gu_flops,
-            time_graph(stream, [&](int i) { cuda::moe_lora_expand(gate_up(i % kLayers, 0), stream); }));
-  print_row("  expand down", tokens, expand_down_bytes, expand_down_flops,
-            time_graph(stream, [&](int i) { cuda::moe_lora_expand(down(i % kLayers, 0), stream); }));
+  print_row("  align", tokens, align_bytes, 0, time_graph(stream, [&](int) { cuda::moe_align(align, stream); }));
+  // shrink tiles 1: a tile per CTA (the kernel before run mode); 4: runs of one (slot, expert)'s tiles.
+  for (const cuda::MoeLoraConfig& config :
+       {defaults, cuda::MoeLoraConfig{.split_k = 1}, cuda::MoeLoraConfig{.shrink_tiles_per_cta = 1},
+        cuda::MoeLoraConfig{.shrink_tiles_per_cta = 4}}) {
+    const std::string suffix = knob_suffix(config);
+    print_row(("  shrink gate_up" + suffix).c_str(), tokens, shrink_gu_bytes, shrink_gu_flops,
+              time_graph(stream, [&](int i) { cuda::moe_lora_shrink(gate_up(i % kLayers, config), stream); }));
+    print_row(("  shrink down" + suffix).c_str(), tokens, shrink_down_bytes, shrink_down_flops,
+              time_graph(stream, [&](int i) { cuda::moe_lora_shrink(down(i % kLayers, config), stream); }));
+    // The shrink-only loops left sums in z: one expand each restores the all-zero invariant.
+    cuda::moe_lora_expand(gate_up(0, config), stream);
+    cuda::moe_lora_expand(down(0, config), stream);
+  }
+  // chunks 1: one BLOCK_N chunk per CTA (no ring reuse, as the expand was before the chunk loop); 4, 16.
+  for (const cuda::MoeLoraConfig& config :
+       {defaults, cuda::MoeLoraConfig{.expand_block_n = 64}, cuda::MoeLoraConfig{.expand_chunks = 1},
+        cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16}}) {
+    const std::string suffix = knob_suffix(config);
+    print_row(("  expand gate_up" + suffix).c_str(), tokens, expand_gu_bytes, expand_gu_flops,
+              time_graph(stream, [&](int i) { cuda::moe_lora_expand(gate_up(i % kLayers, config), stream); }));
+    print_row(("  expand down" + suffix).c_str(), tokens, expand_down_bytes, expand_down_flops,
+              time_graph(stream, [&](int i) { cuda::moe_lora_expand(down(i % kLayers, config), stream); }));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+}
+
+// Dense multi-LoRA (lora_dense.cuh) on a GPT-OSS-20B attention projection, S 8, R 32, tokens spread over
+// the slots. The stacks are small (8·32·(in + out)·2 B ≈ 3.6 MB), so the launches cycle over kDenseCopies
+// copies (~72 MB, above the 50 MB L2) to read weights from DRAM. Bytes: touched A/B + x + y read/write.
+constexpr int kDenseCopies = 20;  // divides kIterations
+
+void bench_dense(const char* name, int64_t in, int64_t out, int64_t tokens, cudaStream_t stream, Rng& rng) {
+  std::vector<OwnedTensor> a, b;
+  for (int c = 0; c < kDenseCopies; ++c) {
+    a.push_back(random_device_bf16(rng, {kSlots, kRank, in}));
+    b.push_back(random_device_bf16(rng, {kSlots, out, kRank}));
+  }
+  OwnedTensor rank = OwnedTensor::host(DType::I32, {kSlots}), h_slot = OwnedTensor::host(DType::I32, {tokens});
+  for (int64_t s = 0; s < kSlots; ++s) rank.view.ptr<int32_t>()[s] = int32_t(kRank);
+  for (int64_t t = 0; t < tokens; ++t) h_slot.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
+  OwnedTensor d_rank = cuda::upload(rank), d_slot = cuda::upload(h_slot);
+  OwnedTensor x = random_device_bf16(rng, {tokens, in}), y = random_device_bf16(rng, {tokens, out});
+  const cuda::LoraDenseScratch scratch = cuda::lora_dense_scratch(tokens, kSlots, kRank);
+  const double touched = double(std::min<int64_t>(tokens, kSlots));
+  const double bytes = touched * kRank * (in + out) * 2 + double(tokens) * in * 2 + 2.0 * double(tokens) * out * 2;
+  const double flops = 2.0 * double(tokens) * kRank * (in + out);
+  for (const cuda::MoeLoraConfig& config : {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}}) {
+    print_row((std::string("dense ") + name + knob_suffix(config)).c_str(), tokens, bytes, flops,
+              time_graph(stream, [&](int i) {
+                const int c = i % kDenseCopies;
+                cuda::lora_dense({.x = x, .token_slot = d_slot, .w = {.a = a[c], .b = b[c], .rank = d_rank}, .y = y},
+                                 scratch, config, stream);
+              }));
+  }
 }
 
 }  // namespace
@@ -170,7 +246,11 @@ int main() {
               "floor = max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s)\n",
               (long long)kHidden, (long long)kInter, (long long)kExperts, (long long)kTopK, (long long)kSlots,
               (long long)kRank);
-  for (int64_t tokens : {1, 16, 256, 2048}) bench_tokens(tokens, layers, d_rank, stream, rng);
+  for (int64_t tokens : {1, 16, 64, 256, 2048, 4096}) bench_tokens(tokens, layers, d_rank, stream, rng);
+  for (int64_t tokens : {16, 2048}) {
+    bench_dense("q_proj", kHidden, 4096, tokens, stream, rng);
+    bench_dense("o_proj", 4096, kHidden, tokens, stream, rng);
+  }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;
 }

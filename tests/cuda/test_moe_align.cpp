@@ -1,7 +1,9 @@
 // Parity of the CUDA MoE sort/align (backends/cuda/moe_align.cuh) with a CPU reference written here from
 // the contract: groups by expert or by (slot, expert), pairs in increasing t*K + k inside a group, groups
 // padded to BLOCK_M with the sentinel T*K, tile -> group, offsets, tile count. Both paths (one block, radix
-// sort) on every case up to 1024 pairs, the sort path above; up to E = 512 × S = 64 (32768 groups). Exact.
+// sort) on every case up to kMoeAlignSmallPairs = 16384 pairs (each of the one-block path's 1 / 4 / 16
+// items-per-thread buckets and their edges), the sort path above; up to E = 512 × S = 64 (32768 groups).
+// Exact.
 #include <vector>
 
 #include "backends/cuda/moe_align.cuh"
@@ -53,7 +55,11 @@ TEST_F(CudaMoeAlign, MatchesReference) {
       {1, 4, 32, 8, 16, true},     {3, 2, 8, 4, 16, true},       {16, 4, 32, 8, 16, true},   {16, 4, 32, 8, 16, false},
       {64, 8, 128, 8, 16, true},   {256, 4, 32, 8, 16, true},    {256, 4, 32, 8, 64, false}, {257, 4, 32, 1, 1, true},
       {64, 8, 512, 64, 16, true},  {1024, 8, 512, 64, 16, true}, {2048, 4, 32, 8, 16, true}, {4096, 8, 128, 16, 16, false},
-      {4096, 8, 128, 16, 16, true}, {0, 4, 32, 8, 16, true}};
+      {4096, 8, 128, 16, 16, true}, {0, 4, 32, 8, 16, true},
+      // The one-block path's buckets: 1025 pairs (4 items), 4000, 4100 (16 items), 16384 (its limit, the
+      // GPT-OSS T 4096 prefill), 16384 pairs over 32768 groups, 16388 (sort path only), BLOCK_M 1 and 128.
+      {1025, 1, 32, 8, 16, true},  {1000, 4, 32, 8, 16, true},   {1025, 4, 32, 8, 16, true}, {4096, 4, 32, 8, 16, true},
+      {2048, 8, 512, 64, 16, true}, {4097, 4, 32, 8, 16, true},  {3000, 2, 8, 4, 1, true},   {2000, 8, 128, 1, 128, false}};
   for (const Case& c : cases) {
     const int64_t pairs = c.tokens * c.top_k, groups = c.by_slot ? c.slots * c.experts : c.experts;
     OwnedTensor topk_ids = OwnedTensor::host(DType::I32, {c.tokens, c.top_k});

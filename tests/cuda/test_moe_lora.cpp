@@ -1,11 +1,17 @@
-// Parity of the CUDA MoE-LoRA shrink and expand (backends/cuda/moe_lora.cuh), run on moe_align's tiles,
-// with the CPU oracle: every (token, k) pair is a row of CpuBackend::lora over the stack viewed as S·E
-// dense adapters (matrix slot·E + expert, rank of the slot), which is exactly the LoRA term of moe.h.
-// Mixed true ranks per slot (0, not multiples of 8, full), NaN in the padding ranks of A and B (must never
-// be read), tokens without an adapter, T in {1, 16, 256}, R in {16, 32, 64}, E up to 32, x per token
-// (gate_up) and per pair (down), split-K off / auto / 3. z is checked against a direct double loop.
+// Parity of the CUDA MoE-LoRA shrink and expand (backends/cuda/moe_lora.cuh, tensor cores), run on
+// moe_align's tiles, with the CPU oracle: every (token, k) pair is a row of CpuBackend::lora over the stack
+// viewed as S·E dense adapters (matrix slot·E + expert, rank of the slot), which is exactly the LoRA term
+// of moe.h. Mixed true ranks per slot (0 = disabled, 8/16/32/64, odd), NaN in the padding ranks of A and B
+// (must never reach a result), tokens without an adapter, T in {1, 3, 16, 64, 257, 1024, 4096}, E in
+// {8, 32, 128}, K in {1, 2, 4, 8}, GPT-OSS and Qwen3 shapes, `in` both a multiple of the 64-input chunk
+// (EVEN_K) and not, `out` a multiple of 8 (16-byte y vectors) and not, capacity ranks 8 / 16 / 32 / 64 (the
+// expand's rank tiers), every knob (split, CTA order, BLOCK_N, expand chunks per CTA: one, several, auto,
+// all of `out`; shrink tiles per CTA: one, a run of up to 4 of one group, auto; PDL) and both z modes (self-cleaning with tile
+// counters: z and the counters all zero after each expand, across calls; legacy: z poisoned, then holds the
+// shrink). z is checked against a direct double loop.
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/moe_align.cuh"
@@ -18,31 +24,93 @@ namespace {
 
 class CudaMoeLora : public CudaTest {};
 
-// docs/NUMERICS.md: z is fp32 from bf16 inputs; only the summation order differs from the double loop.
-constexpr double kTolShrinkF32 = 1e-5;
+// docs/NUMERICS.md: z is fp32 from bf16 inputs on tensor cores (exact products, fp32 accumulation in an
+// order of 16-input mma steps, warp sums and split-K atomics); the mma adder's fp32 rounding is not
+// round-to-nearest on every part, so 1e-4 of the scale, still 40× below a bf16 ulp.
+constexpr double kTolShrinkTc = 1e-4;
 
 struct Case {
   int64_t tokens, top_k, experts, slots, capacity_rank, in, out;
   bool x_per_pair;
 };
 
+struct Knobs {
+  int split;
+  cuda::MoeLoraCtaOrder order;
+  int block_n;
+  bool pdl;
+  int expand_chunks = 0;  // 0: auto
+  int shrink_tiles = 0;   // shrink tiles per CTA: 1 (warps split `in`), 4 (a run, a tile per warp), 0: auto
+};
+
+std::string describe(const Case& c) {
+  return "T " + std::to_string(c.tokens) + " K " + std::to_string(c.top_k) + " E " + std::to_string(c.experts) +
+         " S " + std::to_string(c.slots) + " R " + std::to_string(c.capacity_rank) + " in " + std::to_string(c.in) +
+         " out " + std::to_string(c.out) + (c.x_per_pair ? " x per pair" : "");
+}
+
+std::string describe(const Knobs& k) {
+  return "split " + std::to_string(k.split) +
+         (k.order == cuda::MoeLoraCtaOrder::kTileFastest ? " tile-fastest" : " piece-fastest") + " block_n " +
+         std::to_string(k.block_n) + (k.pdl ? " pdl" : " no pdl") + " expand_chunks " + std::to_string(k.expand_chunks) +
+         " shrink_tiles " + std::to_string(k.shrink_tiles);
+}
+
+// z of every pair with a slot, over the slot's true rank, against `want` (the double loop).
+::testing::AssertionResult z_matches(const Tensor& got_z, const std::vector<std::pair<int64_t, double>>& want) {
+  double sum_squares = 0.0;
+  for (const auto& [index, value] : want) sum_squares += value * value;
+  const double rms = want.empty() ? 0.0 : std::sqrt(sum_squares / double(want.size()));
+  int64_t bad = 0;
+  std::string first;
+  for (const auto& [index, value] : want) {
+    const double got = got_z.ptr<float>()[index];
+    if (!(std::abs(got - value) <= kTolShrinkTc * (std::abs(value) + rms)) && bad++ < 5) {
+      first += "\n  z[" + std::to_string(index) + "] got " + std::to_string(got) + " want " + std::to_string(value);
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << want.size() << " z values beyond tol" << first;
+}
+
+::testing::AssertionResult all_zero(const Tensor& host, const char* what) {
+  const auto* bytes = static_cast<const unsigned char*>(host.data);
+  for (size_t i = 0; i < host.nbytes(); ++i) {
+    if (bytes[i] != 0) return ::testing::AssertionFailure() << what << " not all zero: byte " << i;
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST_F(CudaMoeLora, MatchesCpu) {
   const std::vector<Case> cases = {
-      {1, 4, 32, 8, 32, 520, 1000, false},   {16, 4, 32, 8, 32, 520, 1000, false}, {16, 4, 32, 8, 16, 264, 302, true},
-      {256, 4, 32, 8, 32, 520, 1000, false}, {256, 2, 8, 4, 64, 1032, 512, true},  {16, 8, 8, 2, 64, 136, 2050, false},
-      {3, 1, 8, 3, 16, 8, 2, true},          {16, 4, 32, 8, 32, 2880, 5760, false}};
+      {1, 4, 32, 8, 32, 520, 1000, false},      {3, 1, 8, 3, 16, 8, 2, true},
+      {16, 4, 32, 8, 32, 2880, 5760, false},    {16, 4, 32, 8, 32, 2880, 2880, true},  // GPT-OSS gate_up, down
+      {16, 8, 8, 2, 64, 136, 2050, false},      {64, 8, 128, 5, 64, 2048, 1536, false},  // Qwen3 gate_up
+      {64, 8, 128, 5, 64, 768, 2048, true},     // Qwen3 down
+      {257, 2, 8, 4, 64, 1032, 512, true},      {257, 4, 32, 8, 32, 2880, 5760, false},
+      {1024, 8, 128, 8, 16, 2048, 1536, false}, {4096, 1, 8, 3, 64, 136, 200, false},
+      {4096, 2, 32, 8, 32, 512, 520, true},     {64, 2, 8, 3, 8, 264, 776, false},  // R 8: the rank tier 16
+      {300, 4, 32, 8, 16, 2880, 5760, false},   {33, 3, 8, 4, 64, 200, 1154, true}};
+  const std::vector<Knobs> knobs = {
+      {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},   {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},
+      {3, cuda::MoeLoraCtaOrder::kPieceFastest, 64, false},  {0, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true},
+      {5, cuda::MoeLoraCtaOrder::kTileFastest, 64, true},    {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, false},
+      {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1, 4}, {2, cuda::MoeLoraCtaOrder::kPieceFastest, 64, true, 3, 4},
+      {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 1000, 1},  // 1000: clamped, one piece spans all of out
+      {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4}};
   for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
     const int64_t pairs = c.tokens * c.top_k, groups = c.slots * c.experts, R = c.capacity_rank;
-    // Ranks: slot 0 rank 0 (disabled), then cycling through full, odd, a multiple of 8, random.
+    // Ranks: slot 0 rank 0 (disabled), then cycling through 8, 16, 32, 64, R - 3, random (each <= R).
     OwnedTensor rank = OwnedTensor::host(DType::I32, {c.slots});
     for (int64_t s = 0; s < c.slots; ++s) {
-      const int32_t choices[] = {int32_t(R), int32_t(R - 3), 8, 1 + int32_t(rng().next_u64() % uint64_t(R))};
-      rank.view.ptr<int32_t>()[s] = s == 0 ? 0 : choices[s % 4];
+      const int32_t choices[] = {8, 16, 32, 64, int32_t(R - 3), 1 + int32_t(rng().next_u64() % uint64_t(R))};
+      rank.view.ptr<int32_t>()[s] = s == 0 ? 0 : std::min<int32_t>(int32_t(R), choices[(s - 1) % 6]);
     }
     OwnedTensor a = random_bf16(rng(), {c.slots, c.experts, R, c.in}, 0.05f);
     OwnedTensor b = random_bf16(rng(), {c.slots, c.experts, c.out, R}, 0.05f);
     const bf16 nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
-    for (int64_t m = 0; m < groups; ++m) {  // padding ranks hold NaN: a kernel that reads them fails
+    for (int64_t m = 0; m < groups; ++m) {  // padding ranks hold NaN: a kernel that uses them fails
       const int32_t r_true = rank.view.ptr<int32_t>()[m / c.experts];
       for (int64_t r = r_true; r < R; ++r) {
         for (int64_t i = 0; i < c.in; ++i) a.view.ptr<bf16>()[(m * R + r) * c.in + i] = nan;
@@ -75,6 +143,18 @@ TEST_F(CudaMoeLora, MatchesCpu) {
                          .b = Tensor(b.view.data, DType::BF16, {groups, c.out, R}),
                          .rank = matrix_rank};
     cpu_.lora({.x = pair_x, .token_slot = pair_matrix, .w = dense, .y = want_y});
+    std::vector<std::pair<int64_t, double>> want_z;  // (index into z, value)
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      const int32_t matrix = pair_matrix.view.ptr<int32_t>()[pair];
+      if (matrix < 0) continue;
+      for (int64_t r = 0; r < matrix_rank.view.ptr<int32_t>()[matrix]; ++r) {
+        double sum = 0.0;
+        const float* xr = pair_x.view.ptr<float>() + pair * c.in;
+        const bf16* ar = a.view.ptr<bf16>() + (matrix * R + r) * c.in;
+        for (int64_t i = 0; i < c.in; ++i) sum += double(xr[i]) * bf16_to_f32(ar[i]);
+        want_z.emplace_back(pair * R + r, sum);
+      }
+    }
 
     OwnedTensor d_a = cuda::upload(a), d_b = cuda::upload(b), d_rank = cuda::upload(rank);
     OwnedTensor d_ids = cuda::upload(topk_ids), d_slot = cuda::upload(token_slot), d_x = cuda::upload(x);
@@ -88,50 +168,61 @@ TEST_F(CudaMoeLora, MatchesCpu) {
                      .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
                      .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
                     stream_);
-    for (int split : {1, 0, 3}) {
-      SCOPED_TRACE("T " + std::to_string(c.tokens) + " K " + std::to_string(c.top_k) + " E " +
-                   std::to_string(c.experts) + " S " + std::to_string(c.slots) + " R " + std::to_string(R) + " in " +
-                   std::to_string(c.in) + " out " + std::to_string(c.out) + (c.x_per_pair ? " x per pair" : "") +
-                   " split " + std::to_string(split));
-      OwnedTensor z = poisoned(DType::F32, {pairs, R});
+    // Self-cleaning mode: z and the counters are zeroed once here and must stay zero across every call.
+    OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
+    OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+    cuda::fill_bytes(z.view, 0);
+    cuda::fill_bytes(counters.view, 0);
+    auto params_for = [&](const Knobs& k, const Tensor& z_buffer, const Tensor& y, bool self_cleaning) {
+      return cuda::MoeLoraParams{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = c.top_k,
+                                 .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
+                                 .block_m = cuda::kMoeLoraBlockM, .z = z_buffer, .y = y,
+                                 .config = {.split_k = k.split, .order = k.order, .pdl = k.pdl,
+                                            .expand_block_n = k.block_n, .expand_chunks = k.expand_chunks,
+                                            .shrink_tiles_per_cta = k.shrink_tiles},
+                                 .tile_counters = self_cleaning ? counters.view : Tensor()};
+    };
+    for (const Knobs& k : knobs) {
+      SCOPED_TRACE(describe(k));
       OwnedTensor d_y = cuda::upload(y0);
-      const cuda::MoeLoraParams params{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = c.top_k,
-                                       .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
-                                       .block_m = cuda::kMoeLoraBlockM, .z = z, .y = d_y, .split_k = split};
+      const cuda::MoeLoraParams params = params_for(k, z, d_y, true);
+      cuda::moe_lora_shrink(params, stream_);
+      sync();
+      EXPECT_TRUE(z_matches(cuda::download(z), want_z)) << "z after the shrink";
+      cuda::moe_lora_expand(params, stream_);
+      sync();
+      EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
+      EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+      EXPECT_TRUE(all_zero(cuda::download(counters), "tile_counters after the expand"));
+    }
+    {  // shrink and expand back to back (the expand's prologue overlaps the shrink under PDL), twice
+      SCOPED_TRACE("back to back, pdl");
+      OwnedTensor d_y = cuda::upload(y0), d_y2 = cuda::upload(y0);
+      cuda::moe_lora_shrink(params_for(knobs[1], z, d_y, true), stream_);
+      cuda::moe_lora_expand(params_for(knobs[1], z, d_y, true), stream_);
+      cuda::moe_lora_shrink(params_for(knobs[4], z, d_y2, true), stream_);
+      cuda::moe_lora_expand(params_for(knobs[4], z, d_y2, true), stream_);
+      sync();
+      EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
+      EXPECT_TRUE(all_close(cuda::download(d_y2), want_y, kTolBf16Out)) << "y, second call";
+      EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+    }
+    for (int split : {1, 0}) {  // legacy mode (no tile counters): z poisoned, written by the shrink, kept
+      SCOPED_TRACE("no tile counters, split " + std::to_string(split));
+      OwnedTensor z_legacy = poisoned(DType::F32, {pairs, R});
+      OwnedTensor d_y = cuda::upload(y0);
+      const cuda::MoeLoraParams params = params_for({split, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},
+                                                    z_legacy, d_y, false);
       cuda::moe_lora_shrink(params, stream_);
       cuda::moe_lora_expand(params, stream_);
       sync();
-      // z of every pair with a slot, over the slot's true rank, against a double loop.
-      OwnedTensor got_z = cuda::download(z);
-      double sum_squares = 0.0;
-      std::vector<std::pair<double, double>> checked;  // (got, want)
-      for (int64_t pair = 0; pair < pairs; ++pair) {
-        const int32_t matrix = pair_matrix.view.ptr<int32_t>()[pair];
-        if (matrix < 0) continue;
-        for (int64_t r = 0; r < matrix_rank.view.ptr<int32_t>()[matrix]; ++r) {
-          double want = 0.0;
-          for (int64_t i = 0; i < c.in; ++i) {
-            want += double(pair_x.view.ptr<float>()[pair * c.in + i]) *
-                    bf16_to_f32(a.view.ptr<bf16>()[(matrix * R + r) * c.in + i]);
-          }
-          checked.emplace_back(got_z.view.ptr<float>()[pair * R + r], want);
-          sum_squares += want * want;
-        }
-      }
-      const double rms = checked.empty() ? 0.0 : std::sqrt(sum_squares / double(checked.size()));
-      int64_t bad = 0;
-      for (const auto& [got, want] : checked) {
-        if (!(std::abs(got - want) <= kTolShrinkF32 * (std::abs(want) + rms)) && bad++ < 5) {
-          ADD_FAILURE() << "z got " << got << " want " << want;
-        }
-      }
-      EXPECT_EQ(bad, 0);
+      EXPECT_TRUE(z_matches(cuda::download(z_legacy), want_z)) << "z";
       EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
     }
   }
 }
 
-// A batch whose tokens have no adapter (or only rank-0 slots) leaves y bit-identical.
+// A batch whose tokens have no adapter (or only rank-0 slots) leaves y bit-identical, and z zero.
 TEST_F(CudaMoeLora, NoLoraLeavesOutputBitIdentical) {
   const int64_t tokens = 16, top_k = 4, experts = 32, slots = 8, R = 32, in = 520, out = 1000;
   const int64_t pairs = tokens * top_k, groups = slots * experts;
@@ -153,18 +244,22 @@ TEST_F(CudaMoeLora, NoLoraLeavesOutputBitIdentical) {
     OwnedTensor offsets = cuda::empty(DType::I32, {groups + 1});
     OwnedTensor num_tiles = cuda::empty(DType::I32, {1});
     OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, groups))});
-    OwnedTensor z = poisoned(DType::F32, {pairs, R});
+    OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
+    OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+    cuda::fill_bytes(z.view, 0);
+    cuda::fill_bytes(counters.view, 0);
     cuda::moe_align({.topk_ids = d_ids, .token_slot = d_slot, .experts = experts, .slots = slots,
                      .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
                      .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
                     stream_);
     const cuda::MoeLoraParams params{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = top_k,
                                      .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
-                                     .block_m = cuda::kMoeLoraBlockM, .z = z, .y = d_y};
+                                     .block_m = cuda::kMoeLoraBlockM, .z = z, .y = d_y, .tile_counters = counters};
     cuda::moe_lora_shrink(params, stream_);
     cuda::moe_lora_expand(params, stream_);
     sync();
     EXPECT_TRUE(bitwise_equal(cuda::download(d_y), y0)) << "slot " << only_slot;
+    EXPECT_TRUE(all_zero(cuda::download(z), "z")) << "slot " << only_slot;
   }
 }
 

@@ -1,11 +1,18 @@
-// Kernels of the paged-KV attention family and their launchers. kv_write: token t's k and v rows
-// ([Hkv, D], contiguous) are copied to flat cache row kv_write_index[t] of k_cache and v_cache — a pure
-// scatter, 16-byte units when the row allows it. Paged attention joins this file with its issue.
+// Kernels of the paged-KV attention family and their launchers (docs/kernels.md). kv_write: a pure scatter of
+// this step's k/v rows into cache rows. attention: flash (tensor-core tiles of (token, GQA head) rows against
+// 64-key tiles gathered through the block table), the same with the keys split over CTAs plus a combine
+// (decode: flash-decoding), and the first simple kernel (one warp per row) as the fallback for other D.
+// The launcher of attention() is the one place that picks among them.
 #include "backends/cuda/attention.cuh"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device.cuh"
@@ -13,6 +20,52 @@
 
 namespace lmx::cuda {
 namespace {
+
+// ---- device helpers -----------------------------------------------------------------------------------
+
+// 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros without reading (keys past the range).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8×8 bf16 matrices; lanes 8i..8i+7 address the rows of matrix i. Plain: register i gets matrix i's
+// (row lane/4, columns 2·(lane%4), +1); trans: (rows 2·(lane%4), +1, column lane/4).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// d += a·b, m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as two bf16 pairs, x in the low halves (the lower k index of an mma fragment): `high` rounds
+// them, `low` rounds what that left, so high + low carries ~16 mantissa bits (error ~2^-17 relative).
+__device__ __forceinline__ void pack_bf16_split(float x, float y, unsigned& high, unsigned& low) {
+  const __nv_bfloat162 rounded = __floats2bfloat162_rn(x, y);
+  const float2 back = __bfloat1622float2(rounded);
+  const __nv_bfloat162 rest = __floats2bfloat162_rn(x - back.x, y - back.y);
+  high = *reinterpret_cast<const unsigned*>(&rounded);
+  low = *reinterpret_cast<const unsigned*>(&rest);
+}
 
 // ---- kernels ------------------------------------------------------------------------------------------
 
@@ -40,12 +93,575 @@ __global__ static void kv_write_kernel(const __grid_constant__ KvWriteKernelPara
                      int64_t(gridDim.z) * blockDim.x);
 }
 
+struct AttentionKernelParams {
+  const __nv_bfloat16* q;        // [T, Hq, D] bf16
+  const __nv_bfloat16* k_cache;  // [pages * P, Hkv, D] bf16
+  const __nv_bfloat16* v_cache;  // [pages * P, Hkv, D] bf16
+  const int32_t* block_table;    // [B, max_pages] i32
+  const int32_t* seq_start;      // [B + 1] i32
+  const int32_t* positions;      // [T] i32
+  const __nv_bfloat16* sinks;    // [Hq] bf16 or null
+  __nv_bfloat16* out;            // [T, Hq, D] bf16
+  int tokens, seqs, q_heads, kv_heads, head_dim, page_size, max_pages, sliding_window;
+  float softmax_scale;
+};
+
+constexpr int kAttentionWarps = 4;  // rows (token, head) per CTA
+constexpr int kKeysPerStep = 4;     // independent dot products in flight per warp
+
+// Lane l owns dims l, l + 32, ... (kDimsPerLane of them, D <= 32 * kDimsPerLane). Per step the warp scores
+// kKeysPerStep keys (interleaved shuffle reductions), then folds them into the running max m, denominator
+// l and accumulator; the sink starts the softmax as a key with logit `sink` and no value, as the oracle.
+// PRECOND: metadata valid (the CPU oracle's validate_attention_metadata rules); keys [lo, position] are in
+// the cache; D <= 32 * kDimsPerLane.
+template <int kDimsPerLane>
+__global__ static void __launch_bounds__(32 * kAttentionWarps)
+    attention_kernel(const __grid_constant__ AttentionKernelParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kAttentionWarps + warp;  // token * Hq + head
+  if (row >= int64_t(p.tokens) * p.q_heads) return;
+  const int token = int(row / p.q_heads), head = int(row % p.q_heads);
+  const int kv_head = head / (p.q_heads / p.kv_heads);
+  // The sequence of this token: the last b with seq_start[b] <= token (binary search over B + 1 entries).
+  int lo_b = 0, hi_b = p.seqs - 1;
+  while (lo_b < hi_b) {
+    const int mid = (lo_b + hi_b + 1) / 2;
+    if (p.seq_start[mid] <= token) lo_b = mid;
+    else hi_b = mid - 1;
+  }
+  const int32_t* pages = p.block_table + int64_t(lo_b) * p.max_pages;
+  const int position = p.positions[token];
+  const int first_key = p.sliding_window > 0 ? max(0, position - p.sliding_window + 1) : 0;
+
+  float q[kDimsPerLane], acc[kDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    q[i] = d < p.head_dim ? __bfloat162float(p.q[row * p.head_dim + d]) * p.softmax_scale : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float running_max = -INFINITY, denominator = 0.0f;
+  if (p.sinks != nullptr) {
+    running_max = __bfloat162float(p.sinks[head]);
+    denominator = 1.0f;
+  }
+  const int64_t kv_row_stride = int64_t(p.kv_heads) * p.head_dim;
+  for (int j0 = first_key; j0 <= position; j0 += kKeysPerStep) {
+    float score[kKeysPerStep];
+    const __nv_bfloat16* v_rows[kKeysPerStep];
+#pragma unroll
+    for (int u = 0; u < kKeysPerStep; ++u) {
+      const int j = min(j0 + u, position);  // past the end: re-score the last key, dropped below
+      const int64_t cache_row = int64_t(pages[j / p.page_size]) * p.page_size + j % p.page_size;
+      const int64_t offset = cache_row * kv_row_stride + int64_t(kv_head) * p.head_dim;
+      v_rows[u] = p.v_cache + offset;
+      float partial = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < p.head_dim) partial = fmaf(q[i], __bfloat162float(p.k_cache[offset + d]), partial);
+      }
+      score[u] = partial;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int u = 0; u < kKeysPerStep; ++u) score[u] += __shfl_xor_sync(0xffffffffu, score[u], offset);
+    }
+    float step_max = running_max;
+#pragma unroll
+    for (int u = 0; u < kKeysPerStep; ++u) {
+      if (j0 + u <= position) step_max = fmaxf(step_max, score[u]);
+    }
+    const float correction = __expf(running_max - step_max);  // exp(-inf) = 0 before the first key
+    denominator *= correction;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= correction;
+#pragma unroll
+    for (int u = 0; u < kKeysPerStep; ++u) {
+      if (j0 + u > position) break;
+      const float weight = __expf(score[u] - step_max);
+      denominator += weight;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < p.head_dim) acc[i] = fmaf(weight, __bfloat162float(v_rows[u][d]), acc[i]);
+      }
+    }
+    running_max = step_max;
+  }
+  const float inv = 1.0f / denominator;
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < p.head_dim) p.out[row * p.head_dim + d] = __float2bfloat16(acc[i] * inv);
+  }
+}
+
+// ---- flash / split-KV kernel --------------------------------------------------------------------------
+
+// A row tile is 16 (token, q head) rows per warp: 4 warps (64 rows: decode, splits, few tiles) or 8 (128
+// rows: prefill; half the K/V reads from L2 per row, as every warp reads the whole K/V tile from shared).
+constexpr int kFlashBlockN = 64;                   // keys per K/V tile
+constexpr int kFlashRowPad = 8;                    // bf16 per shared row: (D + 8)·2 B is an odd count of 16 B
+constexpr int kMaxSplits = kAttentionMaxSplits;    // combine: one lane per split (<= 32)
+// Batches above this never split, which bounds the workspace. Splitting pays only while the row tiles × Hkv
+// CTAs do not fill the GPU: GPT-OSS decode (one 64-row tile per token, Hkv 8, 4 CTAs per SM) fills one
+// wave of the H200's 132 SMs at ~66 tokens.
+constexpr int64_t kMaxSplitTokens = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FlashKernelParams {
+  const __nv_bfloat16* q;        // [T, Hq, D] bf16
+  const __nv_bfloat16* k_cache;  // [pages * P, Hkv, D] bf16
+  const __nv_bfloat16* v_cache;  // [pages * P, Hkv, D] bf16
+  const int32_t* block_table;    // [B, max_pages] i32
+  const int32_t* seq_start;      // [B + 1] i32
+  const int32_t* positions;      // [T] i32
+  const __nv_bfloat16* sinks;    // [Hq] bf16 or null
+  __nv_bfloat16* out;            // [T, Hq, D] bf16, written when splits == 1
+  float* partial_acc;            // [splits, T * Hq, D] f32: unnormalised Σ 2^(s - max)·v, when splits > 1
+  float* partial_max;            // [splits, T * Hq] f32: running max in log2 units (-inf: no key seen)
+  float* partial_sum;            // [splits, T * Hq] f32: Σ 2^(s - max)
+  int tokens, seqs, q_heads, kv_heads, group, page_size, max_pages, sliding_window, splits;
+  float scale_log2;              // softmax_scale · log2(e): scores in base-2 units, exp2f throughout
+};
+
+template <int D, int kWarps>
+constexpr size_t flash_shared_bytes() {
+  return size_t(16 * kWarps + 4 * kFlashBlockN) * (D + kFlashRowPad) * sizeof(__nv_bfloat16);
+}
+
+// Grid: x = row tiles of kBlockM rows (an upper bound; CTAs past the last tile exit), y = Hkv, z = splits.
+// Row tiles are numbered sequence by sequence; within a sequence the last (longest-context) tile comes
+// first. Row r of a tile is pair first_row + r of the sequence's (token, group member) pairs, group member
+// fastest: q head kv_head·G + g. The tile's keys are [kv_lo, kv_hi] = [min window start, max position] of
+// its rows, cut into 64-key tiles; split z takes a contiguous share of them. Masking (key > position or
+// below the window) is done per element only on tiles that cross some row's bound.
+// PRECOND: metadata valid (the CPU oracle's validate_attention_metadata rules); D ∈ {64, 128}; q, caches
+// 16-byte aligned; Hq = Hkv·G; splits <= kMaxSplits; partial buffers hold splits·T·Hq rows when splits > 1.
+// Block-table entries < 0 inside [kv_lo, kv_hi] (pages freed behind a window) are read as zero keys and
+// must be masked for every row of the tile, which the window rule guarantees.
+// Occupancy target: 16 warps per SM at D 64 (caps registers at 128), 8 at D 128 (its 204 registers).
+template <int D, int kWarps>
+__global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarps)
+    flash_attention_kernel(const __grid_constant__ FlashKernelParams p) {
+  constexpr int kBlockM = 16 * kWarps;       // rows per tile
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int kStride = D + kFlashRowPad;  // bf16 per shared row
+  constexpr int kChunksPerRow = D / 8;       // 16-byte chunks per row
+  constexpr int kDimTiles = D / 8;           // n-tiles of the output
+  constexpr int kKeyTiles = kFlashBlockN / 8;
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  auto* q_smem = reinterpret_cast<__nv_bfloat16*>(flash_smem);  // [kBlockM, kStride] bf16
+  auto* k_smem = q_smem + kBlockM * kStride;                     // [2, kFlashBlockN, kStride] bf16
+  auto* v_smem = k_smem + 2 * kFlashBlockN * kStride;            // [2, kFlashBlockN, kStride] bf16
+  __shared__ int row_token[kBlockM], row_head[kBlockM], row_pos[kBlockM], row_lo[kBlockM];
+  __shared__ int tile_seq, tile_first_row, tile_rows;
+  __shared__ int kv_lo, kv_hi, min_pos, max_lo;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
+
+  // 1. Which (sequence, row tile): warp 0 scans the sequences' tile counts 32 at a time.
+  if (warp == 0) {
+    int target = blockIdx.x, seq = -1, rows_of_seq = 0, tile = 0;
+    for (int base = 0; base < p.seqs; base += 32) {
+      const int b = base + lane;
+      const int rows = b < p.seqs ? (p.seq_start[b + 1] - p.seq_start[b]) * p.group : 0;
+      const int tiles = (rows + kBlockM - 1) / kBlockM;
+      int inclusive = tiles;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += other;
+      }
+      const int total = __shfl_sync(0xffffffffu, inclusive, 31);
+      if (target < total) {  // uniform across the warp
+        const int hit = __ffs(__ballot_sync(0xffffffffu, target < inclusive)) - 1;
+        const int before = __shfl_sync(0xffffffffu, inclusive - tiles, hit);
+        const int hit_tiles = __shfl_sync(0xffffffffu, tiles, hit);
+        seq = base + hit;
+        rows_of_seq = __shfl_sync(0xffffffffu, rows, hit);
+        tile = hit_tiles - 1 - (target - before);  // longest context first
+        break;
+      }
+      target -= total;
+    }
+    if (lane == 0) {
+      tile_seq = seq;
+      tile_first_row = tile * kBlockM;
+      tile_rows = seq < 0 ? 0 : min(kBlockM, rows_of_seq - tile * kBlockM);
+      kv_lo = INT_MAX;
+      kv_hi = -1;
+      min_pos = INT_MAX;
+      max_lo = -1;
+    }
+  }
+  __syncthreads();
+  const int seq = tile_seq;
+  if (seq < 0) return;  // past the last tile (uniform over the CTA)
+  const int valid_rows = tile_rows;
+
+  // 2. The rows' tokens, heads, positions and window starts; the tile's key range.
+  if (threadIdx.x < kBlockM) {
+    const int r = threadIdx.x;
+    int token = -1, head = -1, position = -1, lo = 0;
+    if (r < valid_rows) {
+      const int pair = tile_first_row + r;
+      token = p.seq_start[seq] + pair / p.group;
+      head = kv_head * p.group + pair % p.group;
+      position = p.positions[token];
+      lo = p.sliding_window > 0 ? max(0, position - p.sliding_window + 1) : 0;
+      atomicMin(&kv_lo, lo);
+      atomicMax(&kv_hi, position);
+      atomicMin(&min_pos, position);
+      atomicMax(&max_lo, lo);
+    }
+    row_token[r] = token;
+    row_head[r] = head;
+    row_pos[r] = position;  // -1: a padding row, every key masked
+    row_lo[r] = lo;
+  }
+  __syncthreads();
+  const int key_begin = kv_lo, key_end = kv_hi;  // inclusive
+  const int total_key_tiles = (key_end - key_begin + kFlashBlockN) / kFlashBlockN;
+  const int tiles_per_split = (total_key_tiles + p.splits - 1) / p.splits;
+  const int first_key_tile = min(total_key_tiles, split * tiles_per_split);
+  const int key_tiles = min(total_key_tiles, first_key_tile + tiles_per_split) - first_key_tile;
+  const int32_t* pages = p.block_table + int64_t(seq) * p.max_pages;
+  const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
+
+  auto load_kv_tile = [&](int key_tile, int stage, bool values) {
+    const __nv_bfloat16* cache = values ? p.v_cache : p.k_cache;
+    __nv_bfloat16* dst = (values ? v_smem : k_smem) + stage * kFlashBlockN * kStride;
+    const int key0 = key_begin + key_tile * kFlashBlockN;
+#pragma unroll
+    for (int c = threadIdx.x; c < kFlashBlockN * kChunksPerRow; c += kThreads) {
+      const int key_in_tile = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      const int key = key0 + key_in_tile;
+      const __nv_bfloat16* src = cache;
+      int bytes = 0;
+      if (key <= key_end) {
+        const int physical = pages[key / p.page_size];
+        if (physical >= 0) {
+          src = cache + (int64_t(physical) * p.page_size + key % p.page_size) * kv_row_stride +
+                int64_t(kv_head) * D + chunk * 8;
+          bytes = 16;
+        }
+      }
+      cp_async16(dst + key_in_tile * kStride + chunk * 8, src, bytes);
+    }
+  };
+
+  if (key_tiles > 0) {
+#pragma unroll
+    for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += kThreads) {
+      const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      const __nv_bfloat16* src = p.q;
+      int bytes = 0;
+      if (r < valid_rows) {
+        src = p.q + (int64_t(row_token[r]) * p.q_heads + row_head[r]) * D + chunk * 8;
+        bytes = 16;
+      }
+      cp_async16(q_smem + r * kStride + chunk * 8, src, bytes);
+    }
+    load_kv_tile(first_key_tile, 0, false);
+    cp_async_commit();  // group: Q + K tile 0
+    load_kv_tile(first_key_tile, 0, true);
+    cp_async_commit();  // group: V tile 0
+  }
+
+  // 3. This thread's two rows (mma fragment rows lane/4 and lane/4 + 8 of the warp's 16).
+  const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
+  const bool warp_has_rows = warp * 16 < valid_rows;  // warps of padding rows only load
+  float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  if (p.sinks != nullptr && split == 0) {  // the sink joins the softmax once, as a key with no value
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int head = row_head[i == 0 ? row0 : row1];
+      if (head >= 0) {
+        running_max[i] = __bfloat162float(p.sinks[head]) * kLog2e;
+        sum[i] = lane % 4 == 0 ? 1.0f : 0.0f;  // sums stay split over the quad until the end
+      }
+    }
+  }
+  const int pos[2] = {row_pos[row0], row_pos[row1]}, lo[2] = {row_lo[row0], row_lo[row1]};
+  float acc[kDimTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDimTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  unsigned q_frag[D / 16][4];
+
+  for (int it = 0; it < key_tiles; ++it) {
+    const int stage = it & 1, key_tile = first_key_tile + it;
+    const int key0 = key_begin + key_tile * kFlashBlockN;
+    cp_async_wait<1>();  // K of this tile (and Q) landed; V may be in flight
+    __syncthreads();
+    if (it + 1 < key_tiles) load_kv_tile(key_tile + 1, stage ^ 1, false);
+    cp_async_commit();
+    float score[kKeyTiles][4];
+    if (warp_has_rows) {
+      if (it == 0) {
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) {
+          ldmatrix_x4(q_frag[kd], q_smem + (warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kd * 16 +
+                                      lane / 16 * 8);
+        }
+      }
+      const __nv_bfloat16* k_tile = k_smem + stage * kFlashBlockN * kStride;
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) score[n][0] = score[n][1] = score[n][2] = score[n][3] = 0.0f;
+#pragma unroll
+      for (int kd = 0; kd < D / 16; ++kd) {
+#pragma unroll
+        for (int np = 0; np < kKeyTiles / 2; ++np) {
+          unsigned k_frag[4];  // b0, b1 of key tile 2np, then of 2np + 1
+          ldmatrix_x4(k_frag, k_tile + (np * 16 + lane / 16 * 8 + lane % 8) * kStride + kd * 16 + (lane / 8) % 2 * 8);
+          mma_bf16(score[2 * np], q_frag[kd], k_frag[0], k_frag[1]);
+          mma_bf16(score[2 * np + 1], q_frag[kd], k_frag[2], k_frag[3]);
+        }
+      }
+      // Scale to base 2, mask, and fold into the running max / sum / accumulator.
+      const bool needs_mask = key0 + kFlashBlockN - 1 > min_pos || key0 < max_lo;
+      float tile_max[2] = {running_max[0], running_max[1]};
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2, key = key0 + n * 8 + (lane % 4) * 2 + e % 2;
+          float s = score[n][e] * p.scale_log2;
+          if (needs_mask && (key > pos[i] || key < lo[i])) s = -INFINITY;
+          score[n][e] = s;
+          tile_max[i] = fmaxf(tile_max[i], s);
+        }
+      }
+      float reference[2], correction[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+        reference[i] = tile_max[i] == -INFINITY ? 0.0f : tile_max[i];  // no key yet: avoid inf - inf
+        correction[i] = exp2f(running_max[i] - reference[i]);
+        running_max[i] = tile_max[i];
+        sum[i] *= correction[i];
+      }
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          score[n][e] = exp2f(score[n][e] - reference[e / 2]);
+          sum[e / 2] += score[n][e];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        acc[n][0] *= correction[0];
+        acc[n][1] *= correction[0];
+        acc[n][2] *= correction[1];
+        acc[n][3] *= correction[1];
+      }
+    }
+    cp_async_wait<1>();  // V of this tile landed; the next K may be in flight
+    __syncthreads();
+    if (it + 1 < key_tiles) load_kv_tile(key_tile + 1, stage ^ 1, true);
+    cp_async_commit();
+    if (warp_has_rows) {
+      const __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
+#pragma unroll
+      for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
+        // P's accumulator fragments of key tiles 2kk, 2kk + 1 are the A fragment of keys [16kk, 16kk + 16).
+        // P goes in as bf16 high + low parts (two mma per V fragment): P rounded once to bf16 errs by up to
+        // 2^-9 per weight, which measured 7.2e-3 scaled error over 2·10^5 outputs at context 1000 — too close
+        // to kTolBf16Out (7.8e-3); the split leaves only the output rounding (~3e-3). Doubles the P·V mma.
+        unsigned p_high[4], p_low[4];
+        pack_bf16_split(score[2 * kk][0], score[2 * kk][1], p_high[0], p_low[0]);
+        pack_bf16_split(score[2 * kk][2], score[2 * kk][3], p_high[1], p_low[1]);
+        pack_bf16_split(score[2 * kk + 1][0], score[2 * kk + 1][1], p_high[2], p_low[2]);
+        pack_bf16_split(score[2 * kk + 1][2], score[2 * kk + 1][3], p_high[3], p_low[3]);
+#pragma unroll
+        for (int dp = 0; dp < kDimTiles / 2; ++dp) {
+          unsigned v_frag[4];  // b0, b1 of dim tile 2dp, then of 2dp + 1
+          ldmatrix_x4_trans(v_frag, v_tile + (kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + dp * 16 +
+                                        lane / 16 * 8);
+          mma_bf16(acc[2 * dp], p_high, v_frag[0], v_frag[1]);
+          mma_bf16(acc[2 * dp + 1], p_high, v_frag[2], v_frag[3]);
+          mma_bf16(acc[2 * dp], p_low, v_frag[0], v_frag[1]);
+          mma_bf16(acc[2 * dp + 1], p_low, v_frag[2], v_frag[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // 4. Epilogue: the quad's partial sums, then out (one split) or the partial triple (several).
+  if (!warp_has_rows) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+  }
+  const int64_t rows_total = int64_t(p.tokens) * p.q_heads;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = i == 0 ? row0 : row1;
+    if (r >= valid_rows) continue;
+    const int64_t row = int64_t(row_token[r]) * p.q_heads + row_head[r];  // token * Hq + head
+    if (p.splits == 1) {
+      const float inv = 1.0f / sum[i];
+      __nv_bfloat16* out_row = p.out + row * D;
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(out_row + n * 8 + (lane % 4) * 2) =
+            __floats2bfloat162_rn(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
+      }
+    } else {
+      const int64_t partial_row = int64_t(split) * rows_total + row;
+      float* acc_row = p.partial_acc + partial_row * D;
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        *reinterpret_cast<float2*>(acc_row + n * 8 + (lane % 4) * 2) = make_float2(acc[n][2 * i], acc[n][2 * i + 1]);
+      }
+      if (lane % 4 == 0) {
+        p.partial_max[partial_row] = running_max[i];
+        p.partial_sum[partial_row] = sum[i];
+      }
+    }
+  }
+}
+
+struct CombineKernelParams {
+  const float* partial_acc;  // [splits, T * Hq, D] f32
+  const float* partial_max;  // [splits, T * Hq] f32, log2 units
+  const float* partial_sum;  // [splits, T * Hq] f32
+  __nv_bfloat16* out;        // [T, Hq, D] bf16
+  int64_t rows;              // T * Hq
+  int splits, head_dim;
+};
+
+constexpr int kCombineWarps = 4;
+
+// One warp per (token, head) row: lane s < splits holds split s's (max, sum); the row's result is
+// Σ_s 2^(m_s - M)·acc_s / Σ_s 2^(m_s - M)·sum_s with M the max over splits (empty splits: m = -inf, weight 0).
+// PRECOND: splits <= 32; every real row has a finite max in some split (its own key is in one of them).
+__global__ static void __launch_bounds__(32 * kCombineWarps)
+    attention_combine_kernel(const __grid_constant__ CombineKernelParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kCombineWarps + warp;
+  if (row >= p.rows) return;
+  const float split_max = lane < p.splits ? p.partial_max[lane * p.rows + row] : -INFINITY;
+  const float split_sum = lane < p.splits ? p.partial_sum[lane * p.rows + row] : 0.0f;
+  float row_max = split_max;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
+  }
+  const float weight = split_max == -INFINITY ? 0.0f : exp2f(split_max - row_max);
+  float denominator = weight * split_sum;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) denominator += __shfl_xor_sync(0xffffffffu, denominator, offset);
+  const float inv = 1.0f / denominator;
+  for (int d = lane; d < p.head_dim; d += 32) {
+    float value = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = __shfl_sync(0xffffffffu, weight, s);
+      if (w != 0.0f) value = fmaf(w, p.partial_acc[(s * p.rows + row) * p.head_dim + d], value);
+    }
+    p.out[row * p.head_dim + d] = __float2bfloat16(value * inv);
+  }
+}
+
 // ---- launchers ----------------------------------------------------------------------------------------
 
 // GPT-OSS rows (Hkv 8, D 64) are 1 KB = 64 units: one block of 64 threads per (token, k|v).
 constexpr int kMaxKvWriteThreads = 128;
 
+// Bytes of one split's partials for `rows` (token, head) rows: acc [rows, D] + max [rows] + sum [rows], f32.
+int64_t split_bytes(int64_t rows, int64_t head_dim) { return rows * (head_dim + 2) * int64_t(sizeof(float)); }
+
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    LMX_CUDA_CHECK(cudaGetDevice(&device));
+    LMX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  return count;
+}
+
+// Sets a flash kernel's shared-memory attribute and returns how many of its CTAs one SM holds.
+template <int D, int kWarps>
+int prepare_flash_kernel() {
+  constexpr size_t shared_bytes = flash_shared_bytes<D, kWarps>();
+  LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(shared_bytes)));
+  int ctas = 0;
+  LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, flash_attention_kernel<D, kWarps>,
+                                                               32 * kWarps, shared_bytes));
+  return std::max(ctas, 1);
+}
+
+// Resident CTAs per SM of the flash kernel for (D, warps). All four configurations are prepared together on
+// the first flash call, once per process: that call must be eager (not captured), as the callers' warm-up is.
+int flash_ctas_per_sm(int64_t head_dim, int warps) {
+  static const std::array<int, 4> resident = {prepare_flash_kernel<64, 4>(), prepare_flash_kernel<64, 8>(),
+                                              prepare_flash_kernel<128, 4>(), prepare_flash_kernel<128, 8>()};
+  return resident[size_t((head_dim == 64 ? 0 : 2) + (warps == 8 ? 1 : 0))];
+}
+
+template <int D, int kWarps>
+void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
+  (void)flash_ctas_per_sm(D, kWarps);
+  const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
+  flash_attention_kernel<D, kWarps><<<grid, 32 * kWarps, flash_shared_bytes<D, kWarps>(), stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+void launch_simple(const ops::AttentionParams& p, cudaStream_t stream) {
+  const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), head_dim = p.q.dim(2);
+  LMX_CHECK(tokens * q_heads < 0x7fffffffLL * kAttentionWarps);
+  const AttentionKernelParams params{.q = static_cast<const __nv_bfloat16*>(p.q.data),
+                                     .k_cache = static_cast<const __nv_bfloat16*>(p.k_cache.data),
+                                     .v_cache = static_cast<const __nv_bfloat16*>(p.v_cache.data),
+                                     .block_table = static_cast<const int32_t*>(p.block_table.data),
+                                     .seq_start = static_cast<const int32_t*>(p.seq_start.data),
+                                     .positions = static_cast<const int32_t*>(p.positions.data),
+                                     .sinks = p.sinks.defined() ? static_cast<const __nv_bfloat16*>(p.sinks.data) : nullptr,
+                                     .out = static_cast<__nv_bfloat16*>(p.out.data),
+                                     .tokens = int(tokens),
+                                     .seqs = int(p.block_table.dim(0)),
+                                     .q_heads = int(q_heads),
+                                     .kv_heads = int(p.k_cache.dim(2)),
+                                     .head_dim = int(head_dim),
+                                     .page_size = int(p.k_cache.dim(1)),
+                                     .max_pages = int(p.block_table.dim(1)),
+                                     .sliding_window = p.sliding_window,
+                                     .softmax_scale = p.softmax_scale};
+  const unsigned blocks = detail::blocks_for(tokens * q_heads, kAttentionWarps);
+  const int threads = 32 * kAttentionWarps;
+  // The simple kernel's own dispatch on the head dim: dims per lane.
+  if (head_dim <= 32) attention_kernel<1><<<blocks, threads, 0, stream>>>(params);
+  else if (head_dim <= 64) attention_kernel<2><<<blocks, threads, 0, stream>>>(params);
+  else if (head_dim <= 128) attention_kernel<4><<<blocks, threads, 0, stream>>>(params);
+  else attention_kernel<8><<<blocks, threads, 0, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+const char* kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kAuto: return "auto";
+    case AttentionKernel::kSimple: return "simple";
+    case AttentionKernel::kFlash: return "flash";
+    case AttentionKernel::kSplitKv: return "split-KV";
+  }
+  return "?";
+}
+
 }  // namespace
+
+size_t attention_workspace_bytes(int64_t max_tokens, int64_t q_heads, int64_t head_dim) {
+  LMX_CHECK(max_tokens >= 0 && q_heads >= 0 && head_dim >= 0);
+  return size_t(kMaxSplits * split_bytes(std::min(max_tokens, kMaxSplitTokens) * q_heads, head_dim));
+}
 
 void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
   ops::require(ops::check(p), "cuda::kv_write");
@@ -76,6 +692,140 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
     kv_write_kernel<uint16_t><<<grid, threads, 0, stream>>>(params);
   }
   LMX_CUDA_CHECK_LAUNCH();
+}
+
+// The one dispatch of attention, by shape:
+//  - D ∉ {64, 128}, or a pointer not 16-byte aligned: simple (tiny presets, D 16: their cost is launch-bound).
+//  - otherwise flash over row tiles of 128 rows (prefill: full tiles that fill the GPU) or 64; when the
+//    (row tile, kv head) CTAs do not fill one wave (decode, short chunks) and T <= 64, the tile's keys split
+//    over up to kMaxSplits CTAs, as many as the workspace holds and the context bound (block-table width,
+//    or the window) makes worth it.
+// launch.kernel / flash_rows pin a path (tests, bench); pinning flash/split-KV on a shape they cannot run is
+// an error.
+void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
+  ops::require(ops::check(p), "cuda::attention");
+  detail::require_cuda("attention", {{"q", &p.q},
+                                     {"k_cache", &p.k_cache},
+                                     {"v_cache", &p.v_cache},
+                                     {"block_table", &p.block_table},
+                                     {"seq_start", &p.seq_start},
+                                     {"positions", &p.positions},
+                                     {"out", &p.out}});
+  detail::require_bf16_activation("attention", "q", p.q);
+  detail::require_bf16_activation("attention", "k_cache", p.k_cache);
+  detail::require_bf16_activation("attention", "v_cache", p.v_cache);
+  detail::require_bf16_activation("attention", "out", p.out);
+  if (p.sinks.defined() && (p.sinks.device != Device::kCuda || p.sinks.dtype != DType::BF16)) {
+    detail::contract_failure("attention", "sinks", p.sinks, "[Hq] BF16 on cuda");
+  }
+  const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), head_dim = p.q.dim(2);
+  if (tokens == 0) return;
+  constexpr int kMaxHeadDim = 256;
+  if (head_dim > kMaxHeadDim) detail::contract_failure("attention", "q", p.q, "head dim D <= 256");
+  const int64_t kv_heads = p.k_cache.dim(2), seqs = p.block_table.dim(0);
+  const int64_t page_size = p.k_cache.dim(1), max_pages = p.block_table.dim(1);
+  const int64_t group = q_heads / kv_heads;
+
+  const bool flash_shape = (head_dim == 64 || head_dim == 128) && detail::aligned16(p.q.data) &&
+                           detail::aligned16(p.k_cache.data) && detail::aligned16(p.v_cache.data) &&
+                           detail::aligned16(p.out.data);
+  if (launch.kernel == AttentionKernel::kSimple || (launch.kernel == AttentionKernel::kAuto && !flash_shape)) {
+    launch_simple(p, stream);
+    return;
+  }
+  if (!flash_shape) {
+    std::fprintf(stderr, "loramux: cuda::attention: the %s kernel needs D 64 or 128 and 16-byte aligned q, "
+                 "k_cache, v_cache, out; found D %lld\n", kernel_name(launch.kernel), static_cast<long long>(head_dim));
+    std::abort();
+  }
+
+  // Row tiles of 64 or 128 rows: Σ_b ceil(rows_b / M) <= ceil(T·G / M) + B, and never more than T·G rows.
+  // 128 (8 warps) when sequences average a full tile and those tiles alone fill the GPU (prefill);
+  // 64 (4 warps) otherwise: decode rows fill only G of a tile, and the split needs CTAs, not rows.
+  const int64_t rows = tokens * group;
+  auto row_tiles_of = [&](int64_t block_m) { return std::min(rows, (rows + block_m - 1) / block_m + seqs); };
+  const int64_t sms = multiprocessor_count();
+  int warps = 4;
+  if (launch.flash_rows == 128) {
+    warps = 8;
+  } else if (launch.flash_rows == 0) {
+    if (rows >= 128 * seqs && row_tiles_of(128) * kv_heads >= sms * flash_ctas_per_sm(head_dim, 8)) warps = 8;
+  } else if (launch.flash_rows != 64) {
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.flash_rows: expected 0, 64 or 128, found %d\n",
+                 launch.flash_rows);
+    std::abort();
+  }
+  const int64_t row_tiles = row_tiles_of(16 * warps);
+  LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
+
+  int splits = 1;
+  const int64_t per_split = split_bytes(tokens * q_heads, head_dim);
+  const int64_t fit =
+      launch.workspace == nullptr ? 0 : std::min<int64_t>(kMaxSplits, int64_t(launch.workspace_bytes) / per_split);
+  if (launch.workspace != nullptr && !detail::aligned16(launch.workspace)) {
+    std::fprintf(stderr, "loramux: cuda::attention: workspace must be 16-byte aligned\n");
+    std::abort();
+  }
+  if (launch.kernel == AttentionKernel::kSplitKv) {
+    if (fit < 2) {
+      std::fprintf(stderr, "loramux: cuda::attention: the split-KV kernel needs a workspace of at least %lld bytes "
+                   "(2 splits of T %lld x Hq %lld rows, D %lld), found %zu\n", static_cast<long long>(2 * per_split),
+                   static_cast<long long>(tokens), static_cast<long long>(q_heads), static_cast<long long>(head_dim),
+                   launch.workspace_bytes);
+      std::abort();
+    }
+    // Pinned: as many splits as fit (empty splits included: the tests want them), or the bench's count.
+    splits = int(launch.splits > 0 ? std::clamp<int64_t>(launch.splits, 2, fit) : fit);
+  } else if (launch.kernel == AttentionKernel::kAuto && fit >= 2 && tokens <= kMaxSplitTokens) {
+    // Split when the CTAs do not fill one wave; then aim at two waves (the quantisation of a partial last
+    // wave stays small), with at least two key tiles per split so each CTA keeps its two-stage ring busy.
+    const int64_t ctas = row_tiles * kv_heads;
+    const int64_t slots = sms * flash_ctas_per_sm(head_dim, warps);
+    const int64_t context = p.sliding_window > 0 ? std::min<int64_t>(p.sliding_window + tokens, max_pages * page_size)
+                                                 : max_pages * page_size;
+    const int64_t key_tiles = (context + kFlashBlockN - 1) / kFlashBlockN;
+    if (ctas < slots) splits = int(std::clamp<int64_t>(std::min((2 * slots + ctas - 1) / ctas, key_tiles / 2), 1, fit));
+  }
+
+  auto* workspace = static_cast<float*>(launch.workspace);
+  const int64_t rows_total = tokens * q_heads;
+  const FlashKernelParams params{
+      .q = static_cast<const __nv_bfloat16*>(p.q.data),
+      .k_cache = static_cast<const __nv_bfloat16*>(p.k_cache.data),
+      .v_cache = static_cast<const __nv_bfloat16*>(p.v_cache.data),
+      .block_table = static_cast<const int32_t*>(p.block_table.data),
+      .seq_start = static_cast<const int32_t*>(p.seq_start.data),
+      .positions = static_cast<const int32_t*>(p.positions.data),
+      .sinks = p.sinks.defined() ? static_cast<const __nv_bfloat16*>(p.sinks.data) : nullptr,
+      .out = static_cast<__nv_bfloat16*>(p.out.data),
+      .partial_acc = splits > 1 ? workspace : nullptr,
+      .partial_max = splits > 1 ? workspace + splits * rows_total * head_dim : nullptr,
+      .partial_sum = splits > 1 ? workspace + splits * rows_total * (head_dim + 1) : nullptr,
+      .tokens = int(tokens),
+      .seqs = int(seqs),
+      .q_heads = int(q_heads),
+      .kv_heads = int(kv_heads),
+      .group = int(group),
+      .page_size = int(page_size),
+      .max_pages = int(max_pages),
+      .sliding_window = p.sliding_window,
+      .splits = splits,
+      .scale_log2 = p.softmax_scale * kLog2e};
+  if (head_dim == 64 && warps == 4) launch_flash<64, 4>(params, unsigned(row_tiles), stream);
+  else if (head_dim == 64) launch_flash<64, 8>(params, unsigned(row_tiles), stream);
+  else if (warps == 4) launch_flash<128, 4>(params, unsigned(row_tiles), stream);
+  else launch_flash<128, 8>(params, unsigned(row_tiles), stream);
+  if (splits > 1) {
+    const CombineKernelParams combine{.partial_acc = params.partial_acc,
+                                      .partial_max = params.partial_max,
+                                      .partial_sum = params.partial_sum,
+                                      .out = params.out,
+                                      .rows = rows_total,
+                                      .splits = splits,
+                                      .head_dim = int(head_dim)};
+    attention_combine_kernel<<<detail::blocks_for(rows_total, kCombineWarps), 32 * kCombineWarps, 0, stream>>>(combine);
+    LMX_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace lmx::cuda

@@ -1,13 +1,42 @@
-// Entry points of the paged-KV attention family on cuda (contracts in ops/attention.h). For now only
-// kv_write, which scatters this step's k and v rows into cache pages; paged attention comes with its issue.
-// Callers: tests, bench, (later) the CUDA backend.
+// Entry points of the paged-KV attention family on cuda (contracts in ops/attention.h): kv_write scatters
+// this step's k and v rows into cache pages; attention reads them back through the block table (causal,
+// GQA, sliding window, sinks; prefill chunks and decode rows in one flat batch).
+// Callers: tests, bench, the CUDA backend. Which kernel runs is decided in attention()'s launcher only.
 #pragma once
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
 
 #include "ops/attention.h"
 
 namespace lmx::cuda {
 
 void kv_write(const ops::KvWriteParams& p, cudaStream_t stream);
+
+// The attention kernels. kAuto is the serving choice; tests and the bench pin one to compare them.
+//  kSimple:  one warp per (token, q head), any D <= 256 (the fallback for D not in {64, 128}).
+//  kFlash:   tensor-core tiles of 64 or 128 (token, q head of the GQA group) rows, K/V tiles of 64 keys.
+//  kSplitKv: the same tiles with each row tile's keys split over several CTAs (flash-decoding) and a
+//            combine kernel; needs the workspace.
+enum class AttentionKernel { kAuto, kSimple, kFlash, kSplitKv };
+constexpr int kAttentionMaxSplits = 16;  // a pinned kSplitKv uses as many as the workspace holds, up to this
+
+struct AttentionLaunch {
+  void* workspace = nullptr;   // device, 16-byte aligned; partial (max, sum, acc) of split-KV rows
+  size_t workspace_bytes = 0;  // from attention_workspace_bytes(); fewer bytes = fewer splits (never an error)
+  AttentionKernel kernel = AttentionKernel::kAuto;
+  int flash_rows = 0;          // flash row tile: 0 = the launcher's choice, 64 or 128 pins it (tests, bench)
+  int splits = 0;              // pinned kSplitKv: 0 = as many as the workspace holds, n = min(n, that) (bench)
+};
+
+// Bytes of workspace that let any batch of up to max_tokens tokens use the most splits the launcher picks on
+// its own (allocate once at start; batches above 64 tokens never split, so the figure stops growing there):
+// kAttentionMaxSplits · min(max_tokens, 64) · Hq · (D + 2) f32.
+size_t attention_workspace_bytes(int64_t max_tokens, int64_t q_heads, int64_t head_dim);
+
+// BF16 q, caches and out; fp32 scores and softmax. Head dim D <= 256. No allocation, no host sync:
+// capturable in a CUDA graph (after one eager call has set the kernels' shared-memory attribute).
+void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch = {});
 
 }  // namespace lmx::cuda

@@ -1,13 +1,15 @@
 // MoE sort/align kernels (moe_align.cuh) and their launcher. Two paths with one result:
-//  - one block (up to kMoeAlignSmallPairs pairs, i.e. decode): zero the counts, count, scan, then place
-//    every pair at its group's offset + its rank among the earlier pairs of its group (a compare loop over
-//    the keys in shared memory: n²/1024 compares, a few µs at n = 1024); one launch.
+//  - one block (up to kMoeAlignSmallPairs = 16384 pairs: decode and prefill chunks): key every pair, a
+//    stable block radix sort of (key, pair) in shared memory (cub::BlockRadixSort, 1024 threads × 1, 4 or
+//    16 items), run heads/tails of equal keys give each group's start and count, the block scan pads the
+//    groups, each pair goes to its group's padded offset + its place in the run; one launch.
 //  - sort (larger batches): key each pair, stable CUB radix sort of (key, pair) over the key's bits, scan
 //    the counts in one block, scatter each sorted pair to its padded position.
 // Both count per group in global memory, so G = S·E is bounded by memory only (512 × 64 = 32768 groups is
 // 128 KB of counters). The scan runs in one block of 1024 threads, each owning ceil(G / 1024) groups.
 #include "backends/cuda/moe_align.cuh"
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -23,7 +25,7 @@ constexpr int kKeyThreads = 256;
 using ScanInt = cub::BlockScan<int, kScanThreads>;
 
 struct AlignKernelParams {
-  const int32_t* topk_ids;    // [T, K] i32
+  const int32_t* topk_ids;    // [T, K] i32, or null: every pair is expert 0 (single_expert)
   const int32_t* token_slot;  // [T] i32, or null: group by expert
   int pairs;                  // T * K (also the sentinel)
   int top_k;                  // K
@@ -31,6 +33,7 @@ struct AlignKernelParams {
   int groups;                 // G
   int block_m;                // BLOCK_M
   int max_tiles;              // capacity / BLOCK_M
+  int key_bits;               // bits of the keys [0, G]: ceil(log2(G + 1))
   int32_t* counts;            // [G] i32 workspace
   int32_t* unpadded_offsets;  // [G] i32 workspace (sort path)
   int32_t* keys;              // [pairs] i32 workspace (sort path: unsorted keys; sentinel key G = dropped)
@@ -45,7 +48,7 @@ struct AlignKernelParams {
 
 // The group of pair p, or G when its token has no slot (LoRA grouping only).
 __device__ __forceinline__ int group_of(const AlignKernelParams& p, int pair) {
-  const int expert = p.topk_ids[pair];
+  const int expert = p.topk_ids != nullptr ? p.topk_ids[pair] : 0;
   if (p.token_slot == nullptr) return expert;
   const int slot = p.token_slot[pair / p.top_k];
   return slot < 0 ? p.groups : slot * p.experts + expert;
@@ -89,24 +92,65 @@ __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
   for (int tile = total_tiles + threadIdx.x; tile < p.max_tiles; tile += kScanThreads) p.tile_group[tile] = -1;
 }
 
-// The whole align in one block. PRECOND: blockDim.x == kScanThreads; pairs <= kMoeAlignSmallPairs.
-__global__ static void align_small_kernel(const __grid_constant__ AlignKernelParams p) {
-  __shared__ int keys[kMoeAlignSmallPairs];
-  for (int g = threadIdx.x; g < p.groups; g += kScanThreads) p.counts[g] = 0;
-  for (int pair = threadIdx.x; pair < p.pairs; pair += kScanThreads) keys[pair] = group_of(p, pair);
-  __syncthreads();  // also orders the zeroing before the atomics (global memory, same block)
-  for (int pair = threadIdx.x; pair < p.pairs; pair += kScanThreads) {
-    if (keys[pair] < p.groups) atomicAdd(&p.counts[keys[pair]], 1);
+// The one-block path's stable sort of (key, pair) and its shared memory: CUB's storage, then (after the
+// sort) the sorted keys in its place.
+template <int kItems>
+using BlockSortPairs = cub::BlockRadixSort<unsigned, kScanThreads, kItems, int>;
+
+template <int kItems>
+constexpr size_t block_sort_shared_bytes() {
+  return std::max(sizeof(typename BlockSortPairs<kItems>::TempStorage), size_t(kScanThreads) * kItems * sizeof(unsigned));
+}
+
+// The whole align in one block. Thread i holds pairs [i·kItems, (i+1)·kItems) (CUB's blocked arrangement,
+// whose order the sort keeps among equal keys: the stable t*K + k order inside a group); padding items get
+// the dropped key G and sort last. PRECOND: blockDim.x == kScanThreads; pairs <= kScanThreads · kItems;
+// dynamic shared memory = block_sort_shared_bytes<kItems>(); keys [0, G] fit in key_bits.
+template <int kItems>
+__global__ static void __launch_bounds__(kScanThreads) align_block_kernel(const __grid_constant__ AlignKernelParams p) {
+  extern __shared__ __align__(16) unsigned char sort_shared[];
+  auto& sort_storage = *reinterpret_cast<typename BlockSortPairs<kItems>::TempStorage*>(sort_shared);
+  unsigned* const sorted_keys = reinterpret_cast<unsigned*>(sort_shared);  // [kScanThreads · kItems]
+  for (int g = threadIdx.x; g < p.groups; g += kScanThreads) p.counts[g] = 0;  // ordered by the barriers below
+  unsigned keys[kItems];
+  int values[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int pair = int(threadIdx.x) * kItems + i;
+    keys[i] = pair < p.pairs ? unsigned(group_of(p, pair)) : unsigned(p.groups);
+    values[i] = pair;
+  }
+  BlockSortPairs<kItems>(sort_storage).Sort(keys, values, 0, p.key_bits);
+  __syncthreads();  // the sort's storage is dead: the sorted keys overlay it
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) sorted_keys[threadIdx.x * kItems + i] = keys[i];
+  __syncthreads();
+  // Runs of equal keys: the head records the run's start, then the tail its length (the group's count).
+  constexpr int kTotal = kScanThreads * kItems;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int position = int(threadIdx.x) * kItems + i;
+    if (keys[i] < unsigned(p.groups) && (position == 0 || sorted_keys[position - 1] != keys[i])) {
+      p.unpadded_offsets[keys[i]] = position;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int position = int(threadIdx.x) * kItems + i;
+    if (keys[i] < unsigned(p.groups) && (position == kTotal - 1 || sorted_keys[position + 1] != keys[i])) {
+      p.counts[keys[i]] = position + 1 - p.unpadded_offsets[keys[i]];
+    }
   }
   __syncthreads();
   scan_groups(p, false);
   __syncthreads();
-  for (int pair = threadIdx.x; pair < p.pairs; pair += kScanThreads) {
-    const int key = keys[pair];
-    if (key >= p.groups) continue;
-    int rank = 0;  // earlier pairs of the same group: the stable order
-    for (int q = 0; q < pair; ++q) rank += keys[q] == key;
-    p.sorted_pairs[p.group_offsets[key] + rank] = pair;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int position = int(threadIdx.x) * kItems + i;
+    if (keys[i] < unsigned(p.groups)) {
+      p.sorted_pairs[p.group_offsets[keys[i]] + position - p.unpadded_offsets[keys[i]]] = values[i];
+    }
   }
 }
 
@@ -165,10 +209,15 @@ size_t moe_align_workspace_bytes(int64_t pairs, int64_t groups) {
 
 void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   const char* op = "moe_align";
-  if (p.topk_ids.dtype != DType::I32 || p.topk_ids.ndim != 2) {
+  if (p.single_expert && (p.experts != 1 || p.slots <= 0 || p.token_slot.dtype != DType::I32 ||
+                          p.token_slot.ndim != 1)) {
+    detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32 with single_expert: experts == 1, slots > 0");
+  }
+  if (!p.single_expert && (p.topk_ids.dtype != DType::I32 || p.topk_ids.ndim != 2)) {
     detail::contract_failure(op, "topk_ids", p.topk_ids, "[T, K] I32");
   }
-  const int64_t tokens = p.topk_ids.dim(0), top_k = p.topk_ids.dim(1), pairs = tokens * top_k;
+  const int64_t tokens = p.single_expert ? p.token_slot.dim(0) : p.topk_ids.dim(0);
+  const int64_t top_k = p.single_expert ? 1 : p.topk_ids.dim(1), pairs = tokens * top_k;
   const bool by_slot = p.slots > 0;
   if (by_slot && (p.token_slot.dtype != DType::I32 || p.token_slot.ndim != 1 || p.token_slot.dim(0) != tokens)) {
     detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32 with T = topk_ids.dim(0)");
@@ -195,9 +244,10 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                               " bytes").c_str());
   }
   std::initializer_list<std::pair<const char*, const Tensor*>> tensors = {
-      {"topk_ids", &p.topk_ids},       {"sorted_pairs", &p.sorted_pairs}, {"tile_group", &p.tile_group},
-      {"group_offsets", &p.group_offsets}, {"num_tiles", &p.num_tiles},   {"workspace", &p.workspace}};
+      {"sorted_pairs", &p.sorted_pairs}, {"tile_group", &p.tile_group},   {"group_offsets", &p.group_offsets},
+      {"num_tiles", &p.num_tiles},       {"workspace", &p.workspace}};
   detail::require_cuda(op, tensors);
+  if (!p.single_expert) detail::require_cuda(op, {{"topk_ids", &p.topk_ids}});
   if (by_slot) detail::require_cuda(op, {{"token_slot", &p.token_slot}});
 
   char* work = static_cast<char*>(p.workspace.data);
@@ -214,7 +264,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   int32_t* sorted_values = carve(size_t(pairs) * 4);
   void* cub_temp = work;
 
-  const AlignKernelParams params{.topk_ids = static_cast<const int32_t*>(p.topk_ids.data),
+  const AlignKernelParams params{.topk_ids = p.single_expert ? nullptr : static_cast<const int32_t*>(p.topk_ids.data),
                                  .token_slot = by_slot ? static_cast<const int32_t*>(p.token_slot.data) : nullptr,
                                  .pairs = int(pairs),
                                  .top_k = int(top_k),
@@ -222,6 +272,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                                  .groups = int(groups),
                                  .block_m = p.block_m,
                                  .max_tiles = int(max_tiles),
+                                 .key_bits = key_bits(groups),
                                  .counts = counts,
                                  .unpadded_offsets = unpadded,
                                  .keys = keys,
@@ -234,8 +285,16 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                                  .num_tiles = static_cast<int32_t*>(p.num_tiles.data)};
   const bool small = p.force_path == 0 || (p.force_path < 0 && pairs <= kMoeAlignSmallPairs);
   if (small) {
-    LMX_CHECK(pairs <= kMoeAlignSmallPairs, "moe_align: one-block path forced with %lld pairs", (long long)pairs);
-    align_small_kernel<<<1, kScanThreads, 0, stream>>>(params);
+    LMX_CHECK(pairs <= kMoeAlignSmallPairs, "moe_align: one-block path forced with %lld pairs (at most %lld)",
+              (long long)pairs, (long long)kMoeAlignSmallPairs);
+    auto run = [&](auto kernel, size_t shared_bytes) {
+      LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+      kernel<<<1, kScanThreads, shared_bytes, stream>>>(params);
+    };
+    // Items per thread by batch size (the one dispatch): the sort's work scales with kItems, not pairs.
+    if (pairs <= kScanThreads) run(align_block_kernel<1>, block_sort_shared_bytes<1>());
+    else if (pairs <= 4 * kScanThreads) run(align_block_kernel<4>, block_sort_shared_bytes<4>());
+    else run(align_block_kernel<16>, block_sort_shared_bytes<16>());
     LMX_CUDA_CHECK_LAUNCH();
     return;
   }

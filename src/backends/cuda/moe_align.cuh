@@ -30,9 +30,13 @@ struct MoeAlignParams {
   // Test/tuning knob: -1 picks by size (one-block path up to kMoeAlignSmallPairs pairs, sort path above);
   // 0 forces the one-block path, 1 the radix-sort path.
   int force_path = -1;
+  // Dense LoRA (lora_dense): every token is one pair of the single expert 0 (E = 1, K = 1), T comes from
+  // token_slot, topk_ids is not read. Requires slots > 0 and experts == 1.
+  bool single_expert = false;
 };
 
-constexpr int64_t kMoeAlignSmallPairs = 1024;
+// The one-block path's limit (16 sorted items per thread of 1024); larger batches take the radix-sort path.
+constexpr int64_t kMoeAlignSmallPairs = 16384;
 
 // Padded positions needed in the worst case: every pair plus (BLOCK_M - 1) padding per non-empty group.
 int64_t moe_align_capacity(int64_t pairs, int64_t groups, int block_m);

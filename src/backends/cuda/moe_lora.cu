@@ -1,13 +1,19 @@
-// MoE-LoRA shrink and expand kernels (moe_lora.cuh) and their launchers. CUDA-core fp32 FMAs over 16-byte
-// bf16 loads: at rank <= 64 both ops are bandwidth-bound on the touched A/B slices at decode sizes; tensor
-// cores (mma.sync) for prefill come later. One CTA per (tile, piece): the tile's group gives (slot, expert),
-// so the slot is a grid dimension through the tile list and no CTA exists for an empty (slot, expert).
-//  shrink: CTA = one tile × one split of `in`; warp w owns rank rows w, w+8, ...; each lane reads 8
-//    consecutive inputs of an A row and of each of the tile's x rows (x hits L1 across the 8 warps);
-//    fp32 partial sums per (row, pair) in registers, one warp reduction at the end, then an fp32 atomic
-//    add (split) or a store (no split) into z.
-//  expand: CTA = one tile × 512 outputs; thread = 2 output rows, B read 8 ranks at a time, z of the tile
-//    staged in shared memory, y read-add-written once per (pair, output) as bf16 pairs.
+// MoE-LoRA shrink and expand kernels (moe_lora.cuh) and their launchers, on tensor cores (mma.sync). One CTA
+// per (tile of 16 pairs, piece); the tile's group gives (slot, expert), so the slot is a grid dimension
+// through the tile list and no CTA exists for an empty (slot, expert). 4 warps per CTA.
+//  shrink: z[16, r] += x[16, k-piece]·A[s,e][r, k-piece]ᵀ, bf16 m16n8k16, fp32 accumulators. The piece is
+//    walked in chunks of 64 inputs staged by cp.async in a 3-stage ring (x rows of the tile, the slot's
+//    true-rank rows of A, rounded up to 16); warp w takes inputs [16w, 16w + 16) of each chunk for all
+//    rank columns, the 4 warps are summed in shared memory, then fp32 atomics (split) or stores into z.
+//    Run mode (large batches): a CTA takes up to 4 consecutive tiles of one (slot, expert), a tile per
+//    warp over all 64 inputs of each chunk, so one staged A chunk serves 64 pairs (less L2 traffic).
+//  expand: y[16, n-piece] += z[16, r]·B[s,e][n-piece, r]ᵀ, tf32 m16n8k8 (z is fp32 and would lose 8 bits
+//    as bf16; bf16 B is exact in tf32). A streaming op: the CTA walks its piece in BLOCK_N chunks through
+//    a 3-stage cp.async ring (B rows of the chunk + the tile's y rows as 16-byte vectors), adds the fp32
+//    accumulators into the staged y in place (one rounding) and stores it back; z is read once per CTA.
+//    The first B chunks are staged before griddepcontrol.wait (PDL), y and z after it.
+// Shared-memory rows are padded (shrink: 144 bytes; expand: rank tier + 8 and BLOCK_N + 8 bf16) so that
+// 8 consecutive rows fall into distinct bank groups: ldmatrix and the fragment accesses are conflict-free.
 #include "backends/cuda/moe_lora.cuh"
 
 #include <cuda_bf16.h>
@@ -20,14 +26,73 @@
 namespace lmx::cuda {
 namespace {
 
-using detail::kBf16PerVector;
 constexpr int kBlockM = kMoeLoraBlockM;
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kExpandOutPerThread = 2;
-constexpr int kExpandOutPerCta = kThreads * kExpandOutPerThread;
 constexpr int kMaxRank = 64;
-constexpr int kPairsPerPass = 4;  // shrink: accumulators per rank row (registers, see shrink_kernel)
+constexpr int kChunk = 64;      // shrink: inputs per pipeline stage (16 per warp)
+constexpr int kStages = 3;      // shrink: cp.async ring depth
+constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
+constexpr int kRedStride = 72;  // shrink: fp32 row stride of the cross-warp reduction (float2 stores)
+constexpr int kExpandStages = 3;  // expand: cp.async ring depth over BLOCK_N chunks
+constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
+
+// ---- device helpers -----------------------------------------------------------------------------------
+
+// 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros without reading (masked rows/columns).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+// 4 bytes global -> shared, asynchronous (the bf16-pair path of y when rows are not 16-byte vectors).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Four 8×8 bf16 matrices; lanes 8i..8i+7 address the rows of matrix i, register i gets matrix i's
+// (row lane/4, columns 2·(lane%4), +1).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// d += a·b, m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a·b, m16n8k8, tf32 in, fp32 accumulate.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned to_tf32(float f) {  // round to nearest, ties away (cvt.rna)
+  unsigned u;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(f));
+  return u;
+}
+
+// bf16 bits -> the fp32 (and tf32: 8 mantissa bits fit in 10) pattern of the same value; exact.
+__device__ __forceinline__ unsigned bf16_bits_to_tf32(unsigned short bits) { return unsigned(bits) << 16; }
+
+// Programmatic dependent launch (sm_90): the primary lets its dependents start; the dependent waits for
+// the primary's completion and memory. Both are no-ops when the launch had no PDL attribute.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // ---- kernels ------------------------------------------------------------------------------------------
 
@@ -41,15 +106,32 @@ struct LoraKernelParams {
   const int32_t* num_tiles;     // [1] i32
   float* z;                     // [T*K, R] f32
   __nv_bfloat16* y;             // [T*K, out] bf16
+  int32_t* tile_counters;       // [max_tiles] i32, or null: no self-cleaning
   int pairs;                    // T*K, the sentinel
   int top_k;                    // K
   bool x_per_pair;              // x has T*K rows
+  bool y_vector;                // out % 8 == 0 and y 16-byte aligned: 16-byte y accesses
   int experts;                  // E
   int in;                       // in
   int out;                      // out
   int capacity_rank;            // R
-  int split_k;
+  int max_tiles;                // grid tiles (capacity / BLOCK_M)
+  int pieces;                   // shrink: split_k; expand: ceil(chunks / chunks_per_piece)
+  bool piece_fastest;           // MoeLoraCtaOrder::kPieceFastest
+  int chunks_per_piece;         // expand: BLOCK_N chunks of `out` per CTA
 };
+
+// (tile, piece) of this CTA under the configured order.
+__device__ __forceinline__ void cta_coords(const LoraKernelParams& p, int& tile, int& piece) {
+  const int linear = blockIdx.x;
+  if (p.piece_fastest) {
+    tile = linear / p.pieces;
+    piece = linear % p.pieces;
+  } else {
+    tile = linear % p.max_tiles;
+    piece = linear / p.max_tiles;
+  }
+}
 
 // The tile's pairs into shared memory; returns how many are real (sentinels sit at the end of a group).
 __device__ __forceinline__ int load_tile_pairs(const LoraKernelParams& p, int tile, int (&pairs)[kBlockM]) {
@@ -61,117 +143,413 @@ __device__ __forceinline__ int load_tile_pairs(const LoraKernelParams& p, int ti
   return valid;
 }
 
-// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R <= 8 * kRowsPerWarp; sorted_pairs
-// and tile_group from moe_align with BLOCK_M = kBlockM and G = S·E; z zeroed when split_k > 1.
-template <int kRowsPerWarp>
+struct ShrinkStage {
+  __nv_bfloat16 x[kBlockM][kRowBf16];   // [16 pairs, 64 inputs] bf16 (+8 pad)
+  __nv_bfloat16 a[kMaxRank][kRowBf16];  // [rank rows, 64 inputs] bf16 (+8 pad)
+};
+union ShrinkShared {
+  ShrinkStage stages[kStages];
+  float reduce[kWarps][kBlockM][kRedStride];  // after the main loop: each warp's partial z tile
+};
+
+// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R % 8 == 0, R <= kMaxRank;
+// sorted_pairs and tile_group from moe_align with BLOCK_M = kBlockM and G = S·E; z zero on the rows of
+// this call's pairs when split (pieces) > 1. kEvenK: in % kChunk == 0 (no column masks).
+template <bool kEvenK>
 __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_constant__ LoraKernelParams p) {
-  const int tile = blockIdx.x;
+  pdl_launch_dependents();  // the expand may start its z-independent prologue now
+  int tile, piece;
+  cta_coords(p, tile, piece);
   if (tile >= *p.num_tiles) return;
   const int group = p.tile_group[tile];
   const int slot = group / p.experts;
   const int rank = p.rank[slot];
   if (rank == 0) return;
+  const int chunks = (p.in + kChunk - 1) / kChunk;
+  const int per_piece = (chunks + p.pieces - 1) / p.pieces;
+  const int c_begin = piece * per_piece, c_end = min(c_begin + per_piece, chunks);
+  if (c_begin >= c_end) return;
+
   __shared__ int pairs[kBlockM];
+  __shared__ __align__(16) ShrinkShared smem;
   const int valid = load_tile_pairs(p, tile, pairs);
+  const int rank16 = (rank + 15) / 16 * 16;  // A rows staged (zero-filled past the true rank)
+  const __nv_bfloat16* a = p.a + int64_t(group) * p.capacity_rank * p.in;  // [R, in] of (slot, expert)
+  // This thread's x row (one 16-byte vector per thread per chunk: 16 rows × 8 vectors = kThreads).
+  const int x_row = threadIdx.x / 8, x_vec = threadIdx.x % 8;
+  const bool x_valid = x_row < valid;
+  const int x_pair = x_valid ? pairs[x_row] : 0;
+  const __nv_bfloat16* x_src = p.x + int64_t(p.x_per_pair ? x_pair : x_pair / p.top_k) * p.in + x_vec * 8;
+
+  auto load_chunk = [&](int chunk, int stage) {
+    const int k0 = chunk * kChunk;
+    ShrinkStage& s = smem.stages[stage];
+    const bool x_in = x_valid && (kEvenK || k0 + x_vec * 8 < p.in);
+    cp_async16(&s.x[x_row][x_vec * 8], x_in ? x_src + k0 : p.x, x_in ? 16 : 0);
+    for (int i = threadIdx.x; i < rank16 * 8; i += kThreads) {
+      const int r = i / 8, v = i % 8;
+      const bool in_range = r < rank && (kEvenK || k0 + v * 8 < p.in);
+      cp_async16(&s.a[r][v * 8], in_range ? a + int64_t(r) * p.in + k0 + v * 8 : a, in_range ? 16 : 0);
+    }
+  };
+
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int vectors = p.in / kBf16PerVector;
-  const int per_split = (vectors + p.split_k - 1) / p.split_k;
-  const int v_begin = blockIdx.y * per_split, v_end = min(v_begin + per_split, vectors);
+  float acc[kMaxRank / 8][4] = {};  // [n-tile of 8 rank columns][mma C fragment]
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (c_begin + s < c_end) load_chunk(c_begin + s, s);
+    cp_async_commit();  // empty groups keep the wait count uniform
+  }
+  // ldmatrix addresses inside a stage: x (A operand) rows lane%8 + 8·((lane/8)%2), column 8·(lane/16);
+  // A_lora (B operand, [n][k] = col-major K×N) rows lane%8 + 8·(lane/16), column 8·((lane/8)%2).
+  const int xa_row = lane % 8 + 8 * ((lane / 8) % 2), xa_col = warp * 16 + 8 * (lane / 16);
+  const int ab_row = lane % 8 + 8 * (lane / 16), ab_col = warp * 16 + 8 * ((lane / 8) % 2);
+  for (int c = c_begin; c < c_end; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk c visible to all; every warp is done with the stage refilled below
+    const int stage = (c - c_begin) % kStages;
+    const ShrinkStage& s = smem.stages[stage];
+    unsigned frag_x[4];
+    ldmatrix_x4(frag_x, &s.x[xa_row][xa_col]);
+#pragma unroll
+    for (int np = 0; np < kMaxRank / 16; ++np) {
+      if (np * 16 < rank) {
+        unsigned frag_a[4];
+        ldmatrix_x4(frag_a, &s.a[np * 16 + ab_row][ab_col]);
+        mma_bf16(acc[2 * np], frag_x, frag_a[0], frag_a[1]);
+        mma_bf16(acc[2 * np + 1], frag_x, frag_a[2], frag_a[3]);
+      }
+    }
+    const int next = c + kStages - 1;
+    if (next < c_end) load_chunk(next, (next - c_begin) % kStages);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the stages are dead: the reduction buffer overlays them
+
+  // C fragment: (row g, columns 2t, 2t+1) and (row g + 8, same columns), g = lane/4, t = lane%4.
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kMaxRank / 8; ++nt) {
+    if (nt * 8 < rank16) {
+      *reinterpret_cast<float2*>(&smem.reduce[warp][g][nt * 8 + 2 * t]) = make_float2(acc[nt][0], acc[nt][1]);
+      *reinterpret_cast<float2*>(&smem.reduce[warp][g + 8][nt * 8 + 2 * t]) = make_float2(acc[nt][2], acc[nt][3]);
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < valid * rank; i += kThreads) {
+    const int m = i / rank, r = i % rank;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += smem.reduce[w][m][r];
+    float* dst = p.z + int64_t(pairs[m]) * p.capacity_rank + r;
+    if (p.pieces > 1) atomicAdd(dst, sum);  // relaxed: only the sum matters, read after the kernel
+    else *dst = sum;
+  }
+}
+
+// Shrink, run mode (large batches, several tiles per (slot, expert)): the per-tile kernel above re-reads
+// the group's A chunk for every 16-pair tile; at T 2048-4096 it moves ~5 TB/s from L2 (estimated from
+// the bench's per-tile bytes), so that traffic, not the math, bounds it.
+// Here a CTA takes a run of up to kRunTiles tiles of one group, one tile per warp, so each staged A chunk
+// serves up to 64 pairs. Runs: a tile leads if it starts its group or sits on a multiple of kRunTiles,
+// and takes its group's tiles up to the next multiple; every other CTA exits at once. Each warp covers all
+// 64 inputs of a chunk for its own 16 rows, so there is no cross-warp reduction.
+constexpr int kRunTiles = kWarps;
+
+template <int kRankCap>
+struct ShrinkRunStage {
+  __nv_bfloat16 x[kRunTiles * kBlockM][kRowBf16];  // [64 pairs, 64 inputs] bf16 (+8 pad)
+  __nv_bfloat16 a[kRankCap][kRowBf16];             // [rank rows, 64 inputs] bf16 (+8 pad)
+};
+
+// PRECOND: as shrink_kernel, with R <= kRankCap (a multiple of 16) and dynamic shared memory =
+// kStages · sizeof(ShrinkRunStage<kRankCap>).
+template <bool kEvenK, int kRankCap>
+__global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __grid_constant__ LoraKernelParams p) {
+  pdl_launch_dependents();  // the expand may start its z-independent prologue now
+  int tile, piece;
+  cta_coords(p, tile, piece);
+  const int tiles = *p.num_tiles;
+  if (tile >= tiles) return;
+  const int group = p.tile_group[tile];
+  if (tile % kRunTiles != 0 && p.tile_group[tile - 1] == group) return;  // not a run's first tile
+  const int slot = group / p.experts;
+  const int rank = p.rank[slot];
+  if (rank == 0) return;
+  const int chunks = (p.in + kChunk - 1) / kChunk;
+  const int per_piece = (chunks + p.pieces - 1) / p.pieces;
+  const int c_begin = piece * per_piece, c_end = min(c_begin + per_piece, chunks);
+  if (c_begin >= c_end) return;
+
+  extern __shared__ __align__(16) unsigned char shrink_shared[];
+  auto* stages = reinterpret_cast<ShrinkRunStage<kRankCap>*>(shrink_shared);  // [kStages]
+  __shared__ int pairs[kRunTiles * kBlockM];  // the run's pairs; the sentinel past the run and on padding
+  if (threadIdx.x < kRunTiles * kBlockM) {
+    const int member = tile + int(threadIdx.x) / kBlockM;  // tiles of one group are contiguous
+    const bool in_run = member <= (tile | (kRunTiles - 1)) && member < tiles && p.tile_group[member] == group;
+    pairs[threadIdx.x] = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
+  }
+  __syncthreads();
+  const int rank16 = (rank + 15) / 16 * 16;  // A rows staged (zero-filled past the true rank)
   const __nv_bfloat16* a = p.a + int64_t(group) * p.capacity_rank * p.in;  // [R, in] of (slot, expert)
 
-  // The tile's pairs in passes of kPairsPerPass: 4 accumulators per rank row keep the kernel near 100
-  // registers (2+ CTAs per SM); a later pass re-reads the CTA's A piece from L1/L2, not DRAM.
-  for (int m0 = 0; m0 < valid; m0 += kPairsPerPass) {
-    float acc[kRowsPerWarp][kPairsPerPass] = {};
-    for (int v = v_begin + lane; v < v_end; v += 32) {
-      float av[kRowsPerWarp][8];
+  auto load_chunk = [&](int chunk, int stage) {
+    const int k0 = chunk * kChunk;
+    ShrinkRunStage<kRankCap>& s = stages[stage];
+    for (int i = threadIdx.x; i < kRunTiles * kBlockM * 8; i += kThreads) {
+      const int m = i / 8, v = i % 8;
+      const int pair = pairs[m];
+      const bool in_range = pair != p.pairs && (kEvenK || k0 + v * 8 < p.in);
+      const __nv_bfloat16* src =
+          in_range ? p.x + int64_t(p.x_per_pair ? pair : pair / p.top_k) * p.in + k0 + v * 8 : p.x;
+      cp_async16(&s.x[m][v * 8], src, in_range ? 16 : 0);
+    }
+    for (int i = threadIdx.x; i < rank16 * 8; i += kThreads) {
+      const int r = i / 8, v = i % 8;
+      const bool in_range = r < rank && (kEvenK || k0 + v * 8 < p.in);
+      cp_async16(&s.a[r][v * 8], in_range ? a + int64_t(r) * p.in + k0 + v * 8 : a, in_range ? 16 : 0);
+    }
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool warp_active = pairs[warp * kBlockM] != p.pairs;  // a member tile's first row is a real pair
+  float acc[kRankCap / 8][4] = {};  // [n-tile of 8 rank columns][mma C fragment], this warp's 16 rows
 #pragma unroll
-      for (int j = 0; j < kRowsPerWarp; ++j) {
-        const int r = warp + kWarps * j;
-        if (r < rank) detail::load8(a + int64_t(r) * p.in + v * kBf16PerVector, av[j]);
-      }
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (c_begin + s < c_end) load_chunk(c_begin + s, s);
+    cp_async_commit();
+  }
+  // ldmatrix addresses (as shrink_kernel, the k-step kk in place of the warp's slice): x rows
+  // lane%8 + 8·((lane/8)%2) of the warp's tile, column 8·(lane/16); A rows lane%8 + 8·(lane/16), column
+  // 8·((lane/8)%2).
+  const int xa_row = warp * kBlockM + lane % 8 + 8 * ((lane / 8) % 2), xa_col = 8 * (lane / 16);
+  const int ab_row = lane % 8 + 8 * (lane / 16), ab_col = 8 * ((lane / 8) % 2);
+  for (int c = c_begin; c < c_end; ++c) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk c visible to all; every warp is done with the stage refilled below
+    const ShrinkRunStage<kRankCap>& s = stages[(c - c_begin) % kStages];
+    if (warp_active) {
 #pragma unroll
-      for (int m = 0; m < kPairsPerPass; ++m) {
-        if (m0 + m < valid) {
-          const int pair = pairs[m0 + m];
-          const int row = p.x_per_pair ? pair : pair / p.top_k;
-          float xv[8];
-          detail::load8(p.x + int64_t(row) * p.in + v * kBf16PerVector, xv);
+      for (int kk = 0; kk < kChunk / 16; ++kk) {
+        unsigned frag_x[4];
+        ldmatrix_x4(frag_x, &s.x[xa_row][kk * 16 + xa_col]);
 #pragma unroll
-          for (int j = 0; j < kRowsPerWarp; ++j) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[j][m] = fmaf(av[j][i], xv[i], acc[j][m]);
+        for (int np = 0; np < kRankCap / 16; ++np) {
+          if (np * 16 < rank) {
+            unsigned frag_a[4];
+            ldmatrix_x4(frag_a, &s.a[np * 16 + ab_row][kk * 16 + ab_col]);
+            mma_bf16(acc[2 * np], frag_x, frag_a[0], frag_a[1]);
+            mma_bf16(acc[2 * np + 1], frag_x, frag_a[2], frag_a[3]);
           }
         }
       }
     }
+    const int next = c + kStages - 1;
+    if (next < c_end) load_chunk(next, (next - c_begin) % kStages);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  if (!warp_active) return;
+  // C fragment: (row g, columns 2t, 2t+1) and (row g + 8, same columns), g = lane/4, t = lane%4.
+  const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
-      const int r = warp + kWarps * j;
-      if (r >= rank) break;
+  for (int nt = 0; nt < kRankCap / 8; ++nt) {
 #pragma unroll
-      for (int m = 0; m < kPairsPerPass; ++m) {
-        if (m0 + m < valid) {
-          float sum = acc[j][m];
-          for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(~0u, sum, offset);
-          if (lane == 0) {
-            float* dst = p.z + int64_t(pairs[m0 + m]) * p.capacity_rank + r;
-            if (p.split_k > 1) atomicAdd(dst, sum);
-            else *dst = sum;
-          }
-        }
+    for (int half = 0; half < 2; ++half) {
+      const int pair = pairs[warp * kBlockM + g + 8 * half];
+      if (nt * 8 >= rank || pair == p.pairs) continue;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = nt * 8 + 2 * t + j;
+        if (r >= rank) continue;
+        float* dst = p.z + int64_t(pair) * p.capacity_rank + r;
+        if (p.pieces > 1) atomicAdd(dst, acc[nt][2 * half + j]);  // relaxed, as shrink_kernel
+        else *dst = acc[nt][2 * half + j];
       }
     }
   }
 }
 
-// PRECOND: blockDim.x == kThreads; out % 2 == 0; R % 8 == 0, R <= kMaxRank; b 16-byte aligned, y 4-byte
-// aligned; z holds the shrink of every pair of the tile.
+// One stage of the expand's ring: a BLOCK_N chunk of the B slice and the tile's y rows over that chunk.
+// Rows of kRankCap + 8 bf16 (48 / 80 / 144 B for the rank tiers 16 / 32 / 64) and of kBlockN + 8 bf16
+// keep the 2-byte B fragment reads and the bf16-pair y updates of 8 rows × 4 lanes on 32 distinct banks.
+template <int kRankCap, int kBlockN>
+struct ExpandStage {
+  __nv_bfloat16 b[kBlockN][kRankCap + 8];  // [chunk, rank] bf16
+  __nv_bfloat16 y[kBlockM][kBlockN + 8];   // [16 pairs, chunk] bf16, updated in place, then stored
+};
+template <int kRankCap, int kBlockN>
+struct ExpandShared {
+  ExpandStage<kRankCap, kBlockN> stages[kExpandStages];
+  float z[kBlockM][kRankCap + 4];  // [16 pairs, rank] f32 (+4: A-fragment reads on 32 banks)
+  int pairs[kBlockM];
+  int last_reader;
+};
+
+// The expand streams: per chunk of kBlockN outputs it gathers the tile's y rows and the B rows, adds
+// z·Bᵀ and writes y back; a CTA walks `chunks_per_piece` chunks through a kExpandStages-deep cp.async
+// ring, so two chunks (B + y, ~24 KB at R 32, N 128) are in flight while one is computed and stored.
+// z is read once per CTA; the self-cleaning arrival happens once per CTA, right after that read.
+// PRECOND: blockDim.x == kThreads; out % 2 == 0; R % 8 == 0, R <= kRankCap; b 16-byte aligned, y 4-byte
+// aligned (16 with out % 8 == 0 when y_vector); pieces == ceil(ceil(out / kBlockN) / chunks_per_piece);
+// dynamic shared memory = sizeof(ExpandShared); z holds the shrink of every pair of the tile once
+// griddepcontrol.wait returns. y is read only after that wait (its producer may precede the shrink).
+template <int kRankCap, int kBlockN>
 __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_constant__ LoraKernelParams p) {
-  const int tile = blockIdx.x;
+  constexpr int kWarpN = kBlockN / kWarps;  // outputs per warp and chunk
+  constexpr int kTilesN = kWarpN / 8;       // mma n-tiles per warp
+  constexpr int kRankSteps = kRankCap / 8;  // mma k-steps at the tier's full rank
+  extern __shared__ __align__(16) unsigned char expand_shared[];
+  auto& smem = *reinterpret_cast<ExpandShared<kRankCap, kBlockN>*>(expand_shared);
+  int tile, piece;
+  cta_coords(p, tile, piece);
+  // moe_align's outputs and the ranks were complete before the shrink started: safe before pdl_wait.
   if (tile >= *p.num_tiles) return;
   const int group = p.tile_group[tile];
   const int slot = group / p.experts;
   const int rank = p.rank[slot];
   if (rank == 0) return;
-  __shared__ int pairs[kBlockM];
-  __shared__ float zs[kBlockM][kMaxRank];
-  const int valid = load_tile_pairs(p, tile, pairs);
-  const int rank_padded = (rank + 7) / 8 * 8;
-  for (int i = threadIdx.x; i < kBlockM * rank_padded; i += kThreads) {
-    const int m = i / rank_padded, r = i % rank_padded;
-    zs[m][r] = (m < valid && r < rank) ? p.z[int64_t(pairs[m]) * p.capacity_rank + r] : 0.0f;
-  }
-  __syncthreads();
-  const int o = blockIdx.y * kExpandOutPerCta + threadIdx.x * kExpandOutPerThread;
-  if (o >= p.out) return;
-  const __nv_bfloat16* b = p.b + (int64_t(group) * p.out + o) * p.capacity_rank;  // rows o, o+1 of [out, R]
-  float acc[kBlockM][kExpandOutPerThread] = {};
-  for (int r0 = 0; r0 < rank_padded; r0 += 8) {
-    float b0[8], b1[8];
-    detail::load8(b + r0, b0);
-    detail::load8(b + p.capacity_rank + r0, b1);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {  // padding ranks of B may hold anything; zs is 0 there, but 0·NaN is not
-      if (r0 + i >= rank) b0[i] = b1[i] = 0.0f;
+  const int chunks = (p.out + kBlockN - 1) / kBlockN;
+  const int c_begin = piece * p.chunks_per_piece, c_end = min(c_begin + p.chunks_per_piece, chunks);
+  const int rank_vectors = (rank + 7) / 8;  // 8 ranks = 16 bytes of a B row
+  const __nv_bfloat16* b = p.b + int64_t(group) * p.out * p.capacity_rank;  // [out, R] of (slot, expert)
+
+  auto load_b = [&](int chunk) {
+    const int n0 = chunk * kBlockN;
+    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
+    for (int i = threadIdx.x; i < kBlockN * rank_vectors; i += kThreads) {
+      const int n = i / rank_vectors, v = i % rank_vectors;
+      const bool in_range = n0 + n < p.out;
+      cp_async16(&s.b[n][v * 8], in_range ? b + int64_t(n0 + n) * p.capacity_rank + v * 8 : b, in_range ? 16 : 0);
     }
+  };
+  int valid = 0;                  // real pairs of the tile, known after the B prologue
+  auto load_y = [&](int chunk) {  // rows of real pairs only; columns past `out` are never read
+    const int n0 = chunk * kBlockN;
+    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
+    if (p.y_vector) {
+      constexpr int kVectors = kBlockN / 8;
+      for (int i = threadIdx.x; i < valid * kVectors; i += kThreads) {
+        const int m = i / kVectors, c = i % kVectors;
+        if (n0 + c * 8 < p.out) cp_async16(&s.y[m][c * 8], p.y + int64_t(smem.pairs[m]) * p.out + n0 + c * 8, 16);
+      }
+    } else {
+      constexpr int kDuos = kBlockN / 2;  // out % 2 == 0: bf16 pairs, 4-byte aligned
+      for (int i = threadIdx.x; i < valid * kDuos; i += kThreads) {
+        const int m = i / kDuos, c = i % kDuos;
+        if (n0 + c * 2 < p.out) cp_async4(&s.y[m][c * 2], p.y + int64_t(smem.pairs[m]) * p.out + n0 + c * 2);
+      }
+    }
+  };
+
+  // Prologue: B of the first chunks before the wait (weights, not written by the shrink), y after it.
 #pragma unroll
-    for (int m = 0; m < kBlockM; ++m) {
-      if (m < valid) {
+  for (int s = 0; s < kExpandStages - 1; ++s) {
+    if (c_begin + s < c_end) load_b(c_begin + s);
+  }
+  valid = load_tile_pairs(p, tile, smem.pairs);  // its latency overlaps the B loads in flight
+  pdl_wait();  // z is the shrink's output; y may be its predecessor's
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          acc[m][0] = fmaf(b0[i], zs[m][r0 + i], acc[m][0]);
-          acc[m][1] = fmaf(b1[i], zs[m][r0 + i], acc[m][1]);
+  for (int s = 0; s < kExpandStages - 1; ++s) {
+    if (c_begin + s < c_end) load_y(c_begin + s);
+    cp_async_commit();  // group s holds y of chunk s (and group 0 every prologue B): waits stay uniform
+  }
+  const int rank8 = rank_vectors * 8;
+  for (int i = threadIdx.x; i < kBlockM * rank8; i += kThreads) {
+    const int m = i / rank8, r = i % rank8;
+    smem.z[m][r] = (m < valid && r < rank) ? p.z[int64_t(smem.pairs[m]) * p.capacity_rank + r] : 0.0f;
+  }
+  __syncthreads();  // z tile read by every thread of this CTA
+  if (p.tile_counters != nullptr && threadIdx.x == 0) {
+    // Self-cleaning: the last of the tile's `pieces` CTAs to have read z zeroes it after its loop
+    // (threadfence-reduction: each CTA's reads are ordered before its arrival).
+    __threadfence();
+    const int arrived = atomicAdd(&p.tile_counters[tile], 1);
+    smem.last_reader = arrived == p.pieces - 1;
+    if (smem.last_reader) p.tile_counters[tile] = 0;
+    __threadfence();
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // A fragments (z, tf32) for every k-step of 8 ranks: (g, t), (g+8, t), (g, t+4), (g+8, t+4).
+  unsigned frag_z[kRankSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kRankSteps; ++ks) {
+    if (ks < rank_vectors) {
+      frag_z[ks][0] = to_tf32(smem.z[g][ks * 8 + t]);
+      frag_z[ks][1] = to_tf32(smem.z[g + 8][ks * 8 + t]);
+      frag_z[ks][2] = to_tf32(smem.z[g][ks * 8 + t + 4]);
+      frag_z[ks][3] = to_tf32(smem.z[g + 8][ks * 8 + t + 4]);
+    }
+  }
+
+  for (int c = c_begin; c < c_end; ++c) {
+    cp_async_wait<kExpandStages - 2>();
+    __syncthreads();  // chunk c visible to all; the stage refilled below was stored by every thread
+    const int next = c + kExpandStages - 1;
+    if (next < c_end) {
+      load_b(next);
+      load_y(next);
+    }
+    cp_async_commit();
+    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(c - c_begin) % kExpandStages];
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt) {
+      const int n = warp * kWarpN + nt * 8 + g;  // B fragment: (k = t, n = g) and (k = t + 4, n = g)
+      const auto* row = reinterpret_cast<const unsigned short*>(&s.b[n][0]);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < kRankSteps; ++ks) {
+        if (ks < rank_vectors) {
+          // Padding ranks of B may hold anything (z is 0 there, but 0·NaN is not): masked to 0.
+          const unsigned b0 = ks * 8 + t < rank ? bf16_bits_to_tf32(row[ks * 8 + t]) : 0u;
+          const unsigned b1 = ks * 8 + t + 4 < rank ? bf16_bits_to_tf32(row[ks * 8 + t + 4]) : 0u;
+          mma_tf32(acc, frag_z[ks], b0, b1);
+        }
+      }
+      // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8).
+      const int col = warp * kWarpN + nt * 8 + 2 * t;
+      if (g < valid) {
+        auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[g][col]);
+        const float2 old = __bfloat1622float2(*y2);
+        *y2 = __floats2bfloat162_rn(old.x + acc[0], old.y + acc[1]);
+      }
+      if (g + 8 < valid) {
+        auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[g + 8][col]);
+        const float2 old = __bfloat1622float2(*y2);
+        *y2 = __floats2bfloat162_rn(old.x + acc[2], old.y + acc[3]);
+      }
+    }
+    __syncthreads();  // the updated y chunk is complete
+
+    const int n0 = c * kBlockN;
+    if (p.y_vector) {
+      constexpr int kVectors = kBlockN / 8;
+      for (int i = threadIdx.x; i < valid * kVectors; i += kThreads) {
+        const int m = i / kVectors, v = i % kVectors;
+        if (n0 + v * 8 < p.out) {
+          *reinterpret_cast<uint4*>(p.y + int64_t(smem.pairs[m]) * p.out + n0 + v * 8) =
+              *reinterpret_cast<const uint4*>(&s.y[m][v * 8]);
+        }
+      }
+    } else {
+      constexpr int kDuos = kBlockN / 2;
+      for (int i = threadIdx.x; i < valid * kDuos; i += kThreads) {
+        const int m = i / kDuos, d = i % kDuos;
+        if (n0 + d * 2 < p.out) {
+          *reinterpret_cast<__nv_bfloat162*>(p.y + int64_t(smem.pairs[m]) * p.out + n0 + d * 2) =
+              *reinterpret_cast<const __nv_bfloat162*>(&s.y[m][d * 2]);
         }
       }
     }
   }
-#pragma unroll
-  for (int m = 0; m < kBlockM; ++m) {
-    if (m < valid) {
-      auto* y = reinterpret_cast<__nv_bfloat162*>(p.y + int64_t(pairs[m]) * p.out + o);
-      const float2 old = __bfloat1622float2(*y);
-      *y = __floats2bfloat162_rn(old.x + acc[m][0], old.y + acc[m][1]);
+  if (p.tile_counters != nullptr) {
+    __syncthreads();  // last_reader written by thread 0 (the loop's barriers may be none)
+    if (smem.last_reader) {
+      for (int i = threadIdx.x; i < valid * rank; i += kThreads) {
+        p.z[int64_t(smem.pairs[i / rank]) * p.capacity_rank + i % rank] = 0.0f;
+      }
     }
   }
 }
@@ -197,8 +575,8 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
   }
   const int64_t out = w.b.dim(2);
   if (w.rank.dtype != DType::I32 || w.rank.numel() != slots) detail::contract_failure(op, "w.rank", w.rank, "[S] I32");
-  if (capacity_rank % 8 != 0 || capacity_rank > kMaxRank) {
-    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8, at most 64");
+  if (capacity_rank % 8 != 0 || capacity_rank > kMaxRank || capacity_rank < 8) {
+    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8 in [8, 64]");
   }
   if (in % 8 != 0 || !detail::aligned16(w.a.data)) detail::contract_failure(op, "w.a", w.a, "in % 8 == 0, 16-byte aligned");
   if (out % 2 != 0 || !detail::aligned16(w.b.data)) detail::contract_failure(op, "w.b", w.b, "out % 2 == 0, 16-byte aligned");
@@ -221,68 +599,181 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
       p.sorted_pairs.numel() < max_tiles * kBlockM || p.num_tiles.dtype != DType::I32) {
     detail::contract_failure(op, "sorted_pairs", p.sorted_pairs, "moe_align's I32 outputs (tile_group, num_tiles)");
   }
+  if (p.tile_counters.defined()) {
+    detail::require_cuda(op, {{"tile_counters", &p.tile_counters}});
+    if (p.tile_counters.dtype != DType::I32 || p.tile_counters.numel() < max_tiles) {
+      detail::contract_failure(op, "tile_counters", p.tile_counters,
+                               ("I32 with >= tile_group.numel() = " + std::to_string(max_tiles) + " elements").c_str());
+    }
+  }
+  const MoeLoraConfig& config = p.config;
+  if (config.expand_block_n != 64 && config.expand_block_n != 128) {
+    detail::contract_failure(op, "config.expand_block_n", p.y,
+                             ("64 or 128, found " + std::to_string(config.expand_block_n)).c_str());
+  }
+  if (config.shrink_tiles_per_cta != 0 && config.shrink_tiles_per_cta != 1 &&
+      config.shrink_tiles_per_cta != kRunTiles) {
+    detail::contract_failure(op, "config.shrink_tiles_per_cta", p.x,
+                             ("0 (auto), 1 or " + std::to_string(kRunTiles) + ", found " +
+                              std::to_string(config.shrink_tiles_per_cta)).c_str());
+  }
+  if (config.expand_chunks < 0) {
+    detail::contract_failure(op, "config.expand_chunks", p.y,
+                             (">= 0 (0 = by batch size), found " + std::to_string(config.expand_chunks)).c_str());
+  }
+  if (config.order != MoeLoraCtaOrder::kTileFastest && config.order != MoeLoraCtaOrder::kPieceFastest) {
+    detail::contract_failure(op, "config.order", p.y, "kTileFastest or kPieceFastest");
+  }
   LMX_CHECK(pairs < 0x7fffffff && max_tiles < 0x7fffffff && slots * experts < 0x7fffffff);
-  const LoraKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
-                                .a = static_cast<const __nv_bfloat16*>(w.a.data),
-                                .b = static_cast<const __nv_bfloat16*>(w.b.data),
-                                .rank = static_cast<const int32_t*>(w.rank.data),
-                                .sorted_pairs = static_cast<const int32_t*>(p.sorted_pairs.data),
-                                .tile_group = static_cast<const int32_t*>(p.tile_group.data),
-                                .num_tiles = static_cast<const int32_t*>(p.num_tiles.data),
-                                .z = static_cast<float*>(p.z.data),
-                                .y = static_cast<__nv_bfloat16*>(p.y.data),
-                                .pairs = int(pairs),
-                                .top_k = int(p.top_k),
-                                .x_per_pair = p.x.dim(0) == pairs,
-                                .experts = int(experts),
-                                .in = int(in),
-                                .out = int(out),
-                                .capacity_rank = int(capacity_rank),
-                                .split_k = 1};
+  const LoraKernelParams params{
+      .x = static_cast<const __nv_bfloat16*>(p.x.data),
+      .a = static_cast<const __nv_bfloat16*>(w.a.data),
+      .b = static_cast<const __nv_bfloat16*>(w.b.data),
+      .rank = static_cast<const int32_t*>(w.rank.data),
+      .sorted_pairs = static_cast<const int32_t*>(p.sorted_pairs.data),
+      .tile_group = static_cast<const int32_t*>(p.tile_group.data),
+      .num_tiles = static_cast<const int32_t*>(p.num_tiles.data),
+      .z = static_cast<float*>(p.z.data),
+      .y = static_cast<__nv_bfloat16*>(p.y.data),
+      .tile_counters = p.tile_counters.defined() ? static_cast<int32_t*>(p.tile_counters.data) : nullptr,
+      .pairs = int(pairs),
+      .top_k = int(p.top_k),
+      .x_per_pair = p.x.dim(0) == pairs,
+      .y_vector = out % 8 == 0 && detail::aligned16(p.y.data),
+      .experts = int(experts),
+      .in = int(in),
+      .out = int(out),
+      .capacity_rank = int(capacity_rank),
+      .max_tiles = int(max_tiles),
+      .pieces = 1,
+      .piece_fastest = config.order == MoeLoraCtaOrder::kPieceFastest,
+      .chunks_per_piece = 1};
   return {params, int(max_tiles)};
+}
+
+unsigned grid_of(const Checked& c) {
+  const int64_t ctas = int64_t(c.max_tiles) * c.params.pieces;
+  LMX_CHECK(ctas < 0x7fffffff, "moe_lora: %lld CTAs", (long long)ctas);
+  return unsigned(ctas);
+}
+
+}  // namespace
+
+namespace {
+
+// Tiles per shrink CTA when config.shrink_tiles_per_cta is 0: runs of kRunTiles once the (slot, expert)
+// groups hold two or more tiles on average (the per-tile kernel's A re-reads then dominate).
+int auto_shrink_tiles(int64_t pairs, int64_t groups) {
+  return pairs >= 2 * kBlockM * std::max<int64_t>(1, std::min(pairs, groups)) ? kRunTiles : 1;
+}
+
+int auto_split_for(int64_t pairs, int64_t groups, int64_t in, int tiles_per_cta) {
+  // Expected working CTAs per piece: one tile per touched group plus one per BLOCK_M pairs (per-tile
+  // mode), or one run per touched group plus one per kRunTiles tiles (run mode); aim for ~4 CTAs of 128
+  // threads per SM on 132 SMs (decode batches need many loads in flight), each piece >= one 64-input chunk.
+  const int64_t touched = std::min(pairs, groups);
+  const int64_t ctas = std::max<int64_t>(1, tiles_per_cta == 1 ? touched + pairs / kBlockM
+                                                                : touched + pairs / (kBlockM * kRunTiles));
+  const int64_t max_split = std::max<int64_t>(1, (in + kChunk - 1) / kChunk);
+  return int(std::clamp<int64_t>((4 * kSms + ctas - 1) / ctas, 1, max_split));
 }
 
 }  // namespace
 
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in) {
-  // Expected tiles: one per touched group plus one per BLOCK_M pairs; aim for ~8 CTAs per SM on 132 SMs,
-  // each piece at least 32 vectors (256 inputs) long.
-  const int64_t tiles = std::max<int64_t>(1, std::min(pairs, groups) + pairs / kBlockM);
-  const int64_t max_split = std::max<int64_t>(1, in / kBf16PerVector / 32);
-  return int(std::clamp<int64_t>((8 * 132 + tiles - 1) / tiles, 1, max_split));
+  return auto_split_for(pairs, groups, in, auto_shrink_tiles(pairs, groups));
+}
+
+int moe_lora_auto_expand_chunks(int64_t max_tiles, int64_t chunks) {
+  // Enough CTAs for ~8 waves of 4 resident CTAs per SM (tail under ~1/8), but as few pieces as that
+  // allows: each piece re-reads z, pays one arrival and fills the ring once.
+  const int64_t target = int64_t(kSms) * 4 * 8;
+  const int64_t pieces = std::clamp<int64_t>((target + max_tiles - 1) / std::max<int64_t>(max_tiles, 1), 1,
+                                             std::max<int64_t>(chunks, 1));
+  return int((chunks + pieces - 1) / pieces);
 }
 
 void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
   if (!p.w.defined()) return;  // no resident adapter targets these experts: nothing is launched
   Checked c = check_and_pack(p, "moe_lora_shrink");
-  if (c.max_tiles == 0 || c.params.pairs == 0) return;
+  // out == 0: the expand launches nothing, so nothing would clean z (and y gets no term anyway).
+  if (c.max_tiles == 0 || c.params.pairs == 0 || c.params.out == 0) return;
   const int64_t groups = p.w.a.dim(0) * p.w.a.dim(1);
-  int split = p.split_k > 0 ? p.split_k : moe_lora_auto_split(c.params.pairs, groups, c.params.in);
-  split = std::clamp(split, 1, std::max(1, c.params.in / kBf16PerVector));
-  c.params.split_k = split;
-  if (split > 1) LMX_CUDA_CHECK(cudaMemsetAsync(p.z.data, 0, p.z.nbytes(), stream));
-  const dim3 grid(unsigned(c.max_tiles), unsigned(split));
-  // The one dispatch on the rank capacity: rows per warp = R / 8 warps.
-  switch (c.params.capacity_rank / kWarps) {
-    case 1: shrink_kernel<1><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 2: shrink_kernel<2><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 3: shrink_kernel<3><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 4: shrink_kernel<4><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 5: shrink_kernel<5><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 6: shrink_kernel<6><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 7: shrink_kernel<7><<<grid, kThreads, 0, stream>>>(c.params); break;
-    case 8: shrink_kernel<8><<<grid, kThreads, 0, stream>>>(c.params); break;
-    default: detail::contract_failure("moe_lora_shrink", "w.a", p.w.a, "R in {8, 16, ..., 64}");
+  const int tiles_per_cta = p.config.shrink_tiles_per_cta != 0 ? p.config.shrink_tiles_per_cta
+                                                                : auto_shrink_tiles(c.params.pairs, groups);
+  const int requested = p.split_k != 0 ? p.split_k : p.config.split_k;
+  int split = requested > 0 ? requested : auto_split_for(c.params.pairs, groups, c.params.in, tiles_per_cta);
+  const int chunks = (c.params.in + kChunk - 1) / kChunk;
+  split = std::clamp(split, 1, std::max(1, chunks));
+  // Pieces of whole chunks: drop splits that would be empty.
+  split = (chunks + (chunks + split - 1) / split - 1) / ((chunks + split - 1) / split);
+  c.params.pieces = split;
+  if (split > 1 && c.params.tile_counters == nullptr) {
+    LMX_CUDA_CHECK(cudaMemsetAsync(p.z.data, 0, p.z.nbytes(), stream));  // no self-cleaning invariant
+  }
+  const bool even_k = c.params.in % kChunk == 0;
+  if (tiles_per_cta == 1) {
+    if (even_k) shrink_kernel<true><<<grid_of(c), kThreads, 0, stream>>>(c.params);
+    else shrink_kernel<false><<<grid_of(c), kThreads, 0, stream>>>(c.params);
+    LMX_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  auto run = [&](auto kernel, size_t stage_bytes) {
+    const size_t shared_bytes = kStages * stage_bytes;
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    kernel<<<grid_of(c), kThreads, shared_bytes, stream>>>(c.params);
+  };
+  // Run mode: the one dispatch on EVEN_K × rank tier (capacity R rounded up to 16 / 32 / 64).
+  const int rank_cap = c.params.capacity_rank;
+  if (rank_cap <= 16) {
+    if (even_k) run(shrink_run_kernel<true, 16>, sizeof(ShrinkRunStage<16>));
+    else run(shrink_run_kernel<false, 16>, sizeof(ShrinkRunStage<16>));
+  } else if (rank_cap <= 32) {
+    if (even_k) run(shrink_run_kernel<true, 32>, sizeof(ShrinkRunStage<32>));
+    else run(shrink_run_kernel<false, 32>, sizeof(ShrinkRunStage<32>));
+  } else {
+    if (even_k) run(shrink_run_kernel<true, 64>, sizeof(ShrinkRunStage<64>));
+    else run(shrink_run_kernel<false, 64>, sizeof(ShrinkRunStage<64>));
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
 
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   if (!p.w.defined()) return;
-  const Checked c = check_and_pack(p, "moe_lora_expand");
+  Checked c = check_and_pack(p, "moe_lora_expand");
   if (c.max_tiles == 0 || c.params.pairs == 0 || c.params.out == 0) return;
-  const dim3 grid(unsigned(c.max_tiles), detail::blocks_for(c.params.out, kExpandOutPerCta));
-  expand_kernel<<<grid, kThreads, 0, stream>>>(c.params);
+  const int block_n = p.config.expand_block_n;
+  const int chunks = (c.params.out + block_n - 1) / block_n;
+  int per_piece = p.config.expand_chunks > 0 ? p.config.expand_chunks : moe_lora_auto_expand_chunks(c.max_tiles, chunks);
+  per_piece = std::clamp(per_piece, 1, chunks);
+  c.params.chunks_per_piece = per_piece;
+  c.params.pieces = (chunks + per_piece - 1) / per_piece;  // every piece holds at least one chunk
+  cudaLaunchConfig_t launch = {};
+  launch.gridDim = dim3(grid_of(c));
+  launch.blockDim = dim3(kThreads);
+  launch.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  launch.attrs = attribute;
+  launch.numAttrs = p.config.pdl ? 1 : 0;
+  auto run = [&](auto kernel, size_t shared_bytes) {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    launch.dynamicSmemBytes = shared_bytes;
+    LMX_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, c.params));
+  };
+  // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64) × BLOCK_N.
+  const int rank_cap = c.params.capacity_rank;
+  if (rank_cap <= 16) {
+    if (block_n == 128) run(expand_kernel<16, 128>, sizeof(ExpandShared<16, 128>));
+    else run(expand_kernel<16, 64>, sizeof(ExpandShared<16, 64>));
+  } else if (rank_cap <= 32) {
+    if (block_n == 128) run(expand_kernel<32, 128>, sizeof(ExpandShared<32, 128>));
+    else run(expand_kernel<32, 64>, sizeof(ExpandShared<32, 64>));
+  } else {
+    if (block_n == 128) run(expand_kernel<64, 128>, sizeof(ExpandShared<64, 128>));
+    else run(expand_kernel<64, 64>, sizeof(ExpandShared<64, 64>));
+  }
   LMX_CUDA_CHECK_LAUNCH();
 }
 

@@ -2,8 +2,8 @@
 // shrink z[pair, :r] = A[s,e][:r]·x[row(pair)] and expand y[pair, :] += B[s,e][:, :r]·z[pair], r = the
 // slot's true rank (rank 0: the tile exits at once). Scaling is folded into B at load (lora/adapter.h), so
 // no scale here. The router-weighted sum over k happens after the down projection, outside these ops.
-// Callers: tests, bench, (later) the CUDA MoE block, once for gate_up (x = [T, H]) and once for down
-// (x = the activation [T*K, I]).
+// Callers: tests, bench, lora_dense (E = K = 1), (later) the CUDA MoE block, once for gate_up (x = [T, H])
+// and once for down (x = the activation [T*K, I]). Both kernels run on tensor cores (mma.sync).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -12,6 +12,29 @@
 
 namespace lmx::cuda {
 
+// Order of the CTAs of one launch (the grid is tiles × pieces; pieces = splits of `in` for the shrink,
+// BLOCK_N slices of `out` for the expand). Tile-fastest runs the CTAs that read the same piece of one
+// (slot, expert)'s A or B next to each other (L2 reuse across the tiles of a big group); piece-fastest
+// runs all pieces of one tile together (reuse of its x / z rows). A knob, measured in docs/perf-log.md.
+enum class MoeLoraCtaOrder : int { kTileFastest = 0, kPieceFastest = 1 };
+
+// The tuning knobs of both kernels in one place (a `loramux tune` sweep sets these; defaults are H200's).
+struct MoeLoraConfig {
+  int split_k = 0;  // shrink: pieces of `in` per tile (fp32 atomics into z); 1 = no split; 0 = by batch size
+  MoeLoraCtaOrder order = MoeLoraCtaOrder::kTileFastest;
+  bool pdl = true;          // launch the expand as a programmatic dependent of the shrink (sm_90)
+  int expand_block_n = 128;  // expand: outputs per pipeline chunk (BLOCK_N), 64 or 128
+  int expand_chunks = 0;     // expand: BLOCK_N chunks per CTA (a cp.async ring walks them); 0 = by batch size
+  int shrink_tiles_per_cta = 0;  // shrink: 1 (a tile per CTA, warps split `in`) or 4 (a run of one group's
+                                 // tiles, a tile per warp, A staged once); 0 = by batch size
+};
+
+// The z invariant ("self-cleaning"): when `tile_counters` is given, z is all zero between calls. The shrink
+// only adds into z (split-K atomics, or plain stores without split), and the last expand CTA of each tile
+// (found by an arrival count in tile_counters) re-zeroes the z rows it consumed and resets its counter.
+// So z and tile_counters are zeroed once at allocation and never memset again; the direct per-pair path
+// keeps the same invariant, so both can share one z. Without tile_counters (an older caller), the shrink
+// memsets z itself when it splits, and z holds the shrink result after the expand.
 struct MoeLoraParams {
   Tensor x;             // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16
   ops::LoraStack w;     // a [S, E, R, in] bf16, b [S, E, out, R] bf16 (scale folded), rank [S] i32
@@ -23,17 +46,20 @@ struct MoeLoraParams {
   int block_m = 16;
   Tensor z;             // [T*K, R] f32: shrink output, expand input (only rows of pairs with a slot)
   Tensor y;             // [T*K, out] bf16, accumulated in place by the expand
-  int split_k = 0;      // shrink: pieces of `in` per tile, fp32 atomics into z zeroed here; 1 = no split
-                        // (plain stores, no zeroing); 0 = pick from the batch size
+  int split_k = 0;      // kept for older callers: when nonzero it overrides config.split_k
+  MoeLoraConfig config;
+  Tensor tile_counters;  // [>= capacity / block_m] i32, all zero at allocation; optional (see above)
 };
 
-// BLOCK_M the kernels are built for (moe_align must use it).
+// BLOCK_M the kernels are built for (moe_align must use it): one mma.sync M of 16 pairs.
 constexpr int kMoeLoraBlockM = 16;
 
 void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream);
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream);
 
-// The split_k that split_k = 0 resolves to, for benchmarks and logs.
+// The split_k that split_k = 0 resolves to (with shrink_tiles_per_cta = 0), for benchmarks and logs.
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in);
+// The expand_chunks that 0 resolves to, for max_tiles = capacity / BLOCK_M and chunks = ceil(out / BLOCK_N).
+int moe_lora_auto_expand_chunks(int64_t max_tiles, int64_t chunks);
 
 }  // namespace lmx::cuda

@@ -1,0 +1,203 @@
+// bench_moe_gemm: GPU time of the base MoE of one layer (no LoRA) at GPT-OSS-20B (H 2880, I 2880, E 32,
+// K 4) and Qwen3-30B-A3B (H 2048, I 768, E 128, K 8) shapes, T = 1, 16, 64, 256, 1600, 4096, random routing
+// (K distinct experts per token). Rows: moe_block (align + gate_up with fused activation + down + combine),
+// then each kernel alone (align, gate_up fused, gate_up to h + moe_activation, down, combine; gate_up and
+// down also at both BLOCK_N, to check the default of the BLOCK_M in use), each with
+// µs, the bytes that must move (touched experts' weights once, plus activations in and out), the FLOPs,
+// and the share of the H200 floor max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_moe_lora:
+// many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
+// (≥ 3.6 GB, far beyond the 50 MB L2) so weights come from DRAM; median of 5 replays. Random bf16 data.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/memory.h"
+#include "backends/cuda/moe_align.cuh"
+#include "backends/cuda/moe_gemm.cuh"
+#include "bench/cuda_timing.h"
+#include "core/rng.h"
+#include "ops/moe.h"
+
+namespace lmx {
+namespace {
+
+constexpr double kBytesPerSecond = 4.2e12;  // measured d2d copy (docs/perf-log.md)
+constexpr double kFlopsPerSecond = 750e12;  // measured bf16 dense (issue 4)
+constexpr int kCopies = 3;                  // copies of the layer's weights the launches cycle over
+constexpr int kIterations = 30;             // per graph (a multiple of kCopies)
+constexpr int kReplays = 5;
+
+struct Model {
+  const char* name;
+  int64_t hidden, inter, experts, top_k;
+  ops::MoeActivation activation;
+  ops::GateUpLayout layout;
+  bool biases;
+};
+
+// A device tensor of random bf16: one 16M-value random block uploaded once, tiled by device copies (fast
+// for the GB-sized weight stacks). Scale 0.02 keeps h and d O(1).
+OwnedTensor random_device_bf16(Rng& rng, std::initializer_list<int64_t> dims) {
+  static const OwnedTensor block = [&] {
+    OwnedTensor host = OwnedTensor::host(DType::BF16, {int64_t(1) << 24});
+    for (int64_t i = 0; i < host.view.numel(); ++i) host.view.ptr<bf16>()[i] = f32_to_bf16(0.02f * rng.normal());
+    return cuda::upload(host);
+  }();
+  OwnedTensor t = cuda::empty(DType::BF16, dims);
+  const size_t bytes = t.view.nbytes(), block_bytes = block.view.nbytes();
+  for (size_t at = 0; at < bytes; at += block_bytes) {
+    BENCH_CUDA(cudaMemcpy(static_cast<char*>(t.view.data) + at, block.view.data, std::min(block_bytes, bytes - at),
+                          cudaMemcpyDeviceToDevice));
+  }
+  return t;
+}
+
+void print_row(const char* what, int64_t tokens, double bytes, double flops, double seconds) {
+  const double floor = std::max(bytes / kBytesPerSecond, flops / kFlopsPerSecond);
+  std::printf("%-26s T %5lld  %9.2f us  %13.0f B  %15.0f FLOP  floor %8.2f us (%s)  %5.1f%% of floor\n", what,
+              (long long)tokens, seconds * 1e6, bytes, flops, floor * 1e6,
+              bytes / kBytesPerSecond >= flops / kFlopsPerSecond ? "bytes" : "flops", 100.0 * floor / seconds);
+}
+
+struct Layer {
+  OwnedTensor gate_up, gate_up_bias, down, down_bias;  // [E, 2I, H], [E, 2I], [E, H, I], [E, H] bf16
+};
+
+void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& layers, cudaStream_t stream, Rng& rng) {
+  const int64_t H = m.hidden, I = m.inter, E = m.experts, K = m.top_k, pairs = tokens * K;
+  OwnedTensor ids = OwnedTensor::host(DType::I32, {tokens, K}), weights = OwnedTensor::host(DType::F32, {tokens, K});
+  std::vector<bool> touched(size_t(E), false);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> all(static_cast<size_t>(E));
+    for (int32_t e = 0; e < E; ++e) all[e] = e;
+    for (int64_t k = 0; k < K; ++k) {
+      std::swap(all[k], all[k + int64_t(rng.next_u64() % uint64_t(E - k))]);
+      ids.view.ptr<int32_t>()[t * K + k] = all[k];
+      weights.view.ptr<float>()[t * K + k] = 1.0f / float(K);
+      touched[all[k]] = true;
+    }
+  }
+  const double experts_touched = double(std::count(touched.begin(), touched.end(), true));
+  OwnedTensor d_ids = cuda::upload(ids), d_weights = cuda::upload(weights);
+  OwnedTensor x = random_device_bf16(rng, {tokens, H});
+  OwnedTensor h = cuda::empty(DType::BF16, {pairs, 2 * I}), a = cuda::empty(DType::BF16, {pairs, I});
+  OwnedTensor d = random_device_bf16(rng, {pairs, H}), out = cuda::empty(DType::BF16, {tokens, H});
+
+  const int block_m = cuda::moe_gemm_block_m(pairs, E);
+  const int64_t capacity = cuda::moe_align_capacity(pairs, E, block_m);
+  OwnedTensor sorted = cuda::empty(DType::I32, {capacity}), tile_group = cuda::empty(DType::I32, {capacity / block_m});
+  OwnedTensor offsets = cuda::empty(DType::I32, {E + 1}), num_tiles = cuda::empty(DType::I32, {1});
+  OwnedTensor align_scratch = cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, E))});
+  const cuda::MoeAlignParams align{.topk_ids = d_ids, .experts = E, .slots = 0, .block_m = block_m,
+                                   .sorted_pairs = sorted, .tile_group = tile_group, .group_offsets = offsets,
+                                   .num_tiles = num_tiles, .workspace = align_scratch};
+  const cuda::MoeExpertTiles tiles{.sorted_pairs = sorted, .tile_group = tile_group, .num_tiles = num_tiles,
+                                   .block_m = block_m};
+  const cuda::MoeWorkspaceShape shape{.max_tokens = tokens, .top_k = K, .experts = E, .hidden = H, .inter = I};
+  OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
+
+  auto gate_up = [&](int layer, bool fused, int block_n = 0) {
+    cuda::MoeGateUpParams p{.x = x, .weight = layers[layer].gate_up, .bias = layers[layer].gate_up_bias,
+                            .top_k = K, .tiles = tiles, .activation = m.activation, .layout = m.layout,
+                            .block_n = block_n};
+    (fused ? p.a : p.h) = fused ? a.view : h.view;
+    return p;
+  };
+  auto down = [&](int layer, int block_n = 0) {
+    return cuda::MoeDownParams{.a = a, .weight = layers[layer].down, .bias = layers[layer].down_bias,
+                               .tiles = tiles, .d = d, .block_n = block_n};
+  };
+  auto block = [&](int layer) {
+    const ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = layers[layer].gate_up,
+                           .gate_up_bias = layers[layer].gate_up_bias, .down = layers[layer].down,
+                           .down_bias = layers[layer].down_bias, .activation = m.activation, .layout = m.layout,
+                           .out = out};
+    cuda::moe_block(p, {.shape = shape, .memory = workspace}, stream);
+  };
+  // Untimed first calls: kernel attributes are set once, outside any graph capture.
+  cuda::moe_align(align, stream);
+  cuda::moe_gate_up(gate_up(0, true), stream);
+  cuda::moe_gate_up(gate_up(0, false), stream);
+  cuda::moe_activation({.h = h, .activation = m.activation, .layout = m.layout, .a = a}, stream);
+  cuda::moe_down(down(0), stream);
+  const std::vector<int> block_ns = block_m == cuda::kMoeGemmBlockMLarge ? std::vector<int>{128} : std::vector<int>{64, 128};
+  for (int block_n : block_ns) {
+    cuda::moe_gate_up(gate_up(0, true, block_n), stream);
+    cuda::moe_down(down(0, block_n), stream);
+  }
+  cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);
+  block(0);
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+
+  const double p = double(pairs), t = double(tokens), bias_gu = m.biases ? 2.0 * I * 2 : 0, bias_d = m.biases ? H * 2.0 : 0;
+  const double gate_up_bytes = experts_touched * (2.0 * I * H * 2 + bias_gu) + t * H * 2 + p * I * 2;
+  const double gate_up_h_bytes = experts_touched * (2.0 * I * H * 2 + bias_gu) + t * H * 2 + p * 2 * I * 2;
+  const double activation_bytes = p * 2 * I * 2 + p * I * 2;
+  const double down_bytes = experts_touched * (double(H) * I * 2 + bias_d) + p * I * 2 + p * H * 2;
+  const double combine_bytes = p * H * 2 + p * 4 + t * H * 2;
+  const double align_bytes = p * 4 * 3;
+  const double gate_up_flops = 2.0 * p * 2 * I * H, down_flops = 2.0 * p * H * I;
+  std::printf("-- %s T %lld: %lld pairs, %.0f experts touched, BLOCK_M %d\n", m.name, (long long)tokens,
+              (long long)pairs, experts_touched, block_m);
+  auto time = [&](const std::function<void(int)>& launch) {
+    return bench::seconds_per_launch(stream, kIterations, kReplays, launch);
+  };
+  print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+            gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
+  print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
+            time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true), stream); }));
+  print_row("  gate_up -> h", tokens, gate_up_h_bytes, gate_up_flops,
+            time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, false), stream); }));
+  print_row("  activation", tokens, activation_bytes, 0, time([&](int) {
+              cuda::moe_activation({.h = h, .activation = m.activation, .layout = m.layout, .a = a}, stream);
+            }));
+  print_row("  down", tokens, down_bytes, down_flops, time([&](int i) { cuda::moe_down(down(i % kCopies), stream); }));
+  for (int block_n : block_ns) {  // both BLOCK_N at this BLOCK_M (if built), to check the default
+    const std::string suffix = " BLOCK_N " + std::to_string(block_n);
+    print_row(("  gate_up fused" + suffix).c_str(), tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true, block_n), stream); }));
+    print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,
+              time([&](int i) { cuda::moe_down(down(i % kCopies, block_n), stream); }));
+  }
+  print_row("  combine", tokens, combine_bytes, 0, time([&](int) {
+              cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);
+            }));
+}
+
+}  // namespace
+}  // namespace lmx
+
+int main() {
+  using namespace lmx;
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  Rng rng(20261203);
+  const Model models[] = {
+      {"GPT-OSS-20B", 2880, 2880, 32, 4, ops::MoeActivation::kGptOssClamped, ops::GateUpLayout::kInterleaved, true},
+      {"Qwen3-30B-A3B", 2048, 768, 128, 8, ops::MoeActivation::kSiluGated, ops::GateUpLayout::kHalves, false}};
+  std::printf("bench_moe_gemm: base MoE layer, bf16, floor = max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s)\n");
+  for (const Model& m : models) {
+    std::vector<Layer> layers;
+    for (int l = 0; l < kCopies; ++l) {
+      Layer layer{random_device_bf16(rng, {m.experts, 2 * m.inter, m.hidden}), {},
+                  random_device_bf16(rng, {m.experts, m.hidden, m.inter}), {}};
+      if (m.biases) {
+        layer.gate_up_bias = random_device_bf16(rng, {m.experts, 2 * m.inter});
+        layer.down_bias = random_device_bf16(rng, {m.experts, m.hidden});
+      }
+      layers.push_back(std::move(layer));
+    }
+    std::printf("%s: H %lld, I %lld, E %lld, K %lld, %d weight copies of %.2f GB\n", m.name, (long long)m.hidden,
+                (long long)m.inter, (long long)m.experts, (long long)m.top_k, kCopies,
+                double(layers[0].gate_up.view.nbytes() + layers[0].down.view.nbytes()) / 1e9);
+    for (int64_t tokens : {1, 16, 64, 256, 1600, 4096}) bench_tokens(m, tokens, layers, stream, rng);
+  }
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

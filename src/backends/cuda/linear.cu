@@ -1,0 +1,261 @@
+// LinearRunner (linear.cuh): out = x·Wᵀ + b. Two paths:
+//  - few rows (T <= 16), only when forced (LinearPath::kSkinny; cuBLASLt measured faster): skinny_kernel, a
+//    weight-streaming GEMV on tensor cores. One mma.sync
+//    m16n8k16 takes the (up to) 16 rows of x as A and 8 weight rows as B. Each lane loads 16 contiguous
+//    bytes of a weight row and of two x rows per 32-wide k chunk; because a dot product does not care about
+//    the order of k, the 8 values a lane holds are given to two mmas under one fixed permutation of k
+//    (the same for A and B), so no shuffles and only 16-byte loads. 8 warps split `in`, reduce in shared
+//    memory, add the bias, and store bf16 or f32. Rows >= T re-read row T-1 and are never stored.
+//  - otherwise cuBLASLt. Row-major x [T, in] and W [out, in] are column-major xᵀ [in, T] and Wᵀ [in, out], so
+//    outᵀ [out, T] (= row-major out) = op(W)·x with op = T: the "TN" GEMM, both operands K-contiguous. The
+//    algorithm per (T, in, out, out dtype, alignments) comes from the heuristic once and is cached; the bias
+//    is a small kernel after it.
+#include "backends/cuda/linear.cuh"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <cstdio>
+
+#include "backends/cuda/check.h"
+#include "ops/backend.h"
+
+#define LMX_CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                              \
+    cublasStatus_t lmx_status_ = (call);                                                            \
+    if (lmx_status_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+      std::fprintf(stderr, "loramux: cuBLASLt error at %s:%d: %s: %d\n", __FILE__, __LINE__, #call, \
+                   int(lmx_status_));                                                               \
+      std::abort();                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+namespace lmx::cuda {
+namespace {
+
+// ---- kernels ------------------------------------------------------------------------------------------
+
+struct BiasKernelParams {
+  void* out;                  // [T, out] bf16 or f32
+  const __nv_bfloat16* bias;  // [out] bf16
+  int64_t rows, cols;
+};
+
+// out[t, o] += bias[o]. Grid-stride over the elements. PRECOND: out contiguous [rows, cols].
+template <typename Out>
+__global__ static void add_bias_kernel(const __grid_constant__ BiasKernelParams p) {
+  auto* out = static_cast<Out*>(p.out);
+  const int64_t n = p.rows * p.cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float value = float(out[i]) + __bfloat162float(p.bias[i % p.cols]);
+    out[i] = Out(value);
+  }
+}
+
+// ---- skinny (few-row) GEMM on tensor cores ----
+
+struct SkinnyKernelParams {
+  const __nv_bfloat16* x;     // [T, in] bf16
+  const __nv_bfloat16* w;     // [out, in] bf16
+  const __nv_bfloat16* bias;  // [out] bf16 or null
+  void* y;                    // [T, out] bf16 or f32
+  int tokens, in, out;
+};
+
+constexpr int kSkinnyMaxRows = 16;
+constexpr int kSkinnyWarps = 8;   // split `in`
+constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
+constexpr int kSkinnyUnroll = 4;  // 32-wide k chunks in flight per warp
+constexpr int kSkinnyOutPerCta = 8 * kSkinnyNTiles;
+
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Grid: ceil(out / 16) CTAs of 8 warps. Lane (g = lane / 4, q = lane % 4) loads, per 32-wide chunk at k0,
+// x rows g and g + 8 and weight rows n0 + g (+ 8 for the second tile) at k0 + 8q .. k0 + 8q + 7.
+// PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements.
+template <typename Out>
+__global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int n0 = blockIdx.x * kSkinnyOutPerCta;
+  const int chunks = (p.in + 31) / 32;
+  const int c_begin = warp * chunks / kSkinnyWarps, c_end = (warp + 1) * chunks / kSkinnyWarps;
+  const __nv_bfloat16* x_lo = p.x + int64_t(min(g, p.tokens - 1)) * p.in;
+  const __nv_bfloat16* x_hi = p.x + int64_t(min(g + 8, p.tokens - 1)) * p.in;
+  const __nv_bfloat16* w_rows[kSkinnyNTiles];
+#pragma unroll
+  for (int j = 0; j < kSkinnyNTiles; ++j) w_rows[j] = p.w + int64_t(min(n0 + 8 * j + g, p.out - 1)) * p.in;
+
+  float acc[kSkinnyNTiles][4] = {};
+  for (int c = c_begin; c < c_end; c += kSkinnyUnroll) {
+    uint4 xa[kSkinnyUnroll], xb[kSkinnyUnroll], wv[kSkinnyUnroll][kSkinnyNTiles];
+#pragma unroll
+    for (int u = 0; u < kSkinnyUnroll; ++u) {  // every load unconditional (clamped), then masked by value
+      const int k = (c + u) * 32 + 8 * q;
+      const int kk = min(k, p.in - 8);
+      xa[u] = *reinterpret_cast<const uint4*>(x_lo + kk);
+      xb[u] = *reinterpret_cast<const uint4*>(x_hi + kk);
+#pragma unroll
+      for (int j = 0; j < kSkinnyNTiles; ++j) wv[u][j] = *reinterpret_cast<const uint4*>(w_rows[j] + kk);
+      if (c + u >= c_end || k >= p.in) xa[u] = xb[u] = make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kSkinnyUnroll; ++u) {
+#pragma unroll
+      for (int j = 0; j < kSkinnyNTiles; ++j) {
+        mma_bf16_16x8x16(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
+        mma_bf16_16x8x16(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
+      }
+    }
+  }
+  // C fragment: acc[j][0..1] = (row g, cols 8j + 2q, +1), acc[j][2..3] = (row g + 8, same cols).
+  __shared__ float partial[kSkinnyWarps][kSkinnyMaxRows][kSkinnyOutPerCta];
+#pragma unroll
+  for (int j = 0; j < kSkinnyNTiles; ++j) {
+    partial[warp][g][8 * j + 2 * q] = acc[j][0];
+    partial[warp][g][8 * j + 2 * q + 1] = acc[j][1];
+    partial[warp][g + 8][8 * j + 2 * q] = acc[j][2];
+    partial[warp][g + 8][8 * j + 2 * q + 1] = acc[j][3];
+  }
+  __syncthreads();
+  static_assert(32 * kSkinnyWarps == kSkinnyMaxRows * kSkinnyOutPerCta, "one thread per output of the CTA");
+  const int row = threadIdx.x / kSkinnyOutPerCta, col = threadIdx.x % kSkinnyOutPerCta, n = n0 + col;
+  if (row >= p.tokens || n >= p.out) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kSkinnyWarps; ++w) sum += partial[w][row][col];
+  if (p.bias != nullptr) sum += __bfloat162float(p.bias[n]);
+  static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB
+
+int alignment_of(const void* p) {
+  const auto bits = reinterpret_cast<uintptr_t>(p);
+  for (int a : {256, 128, 64, 32, 16, 8, 4}) {
+    if (bits % uintptr_t(a) == 0) return a;
+  }
+  return 2;
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------------------------
+
+struct LinearRunner::State {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  // (T, in, out, out dtype, alignment of x, W, out) -> algorithm
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+};
+
+LinearRunner::LinearRunner() : state_(std::make_unique<State>()) {
+  LMX_CUBLAS_CHECK(cublasLtCreate(&state_->handle));
+  LMX_CUDA_CHECK(cudaMalloc(&state_->workspace, kWorkspaceBytes));
+}
+
+LinearRunner::~LinearRunner() {
+  if (state_->workspace) cudaFree(state_->workspace);
+  if (state_->handle) cublasLtDestroy(state_->handle);
+}
+
+void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::linear");
+  detail::require_cuda("linear", {{"x", &p.x}, {"weight", &p.weight}, {"out", &p.out}});
+  detail::require_bf16_activation("linear", "x", p.x);
+  if (p.weight.dtype != DType::BF16) detail::contract_failure("linear", "weight", p.weight, "[out, in] BF16");
+  if (p.out.dtype != DType::BF16 && p.out.dtype != DType::F32) {
+    detail::contract_failure("linear", "out", p.out, "[T, out] BF16 or F32");
+  }
+  if (p.bias.defined() && (p.bias.device != Device::kCuda || p.bias.dtype != DType::BF16)) {
+    detail::contract_failure("linear", "bias", p.bias, "[out] BF16 on cuda");
+  }
+  const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
+  if (tokens == 0 || out == 0) return;
+  const bool skinny_fits = tokens <= kSkinnyMaxRows && in % 8 == 0;
+  if (path_ == LinearPath::kSkinny && !skinny_fits) {
+    detail::contract_failure("linear", "x", p.x, "T <= 16 and in % 8 == 0 for the forced skinny path");
+  }
+  // kAuto is cuBLASLt: measured on the H200 (docs/perf-log.md run 9) it reads the weights faster than the
+  // skinny kernel at every row count (qkv T = 16: 3.1 vs 2.5 TB/s); the skinny path stays as the forced
+  // comparison row of bench_cuda_ops until a GEMV beats it.
+  if (path_ == LinearPath::kSkinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {
+    LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
+    const SkinnyKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
+                                    .w = static_cast<const __nv_bfloat16*>(p.weight.data),
+                                    .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr,
+                                    .y = p.out.data,
+                                    .tokens = int(tokens),
+                                    .in = int(in),
+                                    .out = int(out)};
+    const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
+    if (p.out.dtype == DType::F32) skinny_kernel<float><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);
+    else skinny_kernel<__nv_bfloat16><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);
+    LMX_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const cudaDataType_t out_type = p.out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
+  LMX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+  LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  // Column-major: A = W as [in, out] (op T -> [out, in]), B = x as [in, T], C = out as [out, T].
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, uint64_t(in), uint64_t(out), in));
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_16BF, uint64_t(in), uint64_t(tokens), in));
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout, out_type, uint64_t(out), uint64_t(tokens), out));
+
+  const int align_x = alignment_of(p.x.data), align_w = alignment_of(p.weight.data), align_o = alignment_of(p.out.data);
+  const auto key = std::make_tuple(tokens, in, out, int(out_type), align_x, align_w, align_o);
+  auto found = state_->algos.find(key);
+  if (found == state_->algos.end()) {
+    cublasLtMatmulPreference_t preference = nullptr;
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t workspace = kWorkspaceBytes;
+    const uint32_t aw = uint32_t(align_w), ax = uint32_t(align_x), ao = uint32_t(align_o);
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &workspace, sizeof(workspace)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    LMX_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state_->handle, desc, a_layout, b_layout, c_layout, c_layout,
+                                                    preference, 1, &result, &count));
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (count == 0) {
+      std::fprintf(stderr, "loramux: cuBLASLt has no algorithm for linear T %lld in %lld out %lld\n", (long long)tokens,
+                   (long long)in, (long long)out);
+      std::abort();
+    }
+    found = state_->algos.emplace(key, result.algo).first;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  LMX_CUBLAS_CHECK(cublasLtMatmul(state_->handle, desc, &alpha, p.weight.data, a_layout, p.x.data, b_layout, &beta,
+                                  p.out.data, c_layout, p.out.data, c_layout, &found->second, state_->workspace,
+                                  kWorkspaceBytes, stream));
+  cublasLtMatrixLayoutDestroy(a_layout);
+  cublasLtMatrixLayoutDestroy(b_layout);
+  cublasLtMatrixLayoutDestroy(c_layout);
+  cublasLtMatmulDescDestroy(desc);
+
+  if (p.bias.defined()) {
+    const BiasKernelParams params{.out = p.out.data, .bias = static_cast<const __nv_bfloat16*>(p.bias.data),
+                                  .rows = tokens, .cols = out};
+    const unsigned blocks = unsigned(std::min<int64_t>(detail::blocks_for(tokens * out, 256), 4096));
+    if (p.out.dtype == DType::F32) add_bias_kernel<float><<<blocks, 256, 0, stream>>>(params);
+    else add_bias_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(params);
+    LMX_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace lmx::cuda

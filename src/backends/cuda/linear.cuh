@@ -1,0 +1,40 @@
+// Entry point of the dense projections on cuda (contract ops::LinearParams in ops/basic.h): out = x·Wᵀ + b,
+// bf16 inputs, fp32 accumulation, bf16 or f32 out, through cuBLASLt (a few-row kernel of our own can be
+// forced for comparison). The runner owns the cuBLASLt handle, its workspace and the chosen
+// algorithm per shape, so a caller (the CUDA backend) holds one and passes its stream; nothing global.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "core/tensor.h"
+#include "ops/basic.h"
+
+namespace lmx::cuda {
+
+// Which kernel runs: kAuto = cuBLASLt (measured fastest at every row count, docs/perf-log.md run 9); kSkinny
+// forces our few-row tensor-core GEMV (T <= 16), for tests and the benchmark's comparison row.
+enum class LinearPath { kAuto, kSkinny, kCublasLt };
+
+class LinearRunner {
+ public:
+  LinearRunner();
+  ~LinearRunner();
+  LinearRunner(const LinearRunner&) = delete;
+  LinearRunner& operator=(const LinearRunner&) = delete;
+
+  // x [T, in] bf16, weight [out, in] bf16, bias [out] bf16 (optional), out [T, out] bf16 or f32, all on
+  // cuda, rows contiguous. Enqueued on `stream`; no synchronization. The first call of a shape asks
+  // cuBLASLt's heuristic (host work): warm every shape up before capturing a CUDA graph.
+  void run(const ops::LinearParams& p, cudaStream_t stream);
+  void set_path(LinearPath path) { path_ = path; }
+
+ private:
+  LinearPath path_ = LinearPath::kAuto;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lmx::cuda

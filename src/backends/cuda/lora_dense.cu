@@ -1,0 +1,97 @@
+// Dense multi-LoRA (lora_dense.cuh): the launcher only. It checks the LoraParams contract for the CUDA
+// dtypes, groups tokens by slot with moe_align (single_expert) and runs moe_lora's tensor-core shrink and
+// expand over the stack viewed with one expert; no kernel of its own (one op family per .cu: moe_lora.cu).
+#include "backends/cuda/lora_dense.cuh"
+
+#include <string>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/memory.h"
+#include "backends/cuda/moe_align.cuh"
+
+namespace lmx::cuda {
+
+LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t capacity_rank) {
+  LMX_CHECK(max_tokens >= 0 && slots > 0 && capacity_rank > 0, "lora_dense_scratch: T %lld, S %lld, R %lld",
+            (long long)max_tokens, (long long)slots, (long long)capacity_rank);
+  const int64_t capacity = moe_align_capacity(max_tokens, slots, kMoeLoraBlockM);
+  LoraDenseScratch s;
+  s.max_tokens = max_tokens;
+  s.slots = slots;
+  s.capacity_rank = capacity_rank;
+  s.sorted_pairs = empty(DType::I32, {capacity});
+  s.tile_group = empty(DType::I32, {capacity / kMoeLoraBlockM});
+  s.group_offsets = empty(DType::I32, {slots + 1});
+  s.num_tiles = empty(DType::I32, {1});
+  s.workspace = empty(DType::U8, {int64_t(moe_align_workspace_bytes(max_tokens, slots))});
+  s.z = empty(DType::F32, {std::max<int64_t>(max_tokens, 1), capacity_rank});
+  s.tile_counters = empty(DType::I32, {capacity / kMoeLoraBlockM});
+  fill_bytes(s.z.view, 0);  // the only zeroing: the kernels keep both zero between calls
+  fill_bytes(s.tile_counters.view, 0);
+  return s;
+}
+
+void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
+                cudaStream_t stream) {
+  const char* op = "lora_dense";
+  if (!p.w.defined()) return;  // no resident adapter targets this projection: nothing is launched
+  detail::require_cuda(op, {{"x", &p.x}, {"token_slot", &p.token_slot}, {"y", &p.y}});
+  if (p.x.dtype != DType::BF16 || p.x.ndim != 2) detail::contract_failure(op, "x", p.x, "[T, in] BF16");
+  const int64_t tokens = p.x.dim(0), in = p.x.dim(1);
+  if (p.token_slot.dtype != DType::I32 || p.token_slot.ndim != 1 || p.token_slot.dim(0) != tokens) {
+    detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32, T = x.dim(0)");
+  }
+  if (p.w.a.dtype != DType::BF16 || p.w.a.ndim != 3 || p.w.a.dim(2) != in) {
+    detail::contract_failure(op, "w.a", p.w.a, "[S, R, in] BF16, in = x.dim(1)");
+  }
+  const int64_t slots = p.w.a.dim(0), capacity_rank = p.w.a.dim(1);
+  if (p.w.b.dtype != DType::BF16 || p.w.b.ndim != 3 || p.w.b.dim(0) != slots || p.w.b.dim(2) != capacity_rank) {
+    detail::contract_failure(op, "w.b", p.w.b, "[S, out, R] BF16 matching w.a");
+  }
+  const int64_t out = p.w.b.dim(1);
+  if (p.y.dtype != DType::BF16 || p.y.ndim != 2 || p.y.dim(0) != tokens || p.y.dim(1) != out) {
+    detail::contract_failure(op, "y", p.y, "[T, out] BF16, out = w.b.dim(1)");
+  }
+  if (tokens > scratch.max_tokens || slots != scratch.slots || capacity_rank != scratch.capacity_rank) {
+    detail::contract_failure(op, "x", p.x,
+                             ("T <= " + std::to_string(scratch.max_tokens) + " with S = " +
+                              std::to_string(scratch.slots) + ", R = " + std::to_string(scratch.capacity_rank) +
+                              " (the scratch's sizes; w.a is " + p.w.a.shape_str() + ")")
+                                 .c_str());
+  }
+  if (tokens == 0) return;
+  // Views of the scratch for this T (moe_align wants its outputs sized for exactly this batch).
+  const int64_t capacity = moe_align_capacity(tokens, slots, kMoeLoraBlockM);
+  const Tensor sorted_pairs(scratch.sorted_pairs.view.data, DType::I32, {capacity}, Device::kCuda);
+  const Tensor tile_group(scratch.tile_group.view.data, DType::I32, {capacity / kMoeLoraBlockM}, Device::kCuda);
+  const Tensor z(scratch.z.view.data, DType::F32, {tokens, capacity_rank}, Device::kCuda);
+  moe_align({.token_slot = p.token_slot,
+             .experts = 1,
+             .slots = slots,
+             .block_m = kMoeLoraBlockM,
+             .sorted_pairs = sorted_pairs,
+             .tile_group = tile_group,
+             .group_offsets = scratch.group_offsets,
+             .num_tiles = scratch.num_tiles,
+             .workspace = scratch.workspace,
+             .single_expert = true},
+            stream);
+  const MoeLoraParams params{
+      .x = p.x,
+      .w = {.a = p.w.a.reshape({slots, 1, capacity_rank, in}),
+            .b = p.w.b.reshape({slots, 1, out, capacity_rank}),
+            .rank = p.w.rank},
+      .top_k = 1,
+      .sorted_pairs = sorted_pairs,
+      .tile_group = tile_group,
+      .num_tiles = scratch.num_tiles,
+      .block_m = kMoeLoraBlockM,
+      .z = z,
+      .y = p.y,
+      .config = config,
+      .tile_counters = scratch.tile_counters};
+  moe_lora_shrink(params, stream);
+  moe_lora_expand(params, stream);
+}
+
+}  // namespace lmx::cuda

@@ -1,0 +1,36 @@
+// Entry point of the dense multi-LoRA on cuda (design.md §5/§6, SGMV-style): y[t] += B[s]·(A[s]·x[t]) for
+// s = token_slot[t] >= 0 over the slot's true rank (ops/lora.h's LoraParams contract). Tokens are grouped
+// by slot with moe_align (single_expert: E = 1, K = 1) and run through the MoE-LoRA shrink and expand with
+// the stack viewed as [S, 1, R, in] / [S, 1, out, R]. Does not handle MoE experts (moe_lora.cuh does).
+// Callers: tests, bench, (later) the CUDA attention / dense-MLP blocks.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "core/tensor.h"
+#include "backends/cuda/moe_lora.cuh"
+#include "ops/lora.h"
+
+namespace lmx::cuda {
+
+// Device scratch of one dense-LoRA call site, sized once at start-up for up to max_tokens tokens, S slots
+// and rank capacity R, so the call never allocates. z and tile_counters are zeroed here once and stay zero
+// between calls (moe_lora.cuh's self-cleaning invariant); a call uses views of the first rows.
+struct LoraDenseScratch {
+  int64_t max_tokens = 0, slots = 0, capacity_rank = 0;
+  OwnedTensor sorted_pairs;   // [moe_align_capacity(max_tokens, S, 16)] i32
+  OwnedTensor tile_group;     // [capacity / 16] i32
+  OwnedTensor group_offsets;  // [S + 1] i32
+  OwnedTensor num_tiles;      // [1] i32
+  OwnedTensor workspace;      // [moe_align_workspace_bytes(max_tokens, S)] u8
+  OwnedTensor z;              // [max_tokens, R] f32, zero between calls
+  OwnedTensor tile_counters;  // [capacity / 16] i32, zero between calls
+};
+LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t capacity_rank);
+
+// p.x [T, in] bf16, p.token_slot [T] i32 in [-1, S), p.w.a [S, R, in] bf16, p.w.b [S, out, R] bf16 (scale
+// folded), p.w.rank [S] i32, p.y [T, out] bf16 accumulated. T <= scratch.max_tokens; S and R must match
+// the scratch. Undefined p.w.a: nothing is launched.
+void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
+                cudaStream_t stream);
+
+}  // namespace lmx::cuda

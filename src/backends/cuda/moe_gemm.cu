@@ -1,0 +1,762 @@
+// Base MoE kernels (moe_gemm.cuh) and their launchers: one grouped GEMM kernel for gate_up and down, the
+// activation, the combine, and moe_block which chains them with moe_align and moe_lora.
+// Grouped GEMM design (mma.sync m16n8k16 bf16 -> fp32, sm_80+ instructions, fine on sm_90a):
+//  - CTA = one BLOCK_M tile of moe_align (one expert) × BLOCK_N (64 or 128) output columns; grid.x = tiles (fastest),
+//    grid.y = column blocks, so the CTAs resident together share a weight slice and reuse it from L2 across
+//    an expert's tiles (prefill), while x rows (small) are re-read from L2 per column block.
+//  - Both operands are K-contiguous (x rows, weight rows [out, in]), so both go global -> shared with 16-byte
+//    cp.async over a STAGES-deep pipeline and shared -> registers with ldmatrix (non-transposed): weight rows
+//    are exactly mma's "col" B operand. Shared rows are 64 bf16 = 8 chunks of 16 bytes, chunk XOR (row % 8)
+//    swizzled, so every 8-lane ldmatrix phase and every cp.async row write hits 8 distinct bank groups.
+//  - Decode (BLOCK_M 16): the kernel is a weight stream. BLOCK_N 64: 6 stages × 10 KB = 60 KB per CTA,
+//    3 CTAs per SM, so up to ~150 KB of loads in flight per SM; gate_up at GPT-OSS-20B has 90 column blocks
+//    per touched expert: 360 CTAs at T = 1, ~2500 at T = 16 (132 SMs).
+//  - Gathered rows: sorted_pairs gives the pair; x row = pair / K (gate_up) or pair (down). Sentinel rows
+//    and columns or inputs past the end are zero-filled by cp.async (src-size 0) and never stored.
+//  - Fused activation: gate and up of one i must meet in one thread. mma's accumulator gives a thread the
+//    column pair (2j, 2j+1), so logical column 2i is gate i and 2i+1 is up i: interleaved weights are read
+//    as they are, halves weights are read with row map 2i -> i, 2i+1 -> I + i (free: rows load one by one).
+//    The fused epilogue rounds h to bf16 before the activation, exactly like the unfused path (h stored as
+//    bf16, then moe_activation), so a base token's output does not depend on whether its batch has LoRA.
+#include "backends/cuda/moe_gemm.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/device.cuh"
+#include "backends/cuda/moe_align.cuh"
+#include "backends/cuda/moe_lora.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
+#include "ops/backend.h"
+
+namespace lmx::cuda {
+namespace {
+
+constexpr int kBlockK = 64;  // one shared row = 64 bf16 = 128 bytes = 8 chunks
+constexpr int kChunksPerRow = kBlockK / 8;
+
+// ---- kernels ------------------------------------------------------------------------------------------
+
+struct GemmKernelParams {
+  const __nv_bfloat16* x;       // [rows, in] bf16: x [T, H] (row = pair / K) or a [T*K, I] (row = pair)
+  const __nv_bfloat16* weight;  // [E, n, in] bf16
+  const __nv_bfloat16* bias;    // [E, n] bf16, or null
+  const int32_t* sorted_pairs;  // [capacity] i32
+  const int32_t* tile_group;    // [max_tiles] i32
+  const int32_t* num_tiles;     // [1] i32
+  __nv_bfloat16* out;           // [T*K, n] bf16 (h, d), or [T*K, n / 2] bf16 (a, fused activation)
+  int pairs;                    // T*K, the sentinel
+  int row_div;                  // K for gate_up, 1 for down
+  int in;                       // reduction length (H or I)
+  int n;                        // output columns = weight rows (2I or H)
+  bool fuse_activation;         // out = act(gate, up) of column pairs
+  bool halves;                  // fused only: logical column 2i -> weight row i, 2i+1 -> I + i
+  bool gpt_oss;                 // kGptOssClamped, else kSiluGated
+  float swiglu_alpha;
+  float swiglu_limit;
+};
+
+// Same formulas and order as the CPU oracle (cpu_moe.cpp, cpu_util.h sigmoid/silu).
+__device__ __forceinline__ float activate(float gate, float up, bool gpt_oss, float alpha, float limit) {
+  if (!gpt_oss) return gate / (1.0f + expf(-gate)) * up;
+  gate = fminf(gate, limit);
+  up = fminf(fmaxf(up, -limit), limit);
+  return (up + 1.0f) * (gate * (1.0f / (1.0f + expf(-(gate * alpha)))));
+}
+
+__device__ __forceinline__ void cp_async16(void* shared, const void* global, bool valid) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  const int src_bytes = valid ? 16 : 0;  // 0: the 16 shared bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* shared) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Element offset of 16-byte chunk `chunk` of shared row `row` (rows of kBlockK bf16, XOR swizzle).
+__device__ __forceinline__ int swizzled(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) * 8); }
+
+// PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
+// in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
+// fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
+// Minimum CTAs per SM in the bounds: 3 of 4 warps (≤ 168 registers: 64×128 would take 174 and fit only 2),
+// 2 of 8 warps (≤ 128 registers).
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
+__global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarpsN == 8 ? 2 : 3)
+    grouped_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
+  constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  constexpr int kRowsPerLoadPass = kThreads / kChunksPerRow;  // rows one pass of the block's copies covers
+  constexpr int kWarpM = kBlockM / kWarpsM;  // rows of one warp's tile
+  constexpr int kWarpN = kBlockN / kWarpsN;  // columns of one warp's tile
+  constexpr int kMi = kWarpM / 16, kNi = kWarpN / 8;
+  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
+  constexpr int kLoadsA = kBlockM / kRowsPerLoadPass, kLoadsB = kBlockN / kRowsPerLoadPass;
+  static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockM % kRowsPerLoadPass == 0 &&
+                kBlockN % kRowsPerLoadPass == 0 && kBlockN % (16 * kWarpsN) == 0 && kThreads >= kBlockM);
+
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  const int expert = p.tile_group[tile];
+  const int n0 = blockIdx.y * kBlockN;
+  extern __shared__ uint4 dynamic_shared[];
+  auto* stages = reinterpret_cast<__nv_bfloat16*>(dynamic_shared);  // [kStages][kBlockM + kBlockN][kBlockK]
+  __shared__ int tile_pairs[kBlockM];
+  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
+  __syncthreads();
+
+  // This thread's copies: chunk `chunk` of rows load_row + kRowsPerLoadPass·j of the A tile and the B tile.
+  const int chunk = threadIdx.x % kChunksPerRow, load_row = threadIdx.x / kChunksPerRow;
+  const __nv_bfloat16* a_src[kLoadsA];
+  bool a_valid[kLoadsA];
+#pragma unroll
+  for (int j = 0; j < kLoadsA; ++j) {
+    const int pair = tile_pairs[load_row + kRowsPerLoadPass * j];
+    a_valid[j] = pair < p.pairs;
+    a_src[j] = a_valid[j] ? p.x + int64_t(pair / p.row_div) * p.in + chunk * 8 : p.x;
+  }
+  const __nv_bfloat16* b_src[kLoadsB];
+  bool b_valid[kLoadsB];
+  const int64_t inter = p.n / 2;
+#pragma unroll
+  for (int j = 0; j < kLoadsB; ++j) {
+    const int column = n0 + load_row + kRowsPerLoadPass * j;
+    b_valid[j] = column < p.n;
+    const int64_t weight_row = p.halves ? (column % 2 == 0 ? column / 2 : inter + column / 2) : column;
+    b_src[j] = b_valid[j] ? p.weight + (int64_t(expert) * p.n + weight_row) * p.in + chunk * 8 : p.weight;
+  }
+  auto load_stage = [&](int stage, int k0) {
+    __nv_bfloat16* a_dst = stages + stage * kStageElems;
+    __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
+    const bool k_ok = kEvenK || k0 + chunk * 8 < p.in;
+#pragma unroll
+    for (int j = 0; j < kLoadsA; ++j) {
+      const bool ok = a_valid[j] && k_ok;
+      cp_async16(a_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? a_src[j] + k0 : p.x, ok);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadsB; ++j) {
+      const bool ok = b_valid[j] && k_ok;
+      cp_async16(b_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? b_src[j] + k0 : p.weight, ok);
+    }
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
+  float acc[kMi][kNi][4] = {};
+  const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s * kBlockK);
+    cp_async_commit();  // empty groups keep the group count uniform for wait_group
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();  // stage kt has landed (for this thread) ...
+    __syncthreads();               // ... for every thread; and stage kt - 1 is no longer being read
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next * kBlockK);
+    cp_async_commit();
+    const __nv_bfloat16* a_tile = stages + (kt % kStages) * kStageElems;  // [kBlockM][kBlockK] swizzled
+    const __nv_bfloat16* b_tile = a_tile + kBlockM * kBlockK;            // [kBlockN][kBlockK] swizzled
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      unsigned a_frag[kMi][4];
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) {
+        // x4 matrices: rows 0-7 / 8-15 at k 0-7, then at k 8-15 (mma's a0..a3)
+        const int row = warp_m0 + mi * 16 + lane % 16;
+        ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, 2 * kk + lane / 16));
+      }
+#pragma unroll
+      for (int nj = 0; nj < kNi; nj += 2) {
+        // x4 matrices: columns 0-7 at k 0-7 / 8-15 (b0, b1 of n-tile nj), columns 8-15 likewise (nj + 1)
+        unsigned b_frag[4];
+        const int column = warp_n0 + nj * 8 + lane % 8 + (lane / 16) * 8;
+        ldmatrix_x4(b_frag, b_tile + swizzled(column, 2 * kk + (lane / 8) % 2));
+#pragma unroll
+        for (int mi = 0; mi < kMi; ++mi) {
+          mma_bf16(acc[mi][nj], a_frag[mi], b_frag[0], b_frag[1]);
+          mma_bf16(acc[mi][nj + 1], a_frag[mi], b_frag[2], b_frag[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
+  const bool n_even = p.n % 2 == 0;
+#pragma unroll
+  for (int mi = 0; mi < kMi; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int pair = tile_pairs[warp_m0 + mi * 16 + lane / 4 + 8 * half];
+      if (pair >= p.pairs) continue;
+#pragma unroll
+      for (int nj = 0; nj < kNi; ++nj) {
+        const int column = n0 + warp_n0 + nj * 8 + 2 * (lane % 4);  // even
+        if (column >= p.n) continue;
+        float v0 = acc[mi][nj][2 * half], v1 = acc[mi][nj][2 * half + 1];
+        const bool has_second = column + 1 < p.n;
+        if (p.bias != nullptr) {
+          const __nv_bfloat16* bias = p.bias + int64_t(expert) * p.n;
+          const int64_t row0 = p.halves ? column / 2 : column;
+          const int64_t row1 = p.halves ? inter + column / 2 : column + 1;
+          v0 += __bfloat162float(bias[row0]);
+          if (has_second) v1 += __bfloat162float(bias[row1]);
+        }
+        if (p.fuse_activation) {  // PRECOND n even, so has_second
+          // h rounded to bf16 first, as the unfused path stores it: a batch whose tokens have no adapter
+          // gives bit-identical results whether moe_block took the fused or the LoRA path.
+          const float gate = __bfloat162float(__float2bfloat16_rn(v0));
+          const float up = __bfloat162float(__float2bfloat16_rn(v1));
+          p.out[int64_t(pair) * inter + column / 2] =
+              __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
+        } else if (has_second && n_even) {
+          *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(pair) * p.n + column) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          p.out[int64_t(pair) * p.n + column] = __float2bfloat16_rn(v0);
+          if (has_second) p.out[int64_t(pair) * p.n + column + 1] = __float2bfloat16_rn(v1);
+        }
+      }
+    }
+  }
+}
+
+struct ActivationKernelParams {
+  const __nv_bfloat16* h;  // [P, 2I] bf16
+  __nv_bfloat16* a;        // [P, I] bf16
+  int64_t rows;            // P
+  int64_t inter;           // I
+  bool halves;
+  bool gpt_oss;
+  float swiglu_alpha;
+  float swiglu_limit;
+};
+
+// One thread per output element. PRECOND: grid covers rows·inter.
+__global__ static void activation_kernel(const __grid_constant__ ActivationKernelParams p) {
+  const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= p.rows * p.inter) return;
+  const int64_t row = index / p.inter, i = index % p.inter;
+  const __nv_bfloat16* h = p.h + row * 2 * p.inter;
+  const float gate = __bfloat162float(h[p.halves ? i : 2 * i]);
+  const float up = __bfloat162float(h[p.halves ? p.inter + i : 2 * i + 1]);
+  p.a[index] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
+}
+
+struct CombineKernelParams {
+  const __nv_bfloat16* d;     // [T*K, H] bf16
+  const float* topk_weights;  // [T, K] f32
+  __nv_bfloat16* out;         // [T, H] bf16
+  int64_t tokens;             // T
+  int64_t hidden;             // H
+  int top_k;                  // K
+};
+
+// One thread per kVec consecutive outputs of one token; Σ_k in k order, fp32. PRECOND: kVec == 1, or
+// H % 8 == 0 and d, out 16-byte aligned (kVec == 8).
+template <int kVec>
+__global__ static void combine_kernel(const __grid_constant__ CombineKernelParams p) {
+  const int64_t per_token = p.hidden / kVec;
+  const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= p.tokens * per_token) return;
+  const int64_t t = index / per_token, h0 = (index % per_token) * kVec;
+  float acc[kVec] = {};
+  for (int k = 0; k < p.top_k; ++k) {
+    const float w = p.topk_weights[t * p.top_k + k];
+    const __nv_bfloat16* d = p.d + (t * p.top_k + k) * p.hidden + h0;
+    float v[kVec];
+    if constexpr (kVec == 8) {
+      detail::load8(d, v);
+    } else {
+      v[0] = __bfloat162float(d[0]);
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[j] += w * v[j];
+  }
+  if constexpr (kVec == 8) {
+    detail::store8(p.out + t * p.hidden + h0, acc);
+  } else {
+    p.out[t * p.hidden + h0] = __float2bfloat16_rn(acc[0]);
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------------
+
+[[noreturn]] void fail(const char* op, const std::string& message) {
+  std::fprintf(stderr, "loramux: cuda::%s called against its contract: %s\n", op, message.c_str());
+  std::abort();
+}
+
+bool is_bf16_matrix(const Tensor& t, int64_t rows, int64_t cols) {
+  return t.dtype == DType::BF16 && t.ndim == 2 && t.dim(0) == rows && t.dim(1) == cols;
+}
+
+std::string dims(std::initializer_list<int64_t> values) {
+  std::string s = "[";
+  for (int64_t v : values) s += (s.size() > 1 ? ", " : "") + std::to_string(v);
+  return s + "]";
+}
+
+// The tiles' tensors: I32 on cuda, sizes consistent with block_m; returns max_tiles.
+int64_t check_tiles(const char* op, const MoeExpertTiles& t) {
+  detail::require_cuda(op, {{"tiles.sorted_pairs", &t.sorted_pairs}, {"tiles.tile_group", &t.tile_group},
+                            {"tiles.num_tiles", &t.num_tiles}});
+  if (t.block_m != kMoeGemmBlockMDecode && t.block_m != kMoeGemmBlockMPrefill && t.block_m != kMoeGemmBlockMLarge) {
+    fail(op, "tiles.block_m = " + std::to_string(t.block_m) + ": the GEMM is built for BLOCK_M 16, 64 or 128 only");
+  }
+  const int64_t max_tiles = t.tile_group.numel();
+  if (t.tile_group.dtype != DType::I32) detail::contract_failure(op, "tiles.tile_group", t.tile_group, "I32");
+  if (t.sorted_pairs.dtype != DType::I32 || t.sorted_pairs.numel() < max_tiles * t.block_m) {
+    detail::contract_failure(op, "tiles.sorted_pairs", t.sorted_pairs,
+                             ("I32 with at least tile_group.numel() * block_m = " +
+                              std::to_string(max_tiles * t.block_m) + " elements").c_str());
+  }
+  if (t.num_tiles.dtype != DType::I32 || t.num_tiles.numel() != 1) {
+    detail::contract_failure(op, "tiles.num_tiles", t.num_tiles, "[1] I32");
+  }
+  LMX_CHECK(max_tiles < 0x7fffffff);
+  return max_tiles;
+}
+
+// Weight [E, n, in] and optional bias [E, n], bf16 on cuda, 16-byte aligned, in % 8 == 0.
+void check_weight(const char* op, const char* name, const Tensor& w, const char* bias_name, const Tensor& bias,
+                  int64_t n, int64_t in) {
+  if (w.dtype != DType::BF16 || w.ndim != 3 || w.dim(1) != n || w.dim(2) != in || !detail::aligned16(w.data)) {
+    detail::contract_failure(op, name, w, ("[E, " + std::to_string(n) + ", " + std::to_string(in) +
+                                           "] BF16, 16-byte aligned").c_str());
+  }
+  detail::require_cuda(op, {{name, &w}});
+  if (bias.defined()) {
+    if (bias.dtype != DType::BF16 || bias.ndim != 2 || bias.dim(0) != w.dim(0) || bias.dim(1) != n) {
+      detail::contract_failure(op, bias_name, bias, dims({w.dim(0), n}).append(" BF16").c_str());
+    }
+    detail::require_cuda(op, {{bias_name, &bias}});
+  }
+}
+
+void check_block_n(const char* op, int block_n, int block_m) {
+  if (block_n != 0 && block_n != 64 && block_n != 128) {
+    fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64 or 128 (0 = default)");
+  }
+  if (block_m == kMoeGemmBlockMLarge && block_n == 64) {
+    fail(op, "block_n = 64 with tiles.block_m = 128: BLOCK_M 128 is built for BLOCK_N 128 only");
+  }
+}
+
+using GemmKernel = void (*)(GemmKernelParams);
+struct PreparedKernel {
+  GemmKernel kernel;
+  int threads;
+  size_t shared_bytes;
+};
+
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
+PreparedKernel prepared_kernel() {
+  const size_t shared_bytes = size_t(kStages) * (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
+  GemmKernel kernel = grouped_gemm_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, kEvenK>;
+  // Once per instantiation and process (before any graph capture: the first launch is never captured
+  // in our callers, who warm up first).
+  static const bool attribute_set = [&] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    return true;
+  }();
+  (void)attribute_set;
+  return {kernel, 32 * kWarpsM * kWarpsN, shared_bytes};
+}
+
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages>
+PreparedKernel prepared_kernel(bool even_k) {
+  return even_k ? prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, true>()
+                : prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, false>();
+}
+
+// The one dispatch on tile configuration (BLOCK_N 0 = the default of the BLOCK_M):
+//  BLOCK_M 16: BLOCK_N 64 (default; 1×4 warps of 16×16, 6 stages, 60 KB, 3 CTAs per SM: twice the CTAs of
+//    BLOCK_N 128 for the few tiles of T = 1, and 50 KB in flight per CTA when there are only ~1.4 CTAs per
+//    SM, as for down at T = 1) or 128 (16×32 warp tiles, 4 stages, 72 KB, 3 CTAs per SM);
+//  BLOCK_M 64: BLOCK_N 128 (default; 2×2 warps of 32×64, 3 stages, 72 KB, 3 CTAs per SM at ≤ 168 registers)
+//    or 64 (2×2 warps of 32×32, 4 stages, 64 KB);
+//  BLOCK_M 128: BLOCK_N 128 only (8 warps, 2×4 of 64×32, 3 stages, 96 KB, 2 CTAs per SM): half the shared
+//    memory traffic per FLOP of 64×128, for compute-bound prefill.
+// Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
+void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64_t max_tiles, cudaStream_t stream) {
+  if (block_n == 0) block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;  // the defaults, in one place
+  if (max_tiles == 0 || params.pairs == 0 || params.n == 0) return;
+  const int64_t column_blocks = (params.n + block_n - 1) / block_n;
+  LMX_CHECK(column_blocks <= 65535);
+  const dim3 grid{unsigned(max_tiles), unsigned(column_blocks), 1};
+  const bool even_k = params.in % kBlockK == 0;
+  PreparedKernel k{};
+  if (block_m == kMoeGemmBlockMDecode) {
+    k = block_n == 64 ? prepared_kernel<16, 64, 1, 4, 6>(even_k) : prepared_kernel<16, 128, 1, 4, 4>(even_k);
+  } else if (block_m == kMoeGemmBlockMPrefill) {
+    k = block_n == 64 ? prepared_kernel<64, 64, 2, 2, 4>(even_k) : prepared_kernel<64, 128, 2, 2, 3>(even_k);
+  } else {
+    LMX_CHECK(block_m == kMoeGemmBlockMLarge && block_n == 128);
+    k = prepared_kernel<128, 128, 2, 4, 3>(even_k);
+  }
+  k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles) {
+  params.sorted_pairs = static_cast<const int32_t*>(tiles.sorted_pairs.data);
+  params.tile_group = static_cast<const int32_t*>(tiles.tile_group.data);
+  params.num_tiles = static_cast<const int32_t*>(tiles.num_tiles.data);
+  return params;
+}
+
+}  // namespace
+
+int moe_gemm_block_m(int64_t pairs, int64_t experts) {
+  // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
+  // the GEMM streams weights anyway; above it, 64 rows per weight tile cut the L2 -> SM weight traffic 4×;
+  // from 256 pairs per expert (compute-bound prefill) 128-row tiles, whose padding is then < 1/4.
+  const int64_t per_expert = pairs / std::max<int64_t>(experts, 1);
+  if (per_expert >= 256) return kMoeGemmBlockMLarge;
+  return per_expert >= 32 ? kMoeGemmBlockMPrefill : kMoeGemmBlockMDecode;
+}
+
+void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
+  const char* op = "moe_gate_up";
+  if (p.x.dtype != DType::BF16 || p.x.ndim != 2 || p.x.dim(1) % 8 != 0 || !detail::aligned16(p.x.data)) {
+    detail::contract_failure(op, "x", p.x, "[T, H] BF16, H % 8 == 0, 16-byte aligned");
+  }
+  const int64_t tokens = p.x.dim(0), hidden = p.x.dim(1);
+  if (p.weight.ndim != 3 || p.weight.dim(1) % 2 != 0) detail::contract_failure(op, "weight", p.weight, "[E, 2I, H]");
+  const int64_t rows2 = p.weight.dim(1), inter = rows2 / 2;
+  check_weight(op, "weight", p.weight, "bias", p.bias, rows2, hidden);
+  if (p.top_k < 1) fail(op, "top_k = " + std::to_string(p.top_k) + ", expected >= 1");
+  const int64_t pairs = tokens * p.top_k;
+  if (p.h.defined() == p.a.defined()) {
+    fail(op, "exactly one of h (pre-activation) and a (fused activation) must be defined");
+  }
+  const Tensor& out = p.h.defined() ? p.h : p.a;
+  const int64_t out_cols = p.h.defined() ? rows2 : inter;
+  if (!is_bf16_matrix(out, pairs, out_cols) || (reinterpret_cast<uintptr_t>(out.data) & 3u) != 0) {
+    detail::contract_failure(op, p.h.defined() ? "h" : "a", out,
+                             (dims({pairs, out_cols}) + " BF16 (T*K rows), 4-byte aligned").c_str());
+  }
+  detail::require_cuda(op, {{"x", &p.x}, {p.h.defined() ? "h" : "a", &out}});
+  const int64_t max_tiles = check_tiles(op, p.tiles);
+  check_block_n(op, p.block_n, p.tiles.block_m);
+  LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && rows2 < 0x7fffffff);
+  const bool fuse = p.a.defined();
+  GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
+                          .weight = static_cast<const __nv_bfloat16*>(p.weight.data),
+                          .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr,
+                          .sorted_pairs = nullptr,
+                          .tile_group = nullptr,
+                          .num_tiles = nullptr,
+                          .out = static_cast<__nv_bfloat16*>(out.data),
+                          .pairs = int(pairs),
+                          .row_div = int(p.top_k),
+                          .in = int(hidden),
+                          .n = int(rows2),
+                          .fuse_activation = fuse,
+                          .halves = fuse && p.layout == ops::GateUpLayout::kHalves,
+                          .gpt_oss = p.activation == ops::MoeActivation::kGptOssClamped,
+                          .swiglu_alpha = p.swiglu_alpha,
+                          .swiglu_limit = p.swiglu_limit};
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
+}
+
+void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
+  const char* op = "moe_activation";
+  if (p.h.dtype != DType::BF16 || p.h.ndim != 2 || p.h.dim(1) % 2 != 0) {
+    detail::contract_failure(op, "h", p.h, "[P, 2I] BF16");
+  }
+  const int64_t rows = p.h.dim(0), inter = p.h.dim(1) / 2;
+  if (!is_bf16_matrix(p.a, rows, inter)) detail::contract_failure(op, "a", p.a, (dims({rows, inter}) + " BF16").c_str());
+  detail::require_cuda(op, {{"h", &p.h}, {"a", &p.a}});
+  if (rows * inter == 0) return;
+  const ActivationKernelParams params{.h = static_cast<const __nv_bfloat16*>(p.h.data),
+                                      .a = static_cast<__nv_bfloat16*>(p.a.data),
+                                      .rows = rows,
+                                      .inter = inter,
+                                      .halves = p.layout == ops::GateUpLayout::kHalves,
+                                      .gpt_oss = p.activation == ops::MoeActivation::kGptOssClamped,
+                                      .swiglu_alpha = p.swiglu_alpha,
+                                      .swiglu_limit = p.swiglu_limit};
+  constexpr int kThreads = 256;
+  activation_kernel<<<detail::blocks_for(rows * inter, kThreads), kThreads, 0, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+void moe_down(const MoeDownParams& p, cudaStream_t stream) {
+  const char* op = "moe_down";
+  if (p.a.dtype != DType::BF16 || p.a.ndim != 2 || p.a.dim(1) % 8 != 0 || !detail::aligned16(p.a.data)) {
+    detail::contract_failure(op, "a", p.a, "[T*K, I] BF16, I % 8 == 0, 16-byte aligned");
+  }
+  const int64_t pairs = p.a.dim(0), inter = p.a.dim(1);
+  if (p.weight.ndim != 3) detail::contract_failure(op, "weight", p.weight, "[E, H, I]");
+  const int64_t hidden = p.weight.dim(1);
+  check_weight(op, "weight", p.weight, "bias", p.bias, hidden, inter);
+  if (!is_bf16_matrix(p.d, pairs, hidden) || (reinterpret_cast<uintptr_t>(p.d.data) & 3u) != 0) {
+    detail::contract_failure(op, "d", p.d, (dims({pairs, hidden}) + " BF16, 4-byte aligned").c_str());
+  }
+  detail::require_cuda(op, {{"a", &p.a}, {"d", &p.d}});
+  const int64_t max_tiles = check_tiles(op, p.tiles);
+  check_block_n(op, p.block_n, p.tiles.block_m);
+  LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && inter < 0x7fffffff);
+  GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.a.data),
+                          .weight = static_cast<const __nv_bfloat16*>(p.weight.data),
+                          .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr,
+                          .sorted_pairs = nullptr,
+                          .tile_group = nullptr,
+                          .num_tiles = nullptr,
+                          .out = static_cast<__nv_bfloat16*>(p.d.data),
+                          .pairs = int(pairs),
+                          .row_div = 1,
+                          .in = int(inter),
+                          .n = int(hidden),
+                          .fuse_activation = false,
+                          .halves = false,
+                          .gpt_oss = false,
+                          .swiglu_alpha = 0.0f,
+                          .swiglu_limit = 0.0f};
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
+}
+
+void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
+  const char* op = "moe_combine";
+  if (p.topk_weights.dtype != DType::F32 || p.topk_weights.ndim != 2) {
+    detail::contract_failure(op, "topk_weights", p.topk_weights, "[T, K] F32");
+  }
+  const int64_t tokens = p.topk_weights.dim(0), top_k = p.topk_weights.dim(1);
+  if (p.out.dtype != DType::BF16 || p.out.ndim != 2 || p.out.dim(0) != tokens) {
+    detail::contract_failure(op, "out", p.out, "[T, H] BF16 with T = topk_weights.dim(0)");
+  }
+  const int64_t hidden = p.out.dim(1);
+  if (!is_bf16_matrix(p.d, tokens * top_k, hidden)) {
+    detail::contract_failure(op, "d", p.d, (dims({tokens * top_k, hidden}) + " BF16").c_str());
+  }
+  detail::require_cuda(op, {{"d", &p.d}, {"topk_weights", &p.topk_weights}, {"out", &p.out}});
+  if (tokens * hidden == 0) return;
+  LMX_CHECK(top_k < 0x7fffffff);
+  const CombineKernelParams params{.d = static_cast<const __nv_bfloat16*>(p.d.data),
+                                   .topk_weights = static_cast<const float*>(p.topk_weights.data),
+                                   .out = static_cast<__nv_bfloat16*>(p.out.data),
+                                   .tokens = tokens,
+                                   .hidden = hidden,
+                                   .top_k = int(top_k)};
+  constexpr int kThreads = 256;
+  if (hidden % 8 == 0 && detail::aligned16(p.d.data) && detail::aligned16(p.out.data)) {
+    combine_kernel<8><<<detail::blocks_for(tokens * hidden / 8, kThreads), kThreads, 0, stream>>>(params);
+  } else {
+    combine_kernel<1><<<detail::blocks_for(tokens * hidden, kThreads), kThreads, 0, stream>>>(params);
+  }
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+// ---- moe_block ----------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kCarveAlign = 256;
+size_t round_up(size_t bytes) { return (bytes + kCarveAlign - 1) / kCarveAlign * kCarveAlign; }
+
+// Byte offsets of moe_block's buffers for a batch of `tokens` with expert tiles of `block_m`. The same
+// function sizes the workspace (at max_tokens, both block_m) and carves it per call, so they agree.
+struct WorkspaceLayout {
+  int64_t expert_capacity = 0, lora_capacity = 0;
+  // Self-cleaning MoE-LoRA scratch at fixed offsets (sized for max T; zeroed once by moe_workspace_prepare):
+  size_t z = 0, tile_counters = 0, z_readers = 0, clean_end = 0;
+  // Per call (offsets depend on T and BLOCK_M):
+  size_t expert_sorted = 0, expert_tiles = 0, expert_offsets = 0, expert_count = 0, expert_scratch = 0;
+  size_t lora_sorted = 0, lora_tiles = 0, lora_offsets = 0, lora_count = 0, lora_scratch = 0;
+  size_t h = 0, a = 0, d = 0;
+  size_t total = 0;
+};
+
+WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block_m) {
+  WorkspaceLayout l;
+  const int64_t pairs = tokens * s.top_k, lora_groups = s.slots * s.experts;
+  const bool lora = s.slots > 0 && s.max_rank > 0;
+  size_t offset = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = offset;
+    offset += round_up(bytes);
+    return at;
+  };
+  if (lora) {
+    const int64_t max_pairs = s.max_tokens * s.top_k;
+    const int64_t max_tiles = moe_align_capacity(max_pairs, lora_groups, kMoeLoraBlockM) / kMoeLoraBlockM;
+    l.z = take(size_t(max_pairs) * s.max_rank * 4);
+    l.tile_counters = take(size_t(max_tiles) * 4);
+    l.z_readers = take(size_t(max_pairs + 1) * 4);
+  }
+  l.clean_end = offset;
+  l.expert_capacity = moe_align_capacity(pairs, s.experts, block_m);
+  l.expert_sorted = take(size_t(l.expert_capacity) * 4);
+  l.expert_tiles = take(size_t(l.expert_capacity / block_m) * 4);
+  l.expert_offsets = take(size_t(s.experts + 1) * 4);
+  l.expert_count = take(4);
+  l.expert_scratch = take(moe_align_workspace_bytes(pairs, s.experts));
+  l.a = take(size_t(pairs) * s.inter * 2);
+  l.d = take(size_t(pairs) * s.hidden * 2);
+  if (lora) {
+    l.lora_capacity = moe_align_capacity(pairs, lora_groups, kMoeLoraBlockM);
+    l.lora_sorted = take(size_t(l.lora_capacity) * 4);
+    l.lora_tiles = take(size_t(l.lora_capacity / kMoeLoraBlockM) * 4);
+    l.lora_offsets = take(size_t(lora_groups + 1) * 4);
+    l.lora_count = take(4);
+    l.lora_scratch = take(moe_align_workspace_bytes(pairs, lora_groups));
+    l.h = take(size_t(pairs) * 2 * s.inter * 2);
+  }
+  l.total = offset;
+  return l;
+}
+
+}  // namespace
+
+size_t moe_workspace_bytes(const MoeWorkspaceShape& shape) {
+  size_t bytes = 0;
+  for (int block_m : {kMoeGemmBlockMDecode, kMoeGemmBlockMPrefill, kMoeGemmBlockMLarge}) {
+    bytes = std::max(bytes, layout_for(shape, shape.max_tokens, block_m).total);
+  }
+  return bytes;
+}
+
+void moe_workspace_prepare(const MoeWorkspace& workspace, cudaStream_t stream) {
+  detail::require_cuda("moe_workspace_prepare", {{"workspace.memory", &workspace.memory}});
+  const size_t clean = layout_for(workspace.shape, workspace.shape.max_tokens, kMoeGemmBlockMDecode).clean_end;
+  if (workspace.memory.nbytes() < clean) {
+    detail::contract_failure("moe_workspace_prepare", "workspace.memory", workspace.memory,
+                             "at least moe_workspace_bytes(shape) bytes");
+  }
+  if (clean > 0) LMX_CUDA_CHECK(cudaMemsetAsync(workspace.memory.data, 0, clean, stream));
+}
+
+void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStream_t stream,
+               const MoeBlockConfig& config) {
+  const char* op = "moe_block";
+  ops::require(ops::check(p), op);
+  detail::require_bf16_activation(op, "MoeParams.x", p.x);
+  detail::require_cuda(op, {{"MoeParams.x", &p.x}, {"workspace.memory", &workspace.memory}});
+  const int64_t tokens = p.x.dim(0), hidden = p.x.dim(1), top_k = p.topk_ids.dim(1);
+  const int64_t experts = p.gate_up.dim(0), inter = p.down.dim(2), pairs = tokens * top_k;
+  const bool lora_gu = p.lora_gate_up.defined(), lora_down = p.lora_down.defined(), lora = lora_gu || lora_down;
+  const int64_t slots = lora_gu ? p.lora_gate_up.a.dim(0) : lora_down ? p.lora_down.a.dim(0) : 0;
+  if (lora_gu && lora_down && p.lora_down.a.dim(0) != slots) {
+    fail(op, "MoeParams.lora_gate_up and lora_down have different slot counts S: " + std::to_string(slots) +
+                 " vs " + std::to_string(p.lora_down.a.dim(0)));
+  }
+  const int64_t max_rank = std::max(lora_gu ? p.lora_gate_up.b.dim(-1) : 0, lora_down ? p.lora_down.b.dim(-1) : 0);
+  const MoeWorkspaceShape& s = workspace.shape;
+  if (tokens > s.max_tokens || top_k != s.top_k || experts != s.experts || hidden != s.hidden || inter != s.inter ||
+      (lora && (slots != s.slots || max_rank > s.max_rank))) {
+    fail(op, "the batch (T " + std::to_string(tokens) + ", K " + std::to_string(top_k) + ", E " +
+                 std::to_string(experts) + ", H " + std::to_string(hidden) + ", I " + std::to_string(inter) + ", S " +
+                 std::to_string(slots) + ", R " + std::to_string(max_rank) +
+                 ") does not fit the workspace shape (max T " + std::to_string(s.max_tokens) + ", K " +
+                 std::to_string(s.top_k) + ", E " + std::to_string(s.experts) + ", H " + std::to_string(s.hidden) +
+                 ", I " + std::to_string(s.inter) + ", S " + std::to_string(s.slots) + ", max R " +
+                 std::to_string(s.max_rank) + ")");
+  }
+  if (tokens == 0) return;
+  const int block_m = moe_gemm_block_m(pairs, experts);
+  const WorkspaceLayout l = layout_for(s, tokens, block_m);
+  if (workspace.memory.nbytes() < l.total) {
+    detail::contract_failure(op, "workspace.memory", workspace.memory,
+                             ("at least " + std::to_string(l.total) + " bytes (moe_workspace_bytes)").c_str());
+  }
+  char* base = static_cast<char*>(workspace.memory.data);
+  auto view = [&](size_t offset, DType dtype, std::initializer_list<int64_t> shape) {
+    return Tensor(base + offset, dtype, shape, Device::kCuda);
+  };
+
+  // 1. Tiles by expert.
+  const MoeExpertTiles tiles{.sorted_pairs = view(l.expert_sorted, DType::I32, {l.expert_capacity}),
+                             .tile_group = view(l.expert_tiles, DType::I32, {l.expert_capacity / block_m}),
+                             .num_tiles = view(l.expert_count, DType::I32, {1}),
+                             .block_m = block_m};
+  const int64_t expert_scratch = int64_t(moe_align_workspace_bytes(pairs, experts));
+  moe_align({.topk_ids = p.topk_ids, .experts = experts, .slots = 0, .block_m = block_m,
+             .sorted_pairs = tiles.sorted_pairs, .tile_group = tiles.tile_group,
+             .group_offsets = view(l.expert_offsets, DType::I32, {experts + 1}), .num_tiles = tiles.num_tiles,
+             .workspace = view(l.expert_scratch, DType::U8, {expert_scratch})},
+            stream);
+  const Tensor a = view(l.a, DType::BF16, {pairs, inter});  // [T*K, I] bf16
+  const Tensor d = view(l.d, DType::BF16, {pairs, hidden});  // [T*K, H] bf16
+
+  // 2. The MoE-LoRA's launch shape: a tiny batch goes pair by pair (no second align); otherwise tiles by
+  // (slot, expert). Both keep z (and their counters) zero between calls, so nothing is memset here.
+  const bool small = lora && (config.lora_path == 0 || (config.lora_path < 0 && moe_lora_small_fits(pairs)));
+  Tensor lora_sorted, lora_tiles, lora_count, tile_counters;
+  if (lora && !small) {
+    const int64_t groups = slots * experts;
+    lora_sorted = view(l.lora_sorted, DType::I32, {l.lora_capacity});
+    lora_tiles = view(l.lora_tiles, DType::I32, {l.lora_capacity / kMoeLoraBlockM});
+    lora_count = view(l.lora_count, DType::I32, {1});
+    tile_counters = view(l.tile_counters, DType::I32, {l.lora_capacity / kMoeLoraBlockM});
+    const int64_t lora_scratch = int64_t(moe_align_workspace_bytes(pairs, groups));
+    moe_align({.topk_ids = p.topk_ids, .token_slot = p.token_slot, .experts = experts, .slots = slots,
+               .block_m = kMoeLoraBlockM, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+               .group_offsets = view(l.lora_offsets, DType::I32, {groups + 1}), .num_tiles = lora_count,
+               .workspace = view(l.lora_scratch, DType::U8, {lora_scratch})},
+              stream);
+  }
+  // y += B·(A·x) for every pair with a slot, by the path chosen above.
+  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+    const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
+    if (small) {
+      const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w, .z = z,
+                                  .z_readers = view(l.z_readers, DType::I32, {pairs + 1}), .y = y,
+                                  .pdl = config.small_pdl};
+      moe_lora_small_shrink(sp, stream);
+      moe_lora_small_expand(sp, stream);
+      return;
+    }
+    const MoeLoraParams lp{.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+                           .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
+                           .config = config.lora, .tile_counters = tile_counters};
+    moe_lora_shrink(lp, stream);
+    moe_lora_expand(lp, stream);
+  };
+
+  // 3. gate_up: fused activation unless the LoRA must add into h first.
+  MoeGateUpParams gate_up{.x = p.x, .weight = p.gate_up, .bias = p.gate_up_bias, .top_k = top_k, .tiles = tiles,
+                          .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
+                          .swiglu_limit = p.swiglu_limit};
+  if (lora_gu) {
+    const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
+    gate_up.h = h;
+    moe_gate_up(gate_up, stream);
+    apply_lora(p.lora_gate_up, p.x, h);
+    moe_activation({.h = h, .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
+                    .swiglu_limit = p.swiglu_limit, .a = a},
+                   stream);
+  } else {
+    gate_up.a = a;
+    moe_gate_up(gate_up, stream);
+  }
+
+  // 4. down (+ LoRA into d), 5. combine.
+  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d}, stream);
+  if (lora_down) apply_lora(p.lora_down, a, d);
+  moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);
+}
+
+}  // namespace lmx::cuda

@@ -1,0 +1,123 @@
+// Entry points of the base MoE on cuda (design.md §6, issue 4 item 3): the grouped gate_up and down GEMMs
+// over moe_align's expert tiles (tensor cores, bf16 in, fp32 accumulation, bf16 out), the activation, the
+// router-weighted combine, and moe_block, the whole ops::MoeParams contract with the MoE-LoRA of
+// moe_lora.cuh. Not here: routing (routing.cuh), the sort (moe_align.cuh), the LoRA kernels (moe_lora.cuh).
+// Callers: the CUDA backend's MoE layer, tests/cuda/test_moe_gemm.cpp, bench/bench_moe_gemm.cpp.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "backends/cuda/moe_lora.cuh"
+#include "ops/moe.h"
+
+namespace lmx::cuda {
+
+// BLOCK_M values the GEMM kernels are built for; moe_align (slots = 0) must use the same block_m.
+constexpr int kMoeGemmBlockMDecode = 16;   // few pairs per expert: 16-row tiles waste little on padding
+constexpr int kMoeGemmBlockMPrefill = 64;  // many pairs per expert: each weight tile feeds 64 rows
+constexpr int kMoeGemmBlockMLarge = 128;   // large prefill (compute-bound): 128 × 128 tiles, 8 warps
+
+// The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E (host numbers, no sync).
+int moe_gemm_block_m(int64_t pairs, int64_t experts);
+
+// Tiles of one expert grouping (moe_align with slots = 0, block_m = BLOCK_M).
+struct MoeExpertTiles {
+  Tensor sorted_pairs;  // [capacity] i32: pair t*K + k, or T*K (the sentinel) on padding
+  Tensor tile_group;    // [capacity / block_m] i32: expert of each tile, -1 past the last tile
+  Tensor num_tiles;     // [1] i32
+  int block_m = kMoeGemmBlockMDecode;
+};
+
+// h or a = gate_up over the tiles: h[pair] = W_gu[e]·x[pair / K] + b_gu[e], e = the tile's expert.
+// With `a` defined the activation is fused (a[pair] = act(h[pair]) of h rounded to bf16, bit-identical to
+// h then moe_activation); otherwise the pre-activation h is written (the MoE-LoRA adds into h before
+// moe_activation). Exactly one of h, a.
+struct MoeGateUpParams {
+  Tensor x;             // [T, H] bf16
+  Tensor weight;        // [E, 2I, H] bf16
+  Tensor bias;          // [E, 2I] bf16, optional
+  int64_t top_k = 1;    // K
+  MoeExpertTiles tiles;
+  ops::MoeActivation activation = ops::MoeActivation::kSiluGated;
+  ops::GateUpLayout layout = ops::GateUpLayout::kHalves;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  Tensor h;             // [T*K, 2I] bf16 pre-activation, rows of the weight's layout; or undefined
+  Tensor a;             // [T*K, I] bf16 activated; or undefined
+  int block_n = 0;      // output columns per CTA: 0 = the default for tiles.block_m; 64 or 128 (tests, bench;
+                        // BLOCK_M 128 has 128 only)
+};
+void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
+
+// a[pair, i] = act(gate, up) of h[pair] (same math as the fused epilogue), for every one of the P rows.
+struct MoeActivationParams {
+  Tensor h;  // [P, 2I] bf16
+  ops::MoeActivation activation = ops::MoeActivation::kSiluGated;
+  ops::GateUpLayout layout = ops::GateUpLayout::kHalves;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  Tensor a;  // [P, I] bf16
+};
+void moe_activation(const MoeActivationParams& p, cudaStream_t stream);
+
+// d[pair] = W_d[e]·a[pair] + b_d[e] over the tiles (rows of pairs not in any tile are not written).
+struct MoeDownParams {
+  Tensor a;       // [T*K, I] bf16
+  Tensor weight;  // [E, H, I] bf16
+  Tensor bias;    // [E, H] bf16, optional
+  MoeExpertTiles tiles;
+  Tensor d;       // [T*K, H] bf16
+  int block_n = 0;  // as MoeGateUpParams::block_n
+};
+void moe_down(const MoeDownParams& p, cudaStream_t stream);
+
+// out[t] = Σ_k w[t, k] · d[t*K + k], fp32 in k order, one rounding to bf16; no atomics (deterministic).
+struct MoeCombineParams {
+  Tensor d;             // [T*K, H] bf16
+  Tensor topk_weights;  // [T, K] f32
+  Tensor out;           // [T, H] bf16
+};
+void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
+
+// The sizes moe_block's workspace is carved for: the largest batch and the model's shapes.
+struct MoeWorkspaceShape {
+  int64_t max_tokens = 0;  // T
+  int64_t top_k = 1;       // K
+  int64_t experts = 1;     // E
+  int64_t slots = 0;       // S (0: no MoE-LoRA)
+  int64_t hidden = 0;      // H
+  int64_t inter = 0;       // I
+  int64_t max_rank = 0;    // R, the larger capacity of the two LoRA stacks (0: no MoE-LoRA)
+};
+size_t moe_workspace_bytes(const MoeWorkspaceShape& shape);
+
+// Device scratch of moe_block, allocated once at start-up: U8 of at least moe_workspace_bytes(shape).
+struct MoeWorkspace {
+  MoeWorkspaceShape shape;
+  Tensor memory;  // [bytes] U8 on cuda
+};
+
+// Launch choices of moe_block's MoE-LoRA (tuned data, ops/kernel_configs.h; defaults = built-in choices).
+struct MoeBlockConfig {
+  int lora_path = -1;   // -1: by size (moe_lora_small_fits), 0: direct per-pair path, 1: tiled path
+  bool small_pdl = true;
+  MoeLoraConfig lora;   // the tiled path's knobs
+};
+
+// Zero the workspace's self-cleaning MoE-LoRA scratch (z and its counters): once after allocating (or
+// poisoning) it, before the first moe_block; every call leaves it zero again.
+void moe_workspace_prepare(const MoeWorkspace& workspace, cudaStream_t stream);
+
+// The ops::MoeParams contract on cuda (x, out bf16): align by expert, gate_up, (with LoRA: align by
+// (slot, expert) — or pair by pair for a tiny batch (moe_lora_small.cuh) — LoRA into h, activation), down
+// (+ LoRA into d), combine. No allocation and no host
+// synchronization: capturable in a CUDA graph. T must not exceed the workspace's max_tokens.
+// PRECOND (not checkable without a sync, unlike the CPU oracle): topk_ids in [0, E) (router output),
+// token_slot in [-1, S), ranks in [0, R]. Shapes, dtypes and devices are checked, naming the field.
+void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStream_t stream,
+               const MoeBlockConfig& config = {});
+
+}  // namespace lmx::cuda

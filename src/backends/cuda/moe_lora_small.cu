@@ -1,0 +1,547 @@
+// The direct per-pair MoE-LoRA for tiny batches (moe_lora_small.cuh) and its launchers. No align: each CTA
+// reads its pair's slot and expert itself. Latency-bound at decode sizes, so the shape is "every load of a
+// CTA in flight at once, then the math": CUDA-core fp32 FMAs on 16-byte bf16 loads, no tensor cores.
+//  shrink: CTA = (pair, piece of 32·V vectors of `in`, V = 1, 2 or 4); warp w owns rank rows w, w+8, ...
+//    (R/8 rows); lane = V 16-byte vectors of x and of each of its A rows; warp reduction per row, relaxed
+//    fp32 atomicAdd into z (z is zero between calls). Routing, rank and A are loaded before the programmatic
+//    wait, x after it (before it with x_before_wait); only the atomics into z always follow the wait.
+//  expand: CTA = (pair, chunk of `out` rows); a B row is read by R/8 adjacent lanes (one 16-byte vector
+//    each, so a warp reads one contiguous run of B), reduced by shuffles; B and y are loaded before the
+//    programmatic wait on the shrink, z after it; the last CTA of a pair re-zeroes z[pair].
+//  fused: both in one launch; a CTA's role (shrink piece or expand chunk) comes from an atomic ticket, and
+//    an expand CTA spins on its pair's count of finished shrink pieces (measured against shrink + expand).
+// PDL chain (design.md §6): every CTA of both kernels executes griddepcontrol.wait before it exits, and each
+// kernel triggers its dependents only after its own wait returned. So when a kernel starts, everything
+// written two launches back is complete: the shrink reads routing, rank and A before its wait (the caller
+// keeps them out of the kernel just before it, PRECOND in the header), the expand routing, B and y (written
+// before the shrink); only x (shrink) and z (expand) need the wait. PRECOND for the caller: a kernel before
+// the shrink that was itself launched with PDL executes griddepcontrol.wait in every CTA (else "complete"
+// does not chain).
+#include "backends/cuda/moe_lora_small.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/device.cuh"
+
+namespace lmx::cuda {
+namespace {
+
+using detail::kBf16PerVector;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;          // shrink always; expand at most
+constexpr int kMaxRank = 64;                   // R limit, same as the tiled path (they share z)
+constexpr int kSmCount = 132;                  // H200; only sizes the launch shapes (a hint, not a limit)
+constexpr int kOneWaveCtas = 8 * kSmCount;     // 256-thread CTAs resident at once at full occupancy
+
+// ---- device helpers -----------------------------------------------------------------------------------
+
+// griddepcontrol (sm_90): both are no-ops in a grid launched without the programmatic attribute.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// A gpu-scope acquire load: the fused kernel's spin on another CTA's release (fence + atomicAdd).
+__device__ __forceinline__ int load_acquire(const int32_t* p) {
+  int32_t value;
+  asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(value) : "l"(p) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ uint4 load_vector(const __nv_bfloat16* p) { return *reinterpret_cast<const uint4*>(p); }
+
+__device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+// ---- kernels ------------------------------------------------------------------------------------------
+
+struct SmallKernelParams {
+  const __nv_bfloat16* x;     // [T or T*K, in] bf16
+  const int32_t* topk_ids;    // [T, K] i32
+  const int32_t* token_slot;  // [T] i32
+  const __nv_bfloat16* a;     // [S, E, R, in] bf16
+  const __nv_bfloat16* b;     // [S, E, out, R] bf16
+  const int32_t* rank;        // [S] i32
+  float* z;                   // [T*K, R] f32, zero between calls
+  int32_t* z_readers;         // [T*K + 1] i32, zero between calls
+  __nv_bfloat16* y;           // [T*K, out] bf16
+  int top_k;                  // K
+  int experts;                // E
+  int in;
+  int out;
+  int capacity_rank;          // R
+  bool x_per_pair;            // x has T*K rows
+  bool x_before_wait;         // the shrink may read x before its programmatic wait
+  int pieces;                 // shrink: CTAs per pair along `in`
+  int chunks;                 // expand: CTAs per pair along `out`
+};
+
+// The pair's adapter: slot, true rank (0 when the token has no adapter, slot -1, or a rank-0 slot) and expert.
+// The expert id is loaded together with the slot (independent), so the chain to the A/B address is two
+// round trips (slot, then rank), not three.
+struct PairAdapter {
+  int slot;
+  int rank;
+  int expert;
+};
+__device__ __forceinline__ PairAdapter pair_adapter(const SmallKernelParams& p, int pair) {
+  const int expert = p.topk_ids[pair];
+  const int slot = p.token_slot[pair / p.top_k];
+  return {slot, slot < 0 ? 0 : p.rank[slot], expert};
+}
+
+// One shrink piece: z[pair, :rank] += A[s,e][:rank, piece]·x[row, piece], the piece being 32·kVectorsPerLane
+// vectors of `in`; lane l takes vectors piece·32V + l + 32i, i < V. Split in three so the A loads (weights and
+// routing, complete before the previous kernel triggered us) can be issued before the programmatic wait and
+// the x loads (x may come from the kernel just before) after it, unless the caller vouches otherwise.
+// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R == 8 * kRowsPerWarp; rank in [1, R];
+// topk_ids in [0, E).
+template <int kRowsPerWarp, int kVectorsPerLane>
+struct ShrinkPiece {
+  uint4 a_raw[kRowsPerWarp][kVectorsPerLane];  // this lane's vectors of its warp's A rows
+  uint4 x_raw[kVectorsPerLane];                 // and of x
+  int vector[kVectorsPerLane];                  // the vectors of `in` they sit at (clamped)
+  bool in_range[kVectorsPerLane];               // false: past the end of `in`, contributes 0
+
+  // Every A load before any math, none under a branch (docs/perf-log.md runs 2-3): rows past the true rank
+  // re-read the last true row and vectors past `in` the last vector (same addresses, no DRAM traffic for
+  // the padding); both are dropped in finish().
+  __device__ __forceinline__ void load_a(const SmallKernelParams& p, int pair, int piece, PairAdapter adapter) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int vectors = p.in / kBf16PerVector;
+    const __nv_bfloat16* a =  // [R, in] of (slot, expert)
+        p.a + (int64_t(adapter.slot) * p.experts + adapter.expert) * p.capacity_rank * p.in;
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      const int wanted = (piece * kVectorsPerLane + i) * 32 + lane;
+      in_range[i] = wanted < vectors;
+      vector[i] = min(wanted, vectors - 1);
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const __nv_bfloat16* row = a + int64_t(min(warp + kWarps * j, adapter.rank - 1)) * p.in;
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) a_raw[j][i] = load_vector(row + int64_t(vector[i]) * kBf16PerVector);
+    }
+  }
+
+  __device__ __forceinline__ void load_x(const SmallKernelParams& p, int pair) {
+    const int64_t x_row = p.x_per_pair ? pair : pair / p.top_k;
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      x_raw[i] = load_vector(p.x + x_row * p.in + int64_t(vector[i]) * kBf16PerVector);
+    }
+  }
+
+  // The dot products, one warp reduction per row, relaxed fp32 atomics into z (zero before the call).
+  __device__ __forceinline__ void finish(const SmallKernelParams& p, int pair, PairAdapter adapter) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float xv[kVectorsPerLane][8];
+#pragma unroll
+    for (int i = 0; i < kVectorsPerLane; ++i) {
+      widen8(x_raw[i], xv[i]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) xv[i][k] = in_range[i] ? xv[i][k] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const int row = warp + kWarps * j;
+      if (row >= adapter.rank) break;  // warp-uniform: no math on padding ranks
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        float av[8];
+        widen8(a_raw[j][i], av);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum = fmaf(av[k], xv[i][k], sum);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) atomicAdd(p.z + int64_t(pair) * p.capacity_rank + row, sum);
+    }
+  }
+};
+
+// z_readers[pair] += 1 with acquire-release semantics at gpu scope, returning the old count. Release: this
+// CTA's reads of z (returned: staged in shared memory before the barrier) happen before its count; acquire:
+// the last reader's zeroing happens after every other reader's count. One instruction instead of the
+// fence + relaxed atomic + fence of the run-2 version (a fence.sc waits for every outstanding access).
+__device__ __forceinline__ int count_reader(int32_t* counter) {
+  int32_t earlier;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(earlier) : "l"(counter) : "memory");
+  return earlier;
+}
+
+// One expand chunk: y[pair, rows of the chunk] += B[s,e][rows, :rank]·z[pair, :rank]. B and y are loaded
+// first, then wait_for_z() (the PDL wait, or the fused kernel's spin on the pair's shrink count), then z.
+// z_readers[pair] counts up from `readers_before`; the CTA whose count returns readers_before + chunks - 1
+// is the pair's last reader: it zeroes z[pair, :rank] and the count.
+// PRECOND: blockDim.x a multiple of 32 in [64, 256]; rows per CTA = blockDim.x / kLanesPerRow *
+// kVectorsPerThread; kLanesPerRow = the power of two >= R / 8; R % 8 == 0, R <= 64; b, z 16-byte
+// aligned; rank in [1, R]; every CTA of the block reaches this call (it has a barrier).
+template <int kLanesPerRow, int kVectorsPerThread, typename WaitForZ>
+__device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pair, int chunk, PairAdapter adapter,
+                                             int readers_before, WaitForZ wait_for_z) {
+  const int rank = adapter.rank;
+  const int rows_per_pass = blockDim.x / kLanesPerRow;
+  const int q = threadIdx.x % kLanesPerRow;  // this lane's ranks: 8q .. 8q+7
+  const int q_read = 8 * q < rank ? q : 0;   // past the true rank: re-read the row's first vector (same
+                                             // sector as lane 0, no extra traffic), contribute 0
+  const int first_row = chunk * rows_per_pass * kVectorsPerThread + int(threadIdx.x) / kLanesPerRow;
+  const __nv_bfloat16* b = p.b + (int64_t(adapter.slot) * p.experts + adapter.expert) * p.out * p.capacity_rank +
+                           q_read * kBf16PerVector;  // [out, R] of (slot, expert), at vector q_read
+  __nv_bfloat16* y = p.y + int64_t(pair) * p.out;  // [out]
+
+  // Before the wait: B (weights) and y (complete before the shrink triggered us), all unconditional.
+  uint4 b_raw[kVectorsPerThread];
+  __nv_bfloat16 y_old[kVectorsPerThread];
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int row = min(first_row + i * rows_per_pass, p.out - 1);
+    b_raw[i] = load_vector(b + int64_t(row) * p.capacity_rank);
+    y_old[i] = y[row];
+  }
+
+  wait_for_z();
+  float* z = p.z + int64_t(pair) * p.capacity_rank;  // [R]
+  __shared__ float4 z_staged[kMaxRank / 4];
+  // __ldcg: z was written by atomics in L2 (in the fused kernel, during this grid): never serve it from L1.
+  if (int(threadIdx.x) < p.capacity_rank / 4) z_staged[threadIdx.x] = __ldcg(reinterpret_cast<const float4*>(z) + threadIdx.x);
+  __syncthreads();  // z sits in shared memory: its loads have returned before the CTA counts as a reader
+  const float4 z_lo = z_staged[2 * q_read], z_hi = z_staged[2 * q_read + 1];
+  const float zv[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
+  if (threadIdx.x == 0 && count_reader(p.z_readers + pair) == readers_before + p.chunks - 1) {
+    for (int r = 0; r < rank; r += 4) *reinterpret_cast<float4*>(z + r) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    p.z_readers[pair] = 0;
+  }
+
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    float bv[8];
+    widen8(b_raw[i], bv);
+    float partial = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {  // padding ranks of B and z may hold anything (0·NaN is NaN): select, not multiply
+      partial = 8 * q + k < rank ? fmaf(bv[k], zv[k], partial) : partial;
+    }
+#pragma unroll
+    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
+    const int row = first_row + i * rows_per_pass;
+    if (q == 0 && row < p.out) y[row] = __float2bfloat16_rn(__bfloat162float(y_old[i]) + partial);
+  }
+}
+
+// Full occupancy (8 CTAs of 256 threads, <= 32 registers) where ptxas fits it without spilling (R <= 32,
+// V = 1: 40 registers unbounded since x_before_wait): more shrink CTAs fit beside the previous kernel's tail.
+constexpr int shrink_min_ctas(int rows_per_warp, int vectors_per_lane) {
+  return vectors_per_lane == 1 && rows_per_warp <= 4 ? 8 : 1;
+}
+
+// PRECOND: blockDim.x == kThreads; gridDim.x == T*K * pieces, pieces = ceil(in / 8 / (32 V)); ShrinkPiece's;
+// token_slot in [-1, S); z[pair, :rank] == 0; routing and w not written by the kernel just before (header).
+template <int kRowsPerWarp, int kVectorsPerLane>
+__global__ static void __launch_bounds__(kThreads, shrink_min_ctas(kRowsPerWarp, kVectorsPerLane))
+    small_shrink_kernel(const __grid_constant__ SmallKernelParams p) {
+  const int pair = blockIdx.x / p.pieces, piece = blockIdx.x % p.pieces;
+  // Before the wait, during the previous kernel's tail: routing, rank and the A rows (three dependent
+  // round trips at T = 1). Every CTA waits before it exits, so this grid never completes before the previous.
+  const PairAdapter adapter = pair_adapter(p, pair);
+  if (adapter.rank == 0) {
+    wait_for_previous_grid();
+    allow_next_grid();
+    return;
+  }
+  ShrinkPiece<kRowsPerWarp, kVectorsPerLane> work;
+  work.load_a(p, pair, piece, adapter);
+  if (p.x_before_wait) work.load_x(p, pair);  // uniform branch; the caller vouches x is two launches back
+  wait_for_previous_grid();  // x (by default) and z's zeroing may come from the kernels before
+  allow_next_grid();         // only after the wait (see the file header)
+  if (!p.x_before_wait) work.load_x(p, pair);
+  work.finish(p, pair, adapter);
+}
+
+// PRECOND: gridDim.x == T*K * chunks, chunks = ceil(out / rows per CTA); expand_chunk's; launched right after
+// the shrink of the same call (file header); z_readers[:T*K] == 0 on entry.
+template <int kLanesPerRow, int kVectorsPerThread>
+__global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __grid_constant__ SmallKernelParams p) {
+  const int pair = blockIdx.x / p.chunks, chunk = blockIdx.x % p.chunks;
+  const PairAdapter adapter = pair_adapter(p, pair);
+  if (adapter.rank == 0) {
+    wait_for_previous_grid();  // every CTA waits, so this grid never completes before the shrink
+    allow_next_grid();
+    return;
+  }
+  expand_chunk<kLanesPerRow, kVectorsPerThread>(p, pair, chunk, adapter, 0, [] {
+    wait_for_previous_grid();  // the shrink's atomics into z are complete and visible
+    allow_next_grid();         // a PDL successor still waits for this whole grid before it reads anything
+  });
+}
+
+// Shrink and expand in one launch. A CTA's role comes from a ticket (z_readers[T*K], atomicAdd), not from
+// blockIdx: tickets [0, T*K·pieces) are shrink pieces, the rest expand chunks. An expand CTA only waits for
+// shrink CTAs that took their tickets before it, so they are resident and never wait: no deadlock whatever
+// order the hardware schedules CTAs in. z_readers[pair] counts finished shrink pieces, then readers.
+// PRECOND: blockDim.x == kThreads; gridDim.x == T*K * (pieces + chunks) with pieces for V = 1 and chunks for
+// kThreads and kFusedVectorsPerThread; R == 8 * kRowsPerWarp; z_readers[:T*K + 1] == 0 on entry;
+// ShrinkPiece's and expand_chunk's.
+constexpr int kFusedVectorsPerThread = 4;
+template <int kRowsPerWarp>
+__global__ static void __launch_bounds__(kThreads) small_fused_kernel(const __grid_constant__ SmallKernelParams p) {
+  constexpr int kLanesPerRow = kRowsPerWarp <= 1 ? 1 : kRowsPerWarp <= 2 ? 2 : kRowsPerWarp <= 4 ? 4 : 8;
+  wait_for_previous_grid();  // routing, x, y and the scratch's zeroing come from earlier kernels
+  allow_next_grid();
+  const int pairs = int(gridDim.x) / (p.pieces + p.chunks);
+  int32_t* ticket_counter = p.z_readers + pairs;
+  __shared__ int ticket_shared;
+  if (threadIdx.x == 0) {
+    const int ticket = atomicAdd(ticket_counter, 1);
+    if (ticket == int(gridDim.x) - 1) *ticket_counter = 0;  // every ticket is taken: reset for the next call
+    ticket_shared = ticket;
+  }
+  __syncthreads();
+  const int ticket = ticket_shared;
+  const int shrink_ctas = pairs * p.pieces;
+  if (ticket < shrink_ctas) {
+    const int pair = ticket / p.pieces;
+    const PairAdapter adapter = pair_adapter(p, pair);
+    if (adapter.rank == 0) return;
+    ShrinkPiece<kRowsPerWarp, 1> work;
+    work.load_a(p, pair, ticket % p.pieces, adapter);
+    work.load_x(p, pair);
+    work.finish(p, pair, adapter);
+    __syncthreads();  // every warp's atomics into z issued before the piece counts as done
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(p.z_readers + pair, 1);
+    }
+    return;
+  }
+  const int pair = (ticket - shrink_ctas) / p.chunks, chunk = (ticket - shrink_ctas) % p.chunks;
+  const PairAdapter adapter = pair_adapter(p, pair);
+  if (adapter.rank == 0) return;
+  expand_chunk<kLanesPerRow, kFusedVectorsPerThread>(p, pair, chunk, adapter, p.pieces, [&] {
+    if (threadIdx.x == 0) {
+      while (load_acquire(p.z_readers + pair) < p.pieces) __nanosleep(32);
+      __threadfence();
+    }
+    __syncthreads();
+  });
+}
+
+// ---- launchers ----------------------------------------------------------------------------------------
+
+// Shapes, dtypes, devices and alignment of one call, named in the message; the kernel params.
+SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
+  const ops::LoraStack& w = p.w;
+  detail::require_cuda(op, {{"x", &p.x}, {"topk_ids", &p.topk_ids}, {"token_slot", &p.token_slot}, {"w.a", &w.a},
+                            {"w.b", &w.b}, {"w.rank", &w.rank}, {"z", &p.z}, {"z_readers", &p.z_readers}, {"y", &p.y}});
+  if (w.a.dtype != DType::BF16 || w.a.ndim != 4) detail::contract_failure(op, "w.a", w.a, "[S, E, R, in] BF16");
+  const int64_t slots = w.a.dim(0), experts = w.a.dim(1), capacity_rank = w.a.dim(2), in = w.a.dim(3);
+  if (w.b.dtype != DType::BF16 || w.b.ndim != 4 || w.b.dim(0) != slots || w.b.dim(1) != experts ||
+      w.b.dim(3) != capacity_rank) {
+    detail::contract_failure(op, "w.b", w.b, "[S, E, out, R] BF16 matching w.a");
+  }
+  const int64_t out = w.b.dim(2);
+  if (w.rank.dtype != DType::I32 || w.rank.numel() != slots) detail::contract_failure(op, "w.rank", w.rank, "[S] I32");
+  if (capacity_rank < 8 || capacity_rank % 8 != 0 || capacity_rank > kMaxRank) {
+    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8 in [8, 64]");
+  }
+  if (in < 8 || in % 8 != 0 || !detail::aligned16(w.a.data)) {
+    detail::contract_failure(op, "w.a", w.a, "in a positive multiple of 8, 16-byte aligned");
+  }
+  if (out < 1 || !detail::aligned16(w.b.data)) detail::contract_failure(op, "w.b", w.b, "out >= 1, 16-byte aligned");
+  if (p.topk_ids.dtype != DType::I32 || p.topk_ids.ndim != 2 || p.topk_ids.dim(1) < 1) {
+    detail::contract_failure(op, "topk_ids", p.topk_ids, "[T, K] I32, K >= 1");
+  }
+  const int64_t tokens = p.topk_ids.dim(0), top_k = p.topk_ids.dim(1), pairs = tokens * top_k;
+  if (p.token_slot.dtype != DType::I32 || p.token_slot.ndim != 1 || p.token_slot.dim(0) != tokens) {
+    detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32, T = topk_ids.dim(0)");
+  }
+  if (p.x.dtype != DType::BF16 || p.x.ndim != 2 || p.x.dim(1) != in || (p.x.dim(0) != tokens && p.x.dim(0) != pairs) ||
+      !detail::aligned16(p.x.data)) {
+    detail::contract_failure(op, "x", p.x, "[T, in] or [T*K, in] BF16, 16-byte aligned, in = w.a.dim(3)");
+  }
+  if (p.z.dtype != DType::F32 || p.z.ndim != 2 || p.z.dim(0) != pairs || p.z.dim(1) != capacity_rank ||
+      !detail::aligned16(p.z.data)) {
+    detail::contract_failure(op, "z", p.z, "[T*K, R] F32, 16-byte aligned, R = w.a.dim(2)");
+  }
+  if (p.z_readers.dtype != DType::I32 || p.z_readers.ndim != 1 || p.z_readers.dim(0) != pairs + 1) {
+    detail::contract_failure(op, "z_readers", p.z_readers, "[T*K + 1] I32");
+  }
+  if (p.y.dtype != DType::BF16 || p.y.ndim != 2 || p.y.dim(0) != pairs || p.y.dim(1) != out) {
+    detail::contract_failure(op, "y", p.y, "[T*K, out] BF16, out = w.b.dim(2)");
+  }
+  if (pairs * std::max<int64_t>(in / kBf16PerVector, out) >= 0x7fffffff || slots * experts >= 0x7fffffff) {
+    detail::contract_failure(op, "topk_ids", p.topk_ids, "T*K small enough for a per-pair grid (moe_lora_small_fits)");
+  }
+  return SmallKernelParams{.x = static_cast<const __nv_bfloat16*>(p.x.data),
+                           .topk_ids = static_cast<const int32_t*>(p.topk_ids.data),
+                           .token_slot = static_cast<const int32_t*>(p.token_slot.data),
+                           .a = static_cast<const __nv_bfloat16*>(w.a.data),
+                           .b = static_cast<const __nv_bfloat16*>(w.b.data),
+                           .rank = static_cast<const int32_t*>(w.rank.data),
+                           .z = static_cast<float*>(p.z.data),
+                           .z_readers = static_cast<int32_t*>(p.z_readers.data),
+                           .y = static_cast<__nv_bfloat16*>(p.y.data),
+                           .top_k = int(top_k),
+                           .experts = int(experts),
+                           .in = int(in),
+                           .out = int(out),
+                           .capacity_rank = int(capacity_rank),
+                           .x_per_pair = p.x.dim(0) == pairs && pairs != tokens,
+                           .x_before_wait = p.x_before_wait,
+                           .pieces = 0,
+                           .chunks = 0};
+}
+
+// A launch-shape field out of its set: the same message shape as detail::contract_failure (a programmer
+// error: the fields are the bench's and the tests' knobs, 0 for everyone else).
+[[noreturn]] void knob_failure(const char* op, const char* field, int found, const char* want) {
+  std::fprintf(stderr, "loramux: cuda::%s called against its contract: MoeLoraSmallParams.%s: expected %s, found %d\n",
+               op, field, want, found);
+  std::abort();
+}
+
+// One launch through cudaLaunchKernelEx, with the programmatic-serialization attribute when pdl is set
+// (captured into a graph as a programmatic edge).
+template <typename Kernel>
+void launch(Kernel kernel, unsigned blocks, unsigned threads, bool pdl, cudaStream_t stream, const SmallKernelParams& params) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
+int shrink_pieces(int in, int vectors_per_lane) {
+  const int per_cta = 32 * vectors_per_lane;
+  return (in / kBf16PerVector + per_cta - 1) / per_cta;
+}
+
+// The shrink's one dispatch: rows per warp = R / 8 warps, vectors per lane V.
+template <int kVectorsPerLane>
+void launch_shrink(const MoeLoraSmallParams& p, const SmallKernelParams& params, unsigned blocks, cudaStream_t stream) {
+  switch (params.capacity_rank / kWarps) {
+    case 1: launch(small_shrink_kernel<1, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 2: launch(small_shrink_kernel<2, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 3: launch(small_shrink_kernel<3, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 4: launch(small_shrink_kernel<4, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 5: launch(small_shrink_kernel<5, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 6: launch(small_shrink_kernel<6, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 7: launch(small_shrink_kernel<7, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    case 8: launch(small_shrink_kernel<8, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+    default: detail::contract_failure("moe_lora_small_shrink", "w.a", p.w.a, "R in {8, 16, ..., 64}");
+  }
+}
+
+template <int kLanesPerRow>
+void launch_expand(const SmallKernelParams& params, int vectors_per_thread, unsigned blocks, unsigned threads,
+                   bool pdl, cudaStream_t stream) {
+  if (vectors_per_thread == 8) {
+    launch(small_expand_kernel<kLanesPerRow, 8>, blocks, threads, pdl, stream, params);
+  } else {
+    launch(small_expand_kernel<kLanesPerRow, 4>, blocks, threads, pdl, stream, params);
+  }
+}
+
+}  // namespace
+
+void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream) {
+  if (!p.w.defined()) return;  // no resident adapter targets these experts: nothing is launched
+  SmallKernelParams params = check_and_pack(p, "moe_lora_small_shrink");
+  const int64_t pairs = p.z.dim(0);
+  if (pairs == 0) return;
+  int vectors_per_lane = p.shrink_vectors_per_lane;
+  if (vectors_per_lane == 0) {
+    // One 16-byte vector per lane (the most CTAs, so the most SMs pulling A) while the grid fits in one wave;
+    // two above it (GPT-OSS: T·K > 88), where fewer, longer CTAs save the per-CTA routing round trips.
+    vectors_per_lane = pairs * shrink_pieces(params.in, 1) <= kOneWaveCtas ? 1 : 2;
+  }
+  if (vectors_per_lane != 1 && vectors_per_lane != 2 && vectors_per_lane != 4) {
+    knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", vectors_per_lane, "0, 1, 2 or 4");
+  }
+  params.pieces = shrink_pieces(params.in, vectors_per_lane);
+  const unsigned blocks = unsigned(pairs * params.pieces);
+  switch (vectors_per_lane) {
+    case 1: launch_shrink<1>(p, params, blocks, stream); break;
+    case 2: launch_shrink<2>(p, params, blocks, stream); break;
+    default: launch_shrink<4>(p, params, blocks, stream); break;
+  }
+}
+
+void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
+  if (!p.w.defined()) return;
+  SmallKernelParams params = check_and_pack(p, "moe_lora_small_expand");
+  const int64_t pairs = p.z.dim(0);
+  if (pairs == 0) return;
+  // Lanes per B row: R / 8 rounded up to a power of two (the shuffle reduction stays inside the group).
+  const int vectors_per_row = params.capacity_rank / kBf16PerVector;
+  const int lanes = vectors_per_row <= 1 ? 1 : vectors_per_row <= 2 ? 2 : vectors_per_row <= 4 ? 4 : 8;
+  auto chunks_for = [&](int threads, int vectors) {
+    const int rows_per_cta = threads / lanes * vectors;
+    return (params.out + rows_per_cta - 1) / rows_per_cta;
+  };
+  int vectors_per_thread = p.expand_vectors_per_thread;
+  if (vectors_per_thread == 0) {
+    // 4 (40 registers, 6 CTAs per SM; capped at 32 it spills). 8 pays the per-CTA z load, barrier and reader
+    // count half as often but needs 64-90 registers, which halves the CTAs per SM and so the room for the
+    // next kernel's early CTAs; the bench's shape sweep decides whether it ever wins.
+    vectors_per_thread = 4;
+  }
+  if (vectors_per_thread != 4 && vectors_per_thread != 8) {
+    knob_failure("moe_lora_small_expand", "expand_vectors_per_thread", vectors_per_thread, "0, 4 or 8");
+  }
+  // Tiny batches get smaller CTAs, so the few pairs still spread over ~2 CTAs per SM.
+  int threads = kThreads;
+  while (threads > 64 && pairs * chunks_for(threads, vectors_per_thread) < 2 * kSmCount) threads /= 2;
+  params.chunks = chunks_for(threads, vectors_per_thread);
+  const unsigned blocks = unsigned(pairs * params.chunks);
+  switch (lanes) {
+    case 1: launch_expand<1>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+    case 2: launch_expand<2>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+    case 4: launch_expand<4>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+    default: launch_expand<8>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+  }
+}
+
+void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {
+  if (!p.w.defined()) return;
+  SmallKernelParams params = check_and_pack(p, "moe_lora_small_fused");
+  const int64_t pairs = p.z.dim(0);
+  if (pairs == 0) return;
+  params.pieces = shrink_pieces(params.in, 1);
+  const int vectors_per_row = params.capacity_rank / kBf16PerVector;
+  const int lanes = vectors_per_row <= 1 ? 1 : vectors_per_row <= 2 ? 2 : vectors_per_row <= 4 ? 4 : 8;
+  const int rows_per_cta = kThreads / lanes * kFusedVectorsPerThread;  // one CTA size for both roles
+  params.chunks = (params.out + rows_per_cta - 1) / rows_per_cta;
+  const unsigned blocks = unsigned(pairs * (params.pieces + params.chunks));
+  switch (params.capacity_rank / kWarps) {
+    case 1: launch(small_fused_kernel<1>, blocks, kThreads, p.pdl, stream, params); break;
+    case 2: launch(small_fused_kernel<2>, blocks, kThreads, p.pdl, stream, params); break;
+    case 3: launch(small_fused_kernel<3>, blocks, kThreads, p.pdl, stream, params); break;
+    case 4: launch(small_fused_kernel<4>, blocks, kThreads, p.pdl, stream, params); break;
+    case 5: launch(small_fused_kernel<5>, blocks, kThreads, p.pdl, stream, params); break;
+    case 6: launch(small_fused_kernel<6>, blocks, kThreads, p.pdl, stream, params); break;
+    case 7: launch(small_fused_kernel<7>, blocks, kThreads, p.pdl, stream, params); break;
+    case 8: launch(small_fused_kernel<8>, blocks, kThreads, p.pdl, stream, params); break;
+    default: detail::contract_failure("moe_lora_small_fused", "w.a", p.w.a, "R in {8, 16, ..., 64}");
+  }
+}
+
+}  // namespace lmx::cuda

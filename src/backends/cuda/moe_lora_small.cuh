@@ -1,0 +1,60 @@
+// Entry points of the direct per-pair MoE-LoRA for tiny batches (design.md §6, issue 4): no align, the grid
+// runs over the T·K (token, k) pairs themselves. Same math and scale convention as moe_lora.cuh (scale folded
+// into B, loops bound by the slot's true rank); only the launch shape differs. Does not cover large batches
+// (moe_lora.cuh's tiled path does). Callers: tests, bench, (later) the CUDA MoE block when
+// moe_lora_small_fits(T·K), once for gate_up (x = [T, H]) and once for down (x = the activation [T*K, I]).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/lora.h"
+
+namespace lmx::cuda {
+
+struct MoeLoraSmallParams {
+  Tensor x;            // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16
+  Tensor topk_ids;     // [T, K] i32, every id in [0, E)
+  Tensor token_slot;   // [T] i32, -1 = no adapter (the token's pairs are skipped)
+  ops::LoraStack w;    // a [S, E, R, in] bf16, b [S, E, out, R] bf16 (scale folded), rank [S] i32
+  // Self-cleaning scratch, shared with the tiled path's invariant: all zero before the shrink and again
+  // after the expand (the expand re-zeroes each row once every CTA of the pair has read it), so no memset.
+  // Allocate once, zero once (cuda::fill_bytes), then keep the pair z / z_readers for this projection.
+  Tensor z;            // [T*K, R] f32: shrink output (fp32 atomics), expand input
+  Tensor z_readers;    // [T*K + 1] i32: per pair, CTAs done with z this call (the last reader zeroes z);
+                       // the last entry is the fused kernel's CTA ticket
+  Tensor y;            // [T*K, out] bf16, accumulated in place by the expand
+  // Programmatic dependent launch: the shrink loads its A rows during the previous kernel's tail, the
+  // expand its B rows while the shrink runs. false = plain stream order (the before/after figure).
+  // PRECOND with pdl: topk_ids, token_slot and w are not written by the kernel launched directly before the
+  // shrink (they are read before its programmatic wait); x and y may be (docs/kernels.md).
+  bool pdl = true;
+  // With pdl, the shrink also reads x before its wait (one round trip off its critical path at T = 1).
+  // PRECOND when true: x is not written by the kernel launched directly before the shrink either. True in
+  // the MoE block (x and the activation are written two launches before their shrinks); false is the safe
+  // default for any other caller.
+  bool x_before_wait = false;
+  // Launch shape; 0 = the built-in choice for the batch size (docs/kernels.md). Explicit values exist for
+  // the bench's sweep and the tests; the fused kernel ignores them.
+  int shrink_vectors_per_lane = 0;    // 1, 2 or 4: 16-byte vectors of `in` per lane, 256·V inputs per CTA
+  int expand_vectors_per_thread = 0;  // 4 or 8: B vectors each expand thread loads before the wait
+};
+
+// The largest batch this path is meant for, in pairs T·K (docs/kernels.md). Measured on the H200 (run 2):
+// at T = 64 (256 pairs) this path still beat the tiled path (align + moe_lora_shrink/expand), 71.7 vs
+// 126 µs per GPT-OSS-20B layer, but the tiled path was being tuned then; 64 stays until both are re-measured
+// side by side (bench_moe_lora_small prints the small path to T = 64, bench_moe_lora the tiled one).
+constexpr int64_t kMoeLoraSmallMaxPairs = 64;
+inline bool moe_lora_small_fits(int64_t pairs) { return pairs <= kMoeLoraSmallMaxPairs; }
+
+// z[pair, :r] += A[s,e][:r]·x[row(pair)], s = token_slot[pair / K], e = topk_ids[pair], r = rank[s].
+void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream);
+// y[pair, :] += B[s,e][:, :r]·z[pair, :r], then z[pair] = 0. Must follow the shrink of the same params on
+// the same stream (with pdl, directly: it waits on the kernel just before it).
+void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream);
+// Shrink and expand in one launch (same result and scratch invariant); the bench decides which one the
+// MoE block uses per batch size.
+void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream);
+
+}  // namespace lmx::cuda

@@ -1,0 +1,64 @@
+// Parity of the CUDA dense projection (backends/cuda/linear.cuh, cuBLASLt) with the CPU oracle: bf16 and
+// f32 outputs (the router and LM head write f32 logits), with and without bias, decode and prefill row
+// counts, the GPT-OSS q/o shapes and the tiny presets' small dims; each through the default (cuBLASLt) and,
+// up to 16 rows, the forced skinny tensor-core kernel (`in` not a multiple of 32, `out` not of 16, T not
+// of 8). Outputs start poisoned.
+#include <cstdint>
+#include <vector>
+
+#include "backends/cuda/linear.cuh"
+#include "cuda_test_util.h"
+
+namespace lmx::test {
+namespace {
+
+class CudaLinear : public CudaTest {};
+
+// got (F32, host) against the F32 oracle, the same scaled rule as all_close.
+::testing::AssertionResult all_close_f32(const Tensor& got, const Tensor& want, double tol) {
+  double sum_squares = 0.0;
+  for (int64_t i = 0; i < want.numel(); ++i) sum_squares += double(want.ptr<float>()[i]) * want.ptr<float>()[i];
+  const double rms = want.numel() ? std::sqrt(sum_squares / double(want.numel())) : 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.ptr<float>()[i], w = want.ptr<float>()[i];
+    if (!(std::abs(g - w) <= tol * (std::abs(w) + rms))) {
+      return ::testing::AssertionFailure() << "[" << i << "] got " << g << ", want " << w;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CudaLinear, MatchesCpu) {
+  struct Case { int64_t tokens, in, out; bool bias; DType out_dtype; };
+  const std::vector<Case> cases = {
+      {1, 64, 32, false, DType::BF16},     {3, 64, 256, true, DType::F32},      {16, 2880, 4096, true, DType::BF16},
+      {16, 4096, 2880, true, DType::BF16}, {300, 2880, 32, true, DType::F32},   {257, 64, 1000, false, DType::F32},
+      {5, 16, 8, true, DType::BF16},       {1024, 512, 384, false, DType::BF16}, {16, 2880, 5760, false, DType::BF16},
+      {8, 72, 40, true, DType::F32},       {2, 2880, 201088 / 64, false, DType::F32}, {11, 4104, 24, true, DType::BF16}};
+  cuda::LinearRunner runner;
+  for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kAuto})
+  for (const Case& c : cases) {
+    if (path == cuda::LinearPath::kSkinny && c.tokens > 16) continue;  // the skinny kernel's limit
+    runner.set_path(path);
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " in " + std::to_string(c.in) + " out " + std::to_string(c.out) +
+                 (c.bias ? " bias" : "") + (c.out_dtype == DType::F32 ? " f32" : " bf16") +
+                 (path == cuda::LinearPath::kSkinny ? " skinny (forced)" : " auto (cuBLASLt)"));
+    OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
+    OwnedTensor w = random_bf16(rng(), {c.out, c.in}, 0.05f);
+    OwnedTensor b = random_bf16(rng(), {c.out});
+    OwnedTensor want = OwnedTensor::host(DType::F32, {c.tokens, c.out});
+    cpu_.linear({.x = widen(x), .weight = w, .bias = c.bias ? b.view : Tensor{}, .out = want});
+
+    OwnedTensor d_x = cuda::upload(x), d_w = cuda::upload(w), d_b = cuda::upload(b);
+    OwnedTensor d_out = poisoned(c.out_dtype, {c.tokens, c.out});
+    runner.run({.x = d_x, .weight = d_w, .bias = c.bias ? d_b.view : Tensor{}, .out = d_out}, stream_);
+    sync();
+    OwnedTensor got = cuda::download(d_out);
+    // fp32 accumulation in another order: far below the bf16 rounding of the output; for f32 out, 1e-4.
+    if (c.out_dtype == DType::F32) EXPECT_TRUE(all_close_f32(got, want, 1e-4));
+    else EXPECT_TRUE(all_close(got, want, kTolBf16Out));
+  }
+}
+
+}  // namespace
+}  // namespace lmx::test

@@ -1,0 +1,469 @@
+// Parity of the CUDA base MoE (backends/cuda/moe_gemm.cuh): moe_block against CpuBackend::moe over T up to
+// 1024, E up to 128, K up to 8, small H/I that are not multiples of the tiles, both activations and layouts,
+// biases on/off, with and without MoE-LoRA (mixed ranks, rank-0 slot, NaN rank padding, tokens without a
+// slot), plus GPT-OSS-20B and Qwen3-30B-A3B shapes at small T. Untouched experts' weights hold NaN (a tile
+// that reads the wrong expert fails). The entry points are checked one by one against double loops at
+// every tile configuration (BLOCK_M 16 / 64 × BLOCK_N 64 / 128, BLOCK_M 128); the fused activation must equal gate_up(h) + moe_activation bit for bit, and a batch
+// without adapter tokens must give moe_block's base result bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/moe_align.cuh"
+#include "backends/cuda/moe_gemm.cuh"
+#include "cuda_test_util.h"
+#include "ops/lora.h"
+#include "ops/moe.h"
+
+namespace lmx::test {
+namespace {
+
+class CudaMoeGemm : public CudaTest {};
+
+// docs/NUMERICS.md, "base MoE": moe_block keeps h, a and d in bf16 between its kernels (three or four
+// roundings, the activation's slope amplifying the one of h) where the oracle stays fp32.
+constexpr double kTolMoeBlock = 1.0 / 32.0;
+// The fused activation rounds h to bf16 before act (as the unfused path stores it), then rounds a.
+constexpr double kTolActivated = 1.0 / 64.0;
+
+const bf16 kNan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+
+// Uniform values of variance scale² (cheap enough for the GPT-OSS-sized weights), as bf16.
+void fill_random(Rng& rng, bf16* dst, int64_t n, float scale) {
+  const float half_width = scale * std::sqrt(3.0f);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(rng.uniform(-half_width, half_width));
+}
+
+// Per-expert weights [E, rows, cols]: random for the experts in `touched`, NaN for the others.
+OwnedTensor expert_weights(Rng& rng, int64_t experts, int64_t rows, int64_t cols, float scale,
+                           const std::vector<bool>& touched) {
+  OwnedTensor t = OwnedTensor::host(DType::BF16, {experts, rows, cols});
+  for (int64_t e = 0; e < experts; ++e) {
+    bf16* w = t.view.ptr<bf16>() + e * rows * cols;
+    if (touched[e]) {
+      fill_random(rng, w, rows * cols, scale);
+    } else {
+      std::fill(w, w + rows * cols, kNan);
+    }
+  }
+  return t;
+}
+
+// Routing of T tokens: K distinct experts each, weights in [0.1, 1); `touched` marks the experts used.
+struct Routing {
+  OwnedTensor ids, weights;  // [T, K] i32, [T, K] f32
+  std::vector<bool> touched;
+};
+Routing make_routing(Rng& rng, int64_t tokens, int64_t top_k, int64_t experts) {
+  Routing r{OwnedTensor::host(DType::I32, {tokens, top_k}), OwnedTensor::host(DType::F32, {tokens, top_k}),
+            std::vector<bool>(size_t(experts), false)};
+  for (int64_t t = 0; t < tokens; ++t) {
+    OwnedTensor ids = distinct_ids(rng, top_k, int32_t(experts));
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int32_t e = ids.view.ptr<int32_t>()[k];
+      r.ids.view.ptr<int32_t>()[t * top_k + k] = e;
+      r.weights.view.ptr<float>()[t * top_k + k] = rng.uniform(0.1f, 1.0f);
+      r.touched[e] = true;
+    }
+  }
+  return r;
+}
+
+// A MoE LoRA stack a [S, E, R, in], b [S, E, out, R] with ranks: slot 0 rank 0, then R, R - 3, 8, random;
+// padding ranks hold NaN (must never be read).
+struct Stack {
+  OwnedTensor a, b, rank;
+  ops::LoraStack view() const { return {.a = a, .b = b, .rank = rank}; }
+};
+Stack make_stack(Rng& rng, int64_t slots, int64_t experts, int64_t capacity, int64_t in, int64_t out) {
+  Stack s{OwnedTensor::host(DType::BF16, {slots, experts, capacity, in}),
+          OwnedTensor::host(DType::BF16, {slots, experts, out, capacity}), OwnedTensor::host(DType::I32, {slots})};
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    const int32_t choices[] = {int32_t(capacity), int32_t(capacity - 3), 8,
+                               1 + int32_t(rng.next_u64() % uint64_t(capacity))};
+    s.rank.view.ptr<int32_t>()[slot] = slot == 0 ? 0 : choices[slot % 4];
+  }
+  fill_random(rng, s.a.view.ptr<bf16>(), s.a.view.numel(), 1.0f / std::sqrt(float(in)));
+  fill_random(rng, s.b.view.ptr<bf16>(), s.b.view.numel(), 0.5f / std::sqrt(float(capacity)));
+  for (int64_t m = 0; m < slots * experts; ++m) {
+    const int32_t r_true = s.rank.view.ptr<int32_t>()[m / experts];
+    for (int64_t r = r_true; r < capacity; ++r) {
+      for (int64_t i = 0; i < in; ++i) s.a.view.ptr<bf16>()[(m * capacity + r) * in + i] = kNan;
+      for (int64_t o = 0; o < out; ++o) s.b.view.ptr<bf16>()[(m * out + o) * capacity + r] = kNan;
+    }
+  }
+  return s;
+}
+
+struct BlockCase {
+  int64_t tokens, experts, top_k, hidden, inter;
+  ops::MoeActivation activation;
+  ops::GateUpLayout layout;
+  bool biases;
+  int64_t slots = 0;  // 0: no MoE-LoRA
+  int64_t rank_gate_up = 0, rank_down = 0;  // stack capacities R (0: that stack absent)
+};
+
+std::string describe(const BlockCase& c) {
+  return "T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " + std::to_string(c.top_k) +
+         " H " + std::to_string(c.hidden) + " I " + std::to_string(c.inter) +
+         (c.activation == ops::MoeActivation::kSiluGated ? " silu" : " gpt-oss") +
+         (c.layout == ops::GateUpLayout::kHalves ? " halves" : " interleaved") + (c.biases ? " biases" : "") +
+         " S " + std::to_string(c.slots) + " R " + std::to_string(c.rank_gate_up) + "/" + std::to_string(c.rank_down);
+}
+
+// The host inputs of one moe_block case, their device copies, and the device output.
+struct BlockData {
+  Routing routing;
+  OwnedTensor x, token_slot, gate_up, gate_up_bias, down, down_bias;
+  Stack lora_gate_up, lora_down;
+  // device
+  OwnedTensor d_x, d_ids, d_weights, d_slot, d_gate_up, d_gate_up_bias, d_down, d_down_bias;
+  OwnedTensor d_gu_a, d_gu_b, d_gu_rank, d_down_a, d_down_b, d_down_rank;
+};
+
+BlockData make_block_data(Rng& rng, const BlockCase& c) {
+  BlockData b;
+  b.routing = make_routing(rng, c.tokens, c.top_k, c.experts);
+  b.x = random_bf16(rng, {c.tokens, c.hidden});
+  // Scales keep h ~ N(0, 4): GPT-OSS's limit 7 clamps a few values, silu sees both tails.
+  b.gate_up = expert_weights(rng, c.experts, 2 * c.inter, c.hidden, 2.0f / std::sqrt(float(c.hidden)),
+                             b.routing.touched);
+  b.down = expert_weights(rng, c.experts, c.hidden, c.inter, 1.0f / std::sqrt(float(c.inter)), b.routing.touched);
+  b.d_x = cuda::upload(b.x);
+  b.d_ids = cuda::upload(b.routing.ids);
+  b.d_weights = cuda::upload(b.routing.weights);
+  b.d_gate_up = cuda::upload(b.gate_up);
+  b.d_down = cuda::upload(b.down);
+  if (c.biases) {
+    b.gate_up_bias = random_bf16(rng, {c.experts, 2 * c.inter}, 0.5f);
+    b.down_bias = random_bf16(rng, {c.experts, c.hidden}, 0.5f);
+    b.d_gate_up_bias = cuda::upload(b.gate_up_bias);
+    b.d_down_bias = cuda::upload(b.down_bias);
+  }
+  if (c.slots > 0) {
+    b.token_slot = random_ids(rng, c.tokens, -1, int32_t(c.slots));
+    b.d_slot = cuda::upload(b.token_slot);
+    if (c.rank_gate_up > 0) {
+      b.lora_gate_up = make_stack(rng, c.slots, c.experts, c.rank_gate_up, c.hidden, 2 * c.inter);
+      b.d_gu_a = cuda::upload(b.lora_gate_up.a);
+      b.d_gu_b = cuda::upload(b.lora_gate_up.b);
+      b.d_gu_rank = cuda::upload(b.lora_gate_up.rank);
+    }
+    if (c.rank_down > 0) {
+      b.lora_down = make_stack(rng, c.slots, c.experts, c.rank_down, c.inter, c.hidden);
+      b.d_down_a = cuda::upload(b.lora_down.a);
+      b.d_down_b = cuda::upload(b.lora_down.b);
+      b.d_down_rank = cuda::upload(b.lora_down.rank);
+    }
+  }
+  return b;
+}
+
+cuda::MoeWorkspaceShape workspace_shape(const BlockCase& c) {
+  return {.max_tokens = c.tokens, .top_k = c.top_k, .experts = c.experts, .slots = c.slots, .hidden = c.hidden,
+          .inter = c.inter, .max_rank = std::max(c.rank_gate_up, c.rank_down)};
+}
+
+// moe_block on the device data into a fresh poisoned [T, H] output; with_lora = false drops the stacks.
+OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cudaStream_t stream) {
+  OwnedTensor out = poisoned(DType::BF16, {c.tokens, c.hidden});
+  const cuda::MoeWorkspaceShape shape = workspace_shape(c);
+  OwnedTensor memory = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
+  cuda::fill_bytes(memory.view, 0xff);
+  const cuda::MoeWorkspace workspace{.shape = shape, .memory = memory};
+  cuda::moe_workspace_prepare(workspace, stream);
+  ops::MoeParams p{.x = b.d_x, .topk_ids = b.d_ids, .topk_weights = b.d_weights, .token_slot = b.d_slot,
+                   .gate_up = b.d_gate_up, .gate_up_bias = b.d_gate_up_bias, .down = b.d_down,
+                   .down_bias = b.d_down_bias, .activation = c.activation, .layout = c.layout,
+                   .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .out = out};
+  if (with_lora) {
+    if (c.rank_gate_up > 0) p.lora_gate_up = {.a = b.d_gu_a, .b = b.d_gu_b, .rank = b.d_gu_rank};
+    if (c.rank_down > 0) p.lora_down = {.a = b.d_down_a, .b = b.d_down_b, .rank = b.d_down_rank};
+  }
+  cuda::moe_block(p, workspace, stream);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  OwnedTensor first = cuda::download(out);
+  // Again on the same workspace: the MoE-LoRA scratch cleaned itself, so the result is the same bits.
+  cuda::fill_bytes(out.view, 0xff);
+  cuda::moe_block(p, workspace, stream);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_TRUE(bitwise_equal(cuda::download(out), first)) << "second moe_block on the same workspace differs";
+  return first;
+}
+
+OwnedTensor cpu_block(cpu::CpuBackend& cpu, const BlockCase& c, const BlockData& b) {
+  OwnedTensor x = widen(b.x);
+  OwnedTensor out = OwnedTensor::host(DType::F32, {c.tokens, c.hidden});
+  ops::MoeParams p{.x = x, .topk_ids = b.routing.ids, .topk_weights = b.routing.weights, .token_slot = b.token_slot,
+                   .gate_up = b.gate_up, .gate_up_bias = b.gate_up_bias, .down = b.down,
+                   .down_bias = b.down_bias, .activation = c.activation, .layout = c.layout,
+                   .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .out = out};
+  if (c.slots > 0 && c.rank_gate_up > 0) p.lora_gate_up = b.lora_gate_up.view();
+  if (c.slots > 0 && c.rank_down > 0) p.lora_down = b.lora_down.view();
+  cpu.moe(p);
+  return out;
+}
+
+using ops::GateUpLayout;
+using ops::MoeActivation;
+constexpr MoeActivation kSilu = MoeActivation::kSiluGated, kGptOss = MoeActivation::kGptOssClamped;
+constexpr GateUpLayout kHalves = GateUpLayout::kHalves, kInterleaved = GateUpLayout::kInterleaved;
+
+TEST_F(CudaMoeGemm, BlockMatchesCpu) {
+  const std::vector<BlockCase> cases = {
+      {1, 8, 1, 64, 64, kSilu, kHalves, false},
+      {1, 8, 4, 200, 136, kGptOss, kInterleaved, true, 3, 16, 8},
+      {3, 8, 2, 200, 136, kGptOss, kInterleaved, true, 3, 16, 8},
+      {16, 32, 4, 320, 96, kSilu, kHalves, true, 4, 32, 32},
+      {16, 32, 4, 320, 96, kGptOss, kHalves, false},
+      {64, 128, 8, 128, 64, kSilu, kInterleaved, false},
+      {64, 8, 8, 96, 64, kSilu, kHalves, false, 2, 8, 8},          // every expert, BLOCK_M 64
+      {257, 8, 2, 200, 320, kGptOss, kHalves, true, 2, 16, 64},    // BLOCK_M 64, LoRA on both
+      {257, 128, 4, 72, 104, kSilu, kInterleaved, true, 5, 0, 24},  // down LoRA only
+      {1024, 32, 4, 256, 192, kSilu, kHalves, true},
+      {1024, 8, 1, 64, 72, kGptOss, kInterleaved, false, 8, 64, 16},
+      {1024, 8, 2, 136, 200, kSilu, kHalves, true, 3, 16, 16},  // 256 pairs per expert: BLOCK_M 128
+      {2, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 2, 32, 32},  // GPT-OSS-20B
+      {3, 128, 8, 2048, 768, kSilu, kHalves, false},                   // Qwen3-30B-A3B
+  };
+  for (const BlockCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const BlockData b = make_block_data(rng(), c);
+    const OwnedTensor want = cpu_block(cpu_, c, b);
+    const OwnedTensor got = run_block(c, b, true, stream_);
+    EXPECT_TRUE(all_close(got, want, kTolMoeBlock));
+  }
+}
+
+// LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output
+// is bit-identical to moe_block without the stacks (fused path), so a base request does not depend on
+// the other requests of its batch.
+TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
+  for (int32_t only_slot : {-1, 0}) {
+    for (const BlockCase& c : {BlockCase{16, 32, 4, 320, 96, kGptOss, kInterleaved, true, 4, 32, 16},
+                               BlockCase{300, 8, 2, 200, 136, kSilu, kHalves, false, 3, 16, 16}}) {
+      SCOPED_TRACE(describe(c) + " slot " + std::to_string(only_slot));
+      BlockData b = make_block_data(rng(), c);
+      for (int64_t t = 0; t < c.tokens; ++t) b.token_slot.view.ptr<int32_t>()[t] = only_slot;
+      b.d_slot = cuda::upload(b.token_slot);
+      const OwnedTensor with_stacks = run_block(c, b, true, stream_);
+      const OwnedTensor base = run_block(c, b, false, stream_);
+      EXPECT_TRUE(bitwise_equal(with_stacks, base));
+      EXPECT_TRUE(all_close(base, cpu_block(cpu_, c, b), kTolMoeBlock));
+    }
+  }
+}
+
+// ---- entry points ------------------------------------------------------------------------------------
+
+double act_ref(double gate, double up, MoeActivation activation) {
+  if (activation == kSilu) return gate / (1.0 + std::exp(-gate)) * up;
+  gate = std::min(gate, 7.0);
+  up = std::clamp(up, -7.0, 7.0);
+  return (up + 1.0) * gate / (1.0 + std::exp(-1.702 * gate));
+}
+
+// The expert tiles of a routing at one BLOCK_M (moe_align, slots = 0), kept alive with the view.
+struct Tiles {
+  OwnedTensor sorted, tile_group, offsets, count, scratch;
+  cuda::MoeExpertTiles view;
+};
+Tiles align_by_expert(const Tensor& d_ids, int64_t pairs, int64_t experts, int block_m, cudaStream_t stream) {
+  const int64_t capacity = cuda::moe_align_capacity(pairs, experts, block_m);
+  Tiles t{poisoned(DType::I32, {capacity}), poisoned(DType::I32, {capacity / block_m}),
+          poisoned(DType::I32, {experts + 1}), poisoned(DType::I32, {1}),
+          cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, experts))}), {}};
+  cuda::moe_align({.topk_ids = d_ids, .experts = experts, .slots = 0, .block_m = block_m, .sorted_pairs = t.sorted,
+                   .tile_group = t.tile_group, .group_offsets = t.offsets, .num_tiles = t.count,
+                   .workspace = t.scratch},
+                  stream);
+  t.view = {.sorted_pairs = t.sorted, .tile_group = t.tile_group, .num_tiles = t.count, .block_m = block_m};
+  return t;
+}
+
+struct GemmCase {
+  int64_t tokens, experts, top_k, hidden, inter;
+};
+
+TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
+  // H, I, 2I not multiples of 64 / 128 (masked paths), and one case where everything divides (even-K path).
+  const std::vector<GemmCase> cases = {{5, 8, 2, 72, 104}, {40, 4, 2, 128, 64}, {300, 16, 4, 200, 136},
+                                       {1, 32, 4, 2880, 2880}};
+  for (const GemmCase& c : cases) {
+    const int64_t pairs = c.tokens * c.top_k, H = c.hidden, I = c.inter;
+    Routing routing = make_routing(rng(), c.tokens, c.top_k, c.experts);
+    OwnedTensor x = random_bf16(rng(), {c.tokens, H});
+    OwnedTensor gate_up = expert_weights(rng(), c.experts, 2 * I, H, 2.0f / std::sqrt(float(H)), routing.touched);
+    OwnedTensor down = expert_weights(rng(), c.experts, H, I, 1.0f / std::sqrt(float(I)), routing.touched);
+    OwnedTensor gate_up_bias = random_bf16(rng(), {c.experts, 2 * I}, 0.5f);
+    OwnedTensor down_bias = random_bf16(rng(), {c.experts, H}, 0.5f);
+    OwnedTensor a_in = random_bf16(rng(), {pairs, I});
+    OwnedTensor d_x = cuda::upload(x), d_ids = cuda::upload(routing.ids), d_gate_up = cuda::upload(gate_up);
+    OwnedTensor d_down = cuda::upload(down), d_gu_bias = cuda::upload(gate_up_bias), d_d_bias = cuda::upload(down_bias);
+    OwnedTensor d_a_in = cuda::upload(a_in);
+    const int32_t* ids = routing.ids.view.ptr<int32_t>();
+
+    for (bool biases : {false, true}) {
+      // References in double: h[pair] (weight's row order) and d[pair] from a_in.
+      std::vector<double> h_ref(size_t(pairs * 2 * I)), d_ref(size_t(pairs * H));
+      for (int64_t pair = 0; pair < pairs; ++pair) {
+        const int64_t e = ids[pair], t = pair / c.top_k;
+        for (int64_t r = 0; r < 2 * I; ++r) {
+          double sum = biases ? bf16_to_f32(gate_up_bias.view.ptr<bf16>()[e * 2 * I + r]) : 0.0;
+          const bf16* w = gate_up.view.ptr<bf16>() + (e * 2 * I + r) * H;
+          for (int64_t i = 0; i < H; ++i) sum += double(bf16_to_f32(w[i])) * bf16_to_f32(x.view.ptr<bf16>()[t * H + i]);
+          h_ref[pair * 2 * I + r] = sum;
+        }
+        for (int64_t o = 0; o < H; ++o) {
+          double sum = biases ? bf16_to_f32(down_bias.view.ptr<bf16>()[e * H + o]) : 0.0;
+          const bf16* w = down.view.ptr<bf16>() + (e * H + o) * I;
+          for (int64_t i = 0; i < I; ++i) sum += double(bf16_to_f32(w[i])) * bf16_to_f32(a_in.view.ptr<bf16>()[pair * I + i]);
+          d_ref[pair * H + o] = sum;
+        }
+      }
+      auto as_f32 = [](const std::vector<double>& v, int64_t rows, int64_t cols) {
+        OwnedTensor t = OwnedTensor::host(DType::F32, {rows, cols});
+        for (size_t i = 0; i < v.size(); ++i) t.view.ptr<float>()[i] = float(v[i]);
+        return t;
+      };
+      const OwnedTensor want_h = as_f32(h_ref, pairs, 2 * I), want_d = as_f32(d_ref, pairs, H);
+
+      for (const auto& [block_m, block_n] : std::vector<std::pair<int, int>>{
+               {cuda::kMoeGemmBlockMDecode, 0}, {cuda::kMoeGemmBlockMDecode, 128},
+               {cuda::kMoeGemmBlockMPrefill, 0}, {cuda::kMoeGemmBlockMPrefill, 64}, {cuda::kMoeGemmBlockMLarge, 0}}) {
+        SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
+                     std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
+                     std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : ""));
+        const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
+        const Tensor gu_bias = biases ? d_gu_bias.view : Tensor(), dn_bias = biases ? d_d_bias.view : Tensor();
+        // gate_up, pre-activation h
+        OwnedTensor h = poisoned(DType::BF16, {pairs, 2 * I});
+        cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k, .tiles = tiles.view,
+                           .h = h, .block_n = block_n},
+                          stream_);
+        sync();
+        const OwnedTensor got_h = cuda::download(h);
+        EXPECT_TRUE(all_close(got_h, want_h, kTolBf16Out)) << "h";
+        // moe_activation and the fused activation, every activation × layout
+        for (MoeActivation activation : {kSilu, kGptOss}) {
+          for (GateUpLayout layout : {kHalves, kInterleaved}) {
+            SCOPED_TRACE(std::string(activation == kSilu ? "silu" : "gpt-oss") +
+                         (layout == kHalves ? " halves" : " interleaved"));
+            OwnedTensor a_unfused = poisoned(DType::BF16, {pairs, I});
+            cuda::moe_activation({.h = h, .activation = activation, .layout = layout, .swiglu_alpha = 1.702f,
+                                  .swiglu_limit = 7.0f, .a = a_unfused},
+                                 stream_);
+            OwnedTensor a_fused = poisoned(DType::BF16, {pairs, I});
+            cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k,
+                               .tiles = tiles.view, .activation = activation, .layout = layout,
+                               .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_fused, .block_n = block_n},
+                              stream_);
+            sync();
+            OwnedTensor want_from_h = OwnedTensor::host(DType::F32, {pairs, I});  // act of the GPU's bf16 h
+            OwnedTensor want_a = OwnedTensor::host(DType::F32, {pairs, I});       // act of the double h
+            for (int64_t pair = 0; pair < pairs; ++pair) {
+              for (int64_t i = 0; i < I; ++i) {
+                const int64_t g = layout == kHalves ? i : 2 * i, u = layout == kHalves ? I + i : 2 * i + 1;
+                want_from_h.view.ptr<float>()[pair * I + i] =
+                    float(act_ref(bf16_to_f32(got_h.view.ptr<bf16>()[pair * 2 * I + g]),
+                                  bf16_to_f32(got_h.view.ptr<bf16>()[pair * 2 * I + u]), activation));
+                want_a.view.ptr<float>()[pair * I + i] =
+                    float(act_ref(h_ref[pair * 2 * I + g], h_ref[pair * 2 * I + u], activation));
+              }
+            }
+            const OwnedTensor got_unfused = cuda::download(a_unfused), got_fused = cuda::download(a_fused);
+            EXPECT_TRUE(all_close(got_unfused, want_from_h, kTolBf16Out)) << "moe_activation";
+            EXPECT_TRUE(all_close(got_fused, want_a, kTolActivated)) << "fused a";
+            EXPECT_TRUE(bitwise_equal(got_fused, got_unfused)) << "fused a vs h + moe_activation";
+          }
+        }
+        // down
+        OwnedTensor d = poisoned(DType::BF16, {pairs, H});
+        cuda::moe_down({.a = d_a_in, .weight = d_down, .bias = dn_bias, .tiles = tiles.view, .d = d,
+                        .block_n = block_n},
+                       stream_);
+        sync();
+        EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
+      }
+    }
+  }
+}
+
+TEST_F(CudaMoeGemm, CombineMatchesReference) {
+  // H % 8 == 0 (16-byte path) and odd H (scalar path); K = 1 .. 8.
+  for (const auto& [tokens, top_k, hidden] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 4, 2880}, {7, 1, 64}, {33, 8, 37}, {300, 2, 200}}) {
+    SCOPED_TRACE("T " + std::to_string(tokens) + " K " + std::to_string(top_k) + " H " + std::to_string(hidden));
+    OwnedTensor d = random_bf16(rng(), {tokens * top_k, hidden});
+    OwnedTensor weights = OwnedTensor::host(DType::F32, {tokens, top_k});
+    for (int64_t i = 0; i < tokens * top_k; ++i) weights.view.ptr<float>()[i] = rng().uniform(0.0f, 1.0f);
+    OwnedTensor want = OwnedTensor::host(DType::F32, {tokens, hidden});
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t o = 0; o < hidden; ++o) {
+        double sum = 0.0;
+        for (int64_t k = 0; k < top_k; ++k) {
+          sum += double(weights.view.ptr<float>()[t * top_k + k]) *
+                 bf16_to_f32(d.view.ptr<bf16>()[(t * top_k + k) * hidden + o]);
+        }
+        want.view.ptr<float>()[t * hidden + o] = float(sum);
+      }
+    }
+    OwnedTensor d_d = cuda::upload(d), d_w = cuda::upload(weights);
+    OwnedTensor out = poisoned(DType::BF16, {tokens, hidden});
+    cuda::moe_combine({.d = d_d, .topk_weights = d_w, .out = out}, stream_);
+    sync();
+    const OwnedTensor got = cuda::download(out);
+    EXPECT_TRUE(all_close(got, want, kTolBf16Out));
+    // Deterministic: a second run gives the same bits.
+    OwnedTensor again = poisoned(DType::BF16, {tokens, hidden});
+    cuda::moe_combine({.d = d_d, .topk_weights = d_w, .out = again}, stream_);
+    sync();
+    EXPECT_TRUE(bitwise_equal(cuda::download(again), got));
+  }
+}
+
+// Contract violations abort with a message naming the field, the expectation and what was found.
+TEST_F(CudaMoeGemm, BadInputNamesTheField) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const int64_t tokens = 4, top_k = 2, experts = 8, H = 64, I = 64, pairs = tokens * top_k;
+  Routing routing = make_routing(rng(), tokens, top_k, experts);
+  OwnedTensor d_ids = cuda::upload(routing.ids), d_weights = cuda::upload(routing.weights);
+  OwnedTensor d_x = cuda::upload(random_bf16(rng(), {tokens, H}));
+  OwnedTensor d_gate_up = cuda::upload(random_bf16(rng(), {experts, 2 * I, H}));
+  OwnedTensor d_down = cuda::upload(random_bf16(rng(), {experts, H, I}));
+  const Tiles tiles = align_by_expert(d_ids, pairs, experts, cuda::kMoeGemmBlockMDecode, stream_);
+  sync();
+  OwnedTensor h = cuda::empty(DType::BF16, {pairs, 2 * I}), a = cuda::empty(DType::BF16, {pairs, I});
+  OwnedTensor short_a = cuda::empty(DType::BF16, {pairs, I - 8});
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .h = h, .a = a},
+                                 stream_),
+               "moe_gate_up.*exactly one of h");
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .a = short_a},
+                                 stream_),
+               "moe_gate_up.*a: expected \\[8, 64\\] BF16");
+  cuda::MoeExpertTiles wrong_block = tiles.view;
+  wrong_block.block_m = 32;
+  EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = wrong_block, .d = h}, stream_),
+               "moe_down.*d: expected \\[8, 64\\]");
+  EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = wrong_block,
+                               .d = cuda::empty(DType::BF16, {pairs, H})},
+                              stream_),
+               "block_m = 32");
+  // A batch larger than the workspace was sized for.
+  const cuda::MoeWorkspaceShape shape{.max_tokens = tokens - 1, .top_k = top_k, .experts = experts, .hidden = H,
+                                      .inter = I};
+  OwnedTensor memory = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
+  OwnedTensor out = cuda::empty(DType::BF16, {tokens, H});
+  EXPECT_DEATH(cuda::moe_block({.x = d_x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = d_gate_up,
+                                .down = d_down, .out = out},
+                               {.shape = shape, .memory = memory}, stream_),
+               "moe_block.*does not fit the workspace shape \\(max T 3");
+}
+
+}  // namespace
+}  // namespace lmx::test
