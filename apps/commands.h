@@ -9,4 +9,6 @@ std::function<int()> add_generate_command(CLI::App& app);
 std::function<int()> add_inspect_command(CLI::App& app);
 std::function<int()> add_tokenize_command(CLI::App& app);
 std::function<int()> add_serve_command(CLI::App& app);
+std::function<int()> add_bench_command(CLI::App& app);
+std::function<int()> add_tune_command(CLI::App& app);
 }  // namespace lmx::apps

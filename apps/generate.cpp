@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "apps/commands.h"
 #include "core/log.h"
@@ -21,11 +22,13 @@ namespace lmx::apps {
 namespace {
 
 struct GenerateOptions {
-  std::string model = "preset:tiny-moe";
+  std::string model;  // "" = the built-in default model (models/default) and its adapters
   std::string device = "cpu";
+  std::string kernel_configs;  // `loramux tune` output folder for the CUDA backend
   std::vector<std::string> loras;
   int dummy_loras = 0;
   int dummy_lora_rank = 16;
+  std::vector<std::string> pinned_loras;
   std::string adapter;
   std::string prompt_ids = "1,2,3,4";
   std::string prompt_text;     // --prompt: encoded with the tokenizer
@@ -163,41 +166,33 @@ Result<std::vector<int32_t>> single_prompt(const GenerateOptions& o, const TextS
   return parse_ids(o.prompt_ids);
 }
 
-int run_generate(const GenerateOptions& o) {
+int run_generate(GenerateOptions o) {
   auto fail = [](const Status& s) {
     std::cerr << "loramux generate: " << s.message() << "\n";
     return 1;
   };
-  Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device);
+  Result<bool> built_in = engine::use_default_model_if_unset(&o.model, &o.loras);
+  if (!built_in.ok()) return fail(built_in.status());
+  Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device, o.kernel_configs);
   if (!backend.ok()) return fail(backend.status());
   Result<TextSupport> text = load_text_support(o);
   if (!text.ok()) return fail(text.status());
   const bool is_preset = o.model.rfind("preset:", 0) == 0;
   Result<model::ModelWeights> weights =
-      engine::load_base_model(o.model, o.weight_seed, is_preset && text->tok ? text->tok->vocab_size() : 0);
+      engine::load_base_model(o.model, o.weight_seed, is_preset && text->tok ? text->tok->vocab_size() : 0,
+                              backend->get());
   if (!weights.ok()) return fail(weights.status());
   Status attached = attach_tokenizer(*text, weights->config);
   if (!attached.ok()) return fail(attached);
-  Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, o.engine);
+  engine::EngineConfig config = o.engine;
+  if (config.max_cpu_loras == 0)
+    config.max_cpu_loras = engine::default_max_cpu_loras(config.max_loras, int(o.loras.size()) + o.dummy_loras);
+  Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, config);
   if (!created.ok()) return fail(created.status());
   engine::Engine& eng = **created;
 
-  const lora::BaseModelShapes shapes = engine::lora_shapes(weights->config);
-  lora::AdapterLimits limits{.max_rank = o.engine.max_lora_rank};
-  for (const std::string& arg : o.loras) {
-    std::string name, dir;
-    Status parsed = engine::parse_lora_argument(arg, &name, &dir);
-    if (!parsed.ok()) return fail(parsed);
-    Result<lora::Adapter> adapter = lora::load_adapter(dir, name, shapes, limits);
-    if (!adapter.ok()) return fail(adapter.status());
-    Status added = eng.add_adapter(std::move(adapter).value());
-    if (!added.ok()) return fail(added);
-  }
-  for (int i = 0; i < o.dummy_loras; ++i) {
-    Status added = eng.add_adapter(lora::make_dummy_adapter("lora" + std::to_string(i), shapes, o.dummy_lora_rank,
-                                                            o.weight_seed + 1000 + uint64_t(i)));
-    if (!added.ok()) return fail(added);
-  }
+  Status added = engine::add_cli_adapters(eng, o.loras, o.dummy_loras, o.dummy_lora_rank, o.weight_seed, o.pinned_loras);
+  if (!added.ok()) return fail(added);
 
   // Requests, in input order; a malformed one becomes an error line, not an abort.
   std::vector<Result<engine::Request>> requests;
@@ -252,6 +247,10 @@ int run_generate(const GenerateOptions& o) {
       Status written = dump->flush();
       if (!written.ok()) return fail(written);
     }
+    if (ran == 0 && eng.adapters().num_loading() > 0) {  // waiting for an adapter read from disk
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
     if (ran == 0) {
       std::cerr << "loramux generate: the scheduler cannot make progress (KV cache or adapter slots too small)\n";
       return 1;
@@ -264,6 +263,10 @@ int run_generate(const GenerateOptions& o) {
     if (text->tok) results[index]["text"] = text->tok->decode(generated, /*skip_special_tokens=*/true);
     results[index]["token_ids"] = generated;
     results[index]["finish_reason"] = engine::finish_reason_name(seq->finish);
+    if (!seq->error.empty()) {  // e.g. its adapter could no longer be read
+      results[index]["error"] = seq->error;
+      any_error = true;
+    }
   }
   for (const nlohmann::json& r : results) std::cout << r.dump() << "\n";
   return any_error ? 1 : 0;
@@ -274,8 +277,11 @@ int run_generate(const GenerateOptions& o) {
 std::function<int()> add_generate_command(CLI::App& app) {
   auto opts = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from prompt ids (greedy by default)");
-  cmd->add_option("--model", opts->model, "Hugging Face model directory or preset:NAME")->capture_default_str();
+  cmd->add_option("--model", opts->model,
+                  "Hugging Face model directory or preset:NAME (default: the built-in models/default with its adapters)");
   cmd->add_option("--device", opts->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--kernel-configs", opts->kernel_configs,
+                  "Tuned CUDA launch configs from `loramux tune` (default: the committed configs/kernels)");
   cmd->add_option("--lora", opts->loras, "Adapter as NAME=DIR (PEFT directory); repeatable");
   cmd->add_option("--dummy-loras", opts->dummy_loras, "Generate N random adapters lora0..")->capture_default_str();
   cmd->add_option("--dummy-lora-rank", opts->dummy_lora_rank, "Rank of generated adapters")->capture_default_str();
@@ -295,6 +301,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "Do not stop at EOS");
   cmd->add_option("--max-loras", opts->engine.max_loras, "Adapter slots on the device")->capture_default_str();
   cmd->add_option("--max-lora-rank", opts->engine.max_lora_rank, "Largest adapter rank accepted")->capture_default_str();
+  cmd->add_option("--max-cpu-loras", opts->engine.max_cpu_loras,
+                  "Parsed adapters kept on the host; 0 = max(--max-loras, number of adapters)")->capture_default_str();
+  cmd->add_option("--pin-lora", opts->pinned_loras, "Keep this adapter in its slot and on the host; repeatable");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts->engine.scheduler.enable_prefix_caching,
+                "Share KV pages of identical prefixes under the same adapter content (default on)");
   cmd->add_option("--max-num-seqs", opts->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", opts->engine.scheduler.max_num_batched_tokens, "Tokens per step")
       ->capture_default_str();

@@ -1,13 +1,16 @@
-// `loramux serve`: the OpenAI-compatible server. Builds the backend, base model, engine and adapters as
-// `generate` does, attaches the tokenizer and chat template (--tokenizer DIR, else the model directory's
-// tokenizer.json; --chat-template FILE), prints the effective configuration, then runs the HTTP server on
-// this thread and the engine loop on its own. SIGTERM/SIGINT drain: stop accepting, finish in-flight
-// requests, exit 0 (a second signal exits at once).
+// `loramux serve`: the OpenAI-compatible server. Binds the port first (503 "model is loading" on its own io
+// thread), then builds the backend, base model, engine and adapters as `generate` does, attaches the
+// tokenizer and chat template (--tokenizer DIR, else the model directory's tokenizer.json; --chat-template
+// FILE), prints the effective configuration, starts the engine loop and marks the server ready.
+// SIGTERM/SIGINT drain: stop accepting, finish in-flight requests, exit 0 (a second signal exits at once).
 #include <utility>  // before asio (Boost 1.74 awaitable.hpp needs std::exchange)
 #include <boost/asio.hpp>
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "apps/commands.h"
 #include "core/log.h"
@@ -20,12 +23,14 @@ namespace lmx::apps {
 namespace {
 
 struct ServeOptions {
-  std::string model = "preset:tiny-moe";
-  std::string served_model_name;  // "" = the --model value
+  std::string model;               // "" = the built-in default model (models/default) and its adapters
+  std::string served_model_name;  // "" = the --model value ("default" for the built-in model)
   std::string tokenizer;      // "" = the model directory's tokenizer.json, if any
   std::string chat_template;  // "" = the tokenizer directory's template, if any
   std::string device = "cpu";
+  std::string kernel_configs;  // `loramux tune` output folder for the CUDA backend
   std::vector<std::string> loras;
+  std::vector<std::string> pinned_loras;
   int dummy_loras = 0;
   int dummy_lora_rank = 16;
   uint64_t weight_seed = 0;
@@ -33,13 +38,72 @@ struct ServeOptions {
   server::ServerOptions server;
 };
 
+// The HTTP server's io thread, running from before the model loads; stopped and joined on every return.
+struct IoThread {
+  explicit IoThread(boost::asio::io_context& ioc) : ioc(ioc), thread([&ioc] { ioc.run(); }) {}
+  ~IoThread() {
+    ioc.stop();
+    if (thread.joinable()) thread.join();
+  }
+  boost::asio::io_context& ioc;
+  std::thread thread;
+};
+
 int run_serve(ServeOptions o) {
   auto fail = [](const Status& s) {
     std::cerr << "loramux serve: " << s.message() << "\n";
     return 1;
   };
-  if (o.served_model_name.empty()) o.served_model_name = o.model;
-  Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device);
+  Result<bool> built_in = engine::use_default_model_if_unset(&o.model, &o.loras);
+  if (!built_in.ok()) return fail(built_in.status());
+  if (o.served_model_name.empty()) o.served_model_name = *built_in ? "default" : o.model;
+
+  // Readiness: the port is bound first and answers 503 "model is loading" (/health and /v1/*) until the
+  // model, tokenizer and start-up adapters below are loaded. Declared before what they serve: the engine
+  // loop outlives the io context and the server's sessions.
+  server::Metrics metrics;
+  std::unique_ptr<server::EngineLoop> loop;
+  boost::asio::io_context ioc(1);
+  auto http = std::make_shared<server::HttpServer>(ioc, o.server, metrics);
+  Status listening = http->listen();
+  if (!listening.ok()) return fail(listening);
+  // The bound port on its own line (tests start the server with --port 0 and read it, then poll /health).
+  std::cerr << "loramux serve: listening on http://" << o.server.host << ":" << http->port() << " (loading the model)\n"
+            << std::flush;
+  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  bool draining = false;
+  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    if (!http->ready()) {  // nothing is in flight while loading: leave now rather than after the load
+      std::cerr << "loramux serve: signal " << sig << " during start-up, exiting\n" << std::flush;
+      std::_Exit(0);
+    }
+    if (draining) {  // second signal: stop now
+      std::cerr << "loramux serve: signal " << sig << " again, stopping now\n";
+      ioc.stop();
+      return;
+    }
+    draining = true;
+    std::cerr << "loramux serve: signal " << sig << ", draining (finishing in-flight requests)\n";
+    http->drain([&] {
+      std::cerr << "loramux serve: drained\n";
+      ioc.stop();
+    });
+    signals.async_wait(on_signal);
+  };
+  signals.async_wait(on_signal);
+  IoThread io(ioc);
+  // Test hook (never set in production): hold start-up this long so tests can watch the 503 phase.
+  if (const char* delay = std::getenv("LORAMUX_TEST_STARTUP_DELAY_MS")) {
+    char* end = nullptr;
+    const long ms = std::strtol(delay, &end, 10);
+    if (end == delay || *end != '\0' || ms < 0)
+      return fail(invalid_argument("LORAMUX_TEST_STARTUP_DELAY_MS must be a number of milliseconds, got '" +
+                                   std::string(delay) + "'"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+
+  Result<std::unique_ptr<ops::Backend>> backend = engine::make_backend(o.device, o.kernel_configs);
   if (!backend.ok()) return fail(backend.status());
 
   // The tokenizer first: a preset takes its vocabulary size from it.
@@ -59,7 +123,8 @@ int run_serve(ServeOptions o) {
     text = std::move(loaded).value();
   }
   const int tokenizer_vocab = text ? int(text->tokenizer().vocab_size()) : 0;
-  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, is_preset ? tokenizer_vocab : 0);
+  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, is_preset ? tokenizer_vocab : 0,
+                                                                         backend->get());
   if (!weights.ok()) return fail(weights.status());
   if (text) {
     // Checkpoints often pad V beyond the tokenizer (fine); a tokenizer with ids past V would index past the
@@ -73,12 +138,14 @@ int run_serve(ServeOptions o) {
     const int32_t tokenizer_eos = text->tokenizer().eos_id();
     if (tokenizer_eos >= 0 && std::find(eos.begin(), eos.end(), tokenizer_eos) == eos.end()) eos.push_back(tokenizer_eos);
   }
+  if (o.engine.max_cpu_loras == 0)
+    o.engine.max_cpu_loras = engine::default_max_cpu_loras(o.engine.max_loras, int(o.loras.size()) + o.dummy_loras);
   Result<std::unique_ptr<engine::Engine>> created = engine::Engine::create(*weights, **backend, o.engine);
   if (!created.ok()) return fail(created.status());
   engine::Engine& eng = **created;
   const lora::BaseModelShapes shapes = engine::lora_shapes(weights->config);
   const lora::AdapterLimits limits{.max_rank = o.engine.max_lora_rank};
-  Status added = engine::add_cli_adapters(eng, o.loras, o.dummy_loras, o.dummy_lora_rank, o.weight_seed);
+  Status added = engine::add_cli_adapters(eng, o.loras, o.dummy_loras, o.dummy_lora_rank, o.weight_seed, o.pinned_loras);
   if (!added.ok()) return fail(added);
 
   server::ModelInfo info{.served_name = o.served_model_name,
@@ -98,7 +165,8 @@ int run_serve(ServeOptions o) {
 
   const engine::EngineConfig& ec = eng.config();
   std::string adapters;
-  for (const std::string& name : eng.adapters().names()) adapters += (adapters.empty() ? "" : ",") + name;
+  for (const std::string& name : eng.adapters().names())
+    adapters += (adapters.empty() ? "" : ",") + name + (eng.adapters().pinned(name) ? " (pinned)" : "");
   std::cerr << "loramux serve configuration:\n"
             << "  model                   " << o.model << " (served as '" << o.served_model_name << "', "
             << model::family_name(weights->config.family) << ", vocab " << weights->config.vocab_size << ")\n"
@@ -109,6 +177,8 @@ int run_serve(ServeOptions o) {
             << "  adapters                " << (adapters.empty() ? "(none)" : adapters) << "\n"
             << "  max-loras               " << ec.max_loras << "\n"
             << "  max-lora-rank           " << ec.max_lora_rank << "\n"
+            << "  max-cpu-loras           " << ec.max_cpu_loras << "\n"
+            << "  prefix caching          " << (ec.scheduler.enable_prefix_caching ? "on" : "off") << "\n"
             << "  max-num-seqs            " << ec.scheduler.max_num_seqs << "\n"
             << "  max-num-batched-tokens  " << ec.scheduler.max_num_batched_tokens << "\n"
             << "  max-model-len           " << ec.scheduler.max_model_len << "\n"
@@ -119,36 +189,12 @@ int run_serve(ServeOptions o) {
             << "  api-key                 " << (o.server.api_key.empty() ? "(none)" : "(set)") << "\n"
             << "  listen                  " << o.server.host << ":" << o.server.port << " (backlog " << o.server.backlog << ")\n";
 
-  server::Metrics metrics;
-  server::EngineLoop loop(eng, metrics, o.served_model_name);
-  boost::asio::io_context ioc(1);
-  auto http = std::make_shared<server::HttpServer>(ioc, o.server, info, loop, metrics, shapes, limits, text.get());
-  Status listening = http->listen();
-  if (!listening.ok()) return fail(listening);
-  loop.start();
-  // The bound port on its own line (tests start the server with --port 0 and read it).
-  std::cerr << "loramux serve: listening on http://" << o.server.host << ":" << http->port() << "\n" << std::flush;
-
-  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
-  bool draining = false;
-  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int sig) {
-    if (ec) return;
-    if (draining) {  // second signal: stop now
-      std::cerr << "loramux serve: signal " << sig << " again, stopping now\n";
-      ioc.stop();
-      return;
-    }
-    draining = true;
-    std::cerr << "loramux serve: signal " << sig << ", draining (finishing in-flight requests)\n";
-    http->drain([&] {
-      std::cerr << "loramux serve: drained\n";
-      ioc.stop();
-    });
-    signals.async_wait(on_signal);
-  };
-  signals.async_wait(on_signal);
-  ioc.run();
-  loop.stop();
+  loop = std::make_unique<server::EngineLoop>(eng, metrics, o.served_model_name);
+  loop->start();
+  http->set_ready({.model = info, .loop = loop.get(), .adapter_shapes = shapes, .adapter_limits = limits, .text = text.get()});
+  std::cerr << "loramux serve: ready on http://" << o.server.host << ":" << http->port() << "\n" << std::flush;
+  io.thread.join();  // until drained (SIGTERM) or stopped (a second signal)
+  loop->stop();
   return 0;
 }
 
@@ -157,13 +203,17 @@ int run_serve(ServeOptions o) {
 std::function<int()> add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, models, adapters, metrics)");
-  cmd->add_option("--model", o->model, "Hugging Face model directory or preset:NAME")->capture_default_str();
+  cmd->add_option("--model", o->model,
+                  "Hugging Face model directory or preset:NAME (default: the built-in models/default, served as "
+                  "'default', with its adapters)");
   cmd->add_option("--served-model-name", o->served_model_name, "Name that selects the base model (default: --model)");
   cmd->add_option("--tokenizer", o->tokenizer,
                   "Directory with tokenizer.json (+ tokenizer_config.json) for text prompts and chat; a preset's "
                   "vocabulary is sized to it (default: the model directory's tokenizer.json, if any)");
   cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file overriding the tokenizer's");
   cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--kernel-configs", o->kernel_configs,
+                  "Tuned CUDA launch configs from `loramux tune` (default: the committed configs/kernels)");
   cmd->add_option("--lora", o->loras, "Adapter as NAME=DIR (PEFT directory); repeatable");
   cmd->add_option("--dummy-loras", o->dummy_loras, "Generate N random adapters lora0.. (as generate does)")->capture_default_str();
   cmd->add_option("--dummy-lora-rank", o->dummy_lora_rank, "Rank of generated adapters")->capture_default_str();
@@ -178,6 +228,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413")->capture_default_str();
   cmd->add_option("--max-loras", o->engine.max_loras, "Adapter slots on the device")->capture_default_str();
   cmd->add_option("--max-lora-rank", o->engine.max_lora_rank, "Largest adapter rank accepted")->capture_default_str();
+  cmd->add_option("--max-cpu-loras", o->engine.max_cpu_loras,
+                  "Parsed adapters kept on the host (LRU; evicted ones are read from disk again); 0 = max(--max-loras, "
+                  "number of start-up adapters)")->capture_default_str();
+  cmd->add_option("--pin-lora", o->pinned_loras,
+                  "Keep this start-up adapter (a --lora or --dummy-loras name) in its slot and on the host; repeatable");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->engine.scheduler.enable_prefix_caching,
+                "Share KV pages of identical prefixes under the same adapter content (default on)");
   cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--max-model-len", o->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")->capture_default_str();

@@ -1,5 +1,5 @@
-// bench_cuda_ops: times the first CUDA kernels (embedding, rms_norm, add, silu_mul, gather_rows, rope,
-// kv_write) at GPT-OSS-20B sizes (H 2880, V 201088, Hq 64, Hkv 8, D 64) for T = 16 (decode), 256 and 2048
+// bench_cuda_ops: times the dense CUDA kernels (embedding, rms_norm, add, silu_mul, gather_rows, rope,
+// kv_write, and the linear projections: skinny tensor-core kernel vs cuBLASLt) at GPT-OSS-20B sizes (H 2880, V 201088, Hq 64, Hkv 8, D 64) for T = 16 (decode), 256 and 2048
 // (prefill). All are memory-bound, so each line prints the bytes the op must move, the floor those bytes
 // take at the H200's measured ~4.2 TB/s, the measured time, GB/s and the share of 4.2 TB/s.
 // Method: each kernel is launched many times inside one CUDA graph (launch gaps as in the decode graph),
@@ -19,6 +19,7 @@
 #include "backends/cuda/attention.cuh"
 #include "bench/cuda_timing.h"
 #include "backends/cuda/basic.cuh"
+#include "backends/cuda/linear.cuh"
 #include "backends/cuda/memory.h"
 #include "backends/cuda/rope.cuh"
 #include "core/rng.h"
@@ -244,6 +245,46 @@ void bench_tokens(int64_t T, cudaStream_t stream, Rng& rng, const Buffer& table)
   }
 }
 
+// Dense projections of GPT-OSS-20B at decode and prefill row counts: cuBLASLt (the default) against the
+// forced skinny tensor-core kernel. Bytes = weights + x + out; weights cycle over copies > L2.
+void bench_linear(cudaStream_t stream, Rng& rng) {
+  struct Shape { const char* name; int64_t in, out; DType out_dtype; };
+  const Shape shapes[] = {{"qkv", kHidden, (kQHeads + 2 * kKvHeads) * kHeadDim, DType::BF16},
+                          {"o_proj", kQHeads * kHeadDim, kHidden, DType::BF16},
+                          {"router", kHidden, 32, DType::F32},
+                          {"lm_head", kHidden, kVocab, DType::F32}};
+  cuda::LinearRunner runner;
+  for (const Shape& shape : shapes) {
+    const double weight_bytes = double(shape.in) * double(shape.out) * 2;
+    const int sets = sets_for(weight_bytes);
+    Rotation weights = make_rotation(size_t(weight_bytes), sets);
+    fill_random_bf16(weights.buffer, rng);
+    for (int64_t T : {1, 16, 64, 2048}) {
+      if (std::string(shape.name) == "lm_head" && T > 64) continue;  // the LM head sees sampled rows only
+      const size_t out_elem = shape.out_dtype == DType::F32 ? 4 : 2;
+      Buffer x = cuda::allocate(size_t(T * shape.in) * 2), out = cuda::allocate(size_t(T * shape.out) * out_elem);
+      fill_random_bf16(x, rng);
+      const double bytes = weight_bytes + double(T * shape.in) * 2 + double(T * shape.out) * double(out_elem);
+      for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kCublasLt}) {
+        if (path == cuda::LinearPath::kSkinny && T > 16) continue;  // the skinny kernel's limit
+        runner.set_path(path);
+        auto launch = [&](int i) {
+          runner.run({.x = Tensor(x.data(), DType::BF16, {T, shape.in}, Device::kCuda),
+                      .weight = Tensor(weights.slot(i), DType::BF16, {shape.out, shape.in}, Device::kCuda),
+                      .out = Tensor(out.data(), shape.out_dtype, {T, shape.out}, Device::kCuda)},
+                     stream);
+        };
+        launch(0);  // the heuristic query (host) before capture
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        const double s = time_per_launch(stream, launches_for(sets), launch);
+        print_row({.op = std::string(path == cuda::LinearPath::kSkinny ? "skinny " : "cublasLt ") + shape.name,
+                   .shape = dims({T, shape.in}) + " x " + dims({shape.out, shape.in}), .tokens = T, .bytes = bytes,
+                   .seconds = s});
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lmx
 
@@ -264,6 +305,7 @@ int main() {
               "GB/s", "%4.2TB/s");
   bench_copy(stream);
   for (int64_t T : {16, 256, 2048}) bench_tokens(T, stream, rng, table);
+  bench_linear(stream, rng);
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;
 }

@@ -1,8 +1,11 @@
 // Deterministic, platform-independent random numbers for generated weights, dummy adapters, sampling and
 // tests. std::normal_distribution differs between standard libraries, so the transforms are written here.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace lmx {
 
@@ -39,5 +42,28 @@ class Rng {
  private:
   uint64_t state_;
 };
+
+// Generated (dummy) weights, the preset generator of model/presets.cpp: value i of a tensor whose stream is
+// `tensor_seed` is the sum of four 16-bit pieces of one SplitMix64 output (the stream of chunk
+// i / kGeneratedChunk, step i % kGeneratedChunk), centred, times `generated_scale(stddev)`, rounded to bf16
+// (nearest even). Integer math, one fp32 multiply and one rounding: every backend reproduces it bit for
+// bit, so the CUDA backend generates a 21B model in place and still equals the host's copy.
+constexpr int64_t kGeneratedChunk = int64_t(1) << 16;
+inline float generated_scale(float stddev) { return stddev * float(std::sqrt(3.0) / 65536.0); }
+inline int64_t generated_centred_sum(uint64_t u) {
+  return int64_t(u & 0xffff) + int64_t((u >> 16) & 0xffff) + int64_t((u >> 32) & 0xffff) + int64_t(u >> 48) - 131070;
+}
+// Values [begin, end) of the tensor into out[begin, end) (bf16 bits); `begin` should start a chunk for speed.
+inline void generate_weights_bf16(uint16_t* out, int64_t begin, int64_t end, uint64_t tensor_seed, float stddev) {
+  const float scale = generated_scale(stddev);
+  for (int64_t chunk_start = begin - begin % kGeneratedChunk; chunk_start < end; chunk_start += kGeneratedChunk) {
+    Rng rng(tensor_seed + uint64_t(chunk_start / kGeneratedChunk));
+    const int64_t stop = std::min(end, chunk_start + kGeneratedChunk);
+    for (int64_t i = chunk_start; i < stop; ++i) {
+      const uint64_t u = rng.next_u64();
+      if (i >= begin) out[i] = f32_to_bf16(float(generated_centred_sum(u)) * scale).bits;
+    }
+  }
+}
 
 }  // namespace lmx

@@ -28,8 +28,13 @@ Model::Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimi
   // Weights: the cpu backend reads the host views directly; other backends get device copies.
   device_weights_ = weights;
   if (backend.device() != Device::kCpu) {
+    bool generated_in_place = false;  // presets on a GPU: weights already live on the device
     auto up = [&](Tensor& t) {
       if (!t.defined()) return;
+      if (t.device == backend.device()) {
+        generated_in_place = true;
+        return;
+      }
       uploads_.push_back(backend.upload(t));
       t = uploads_.back().view;
     };
@@ -44,7 +49,8 @@ Model::Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimi
                         &lw.mlp_down})
         up(*t);
     }
-    device_weights_.keep_alive.clear();
+    // Host buffers are not kept (their device copies are in uploads_); device-generated weights are owned here.
+    if (!generated_in_place) device_weights_.keep_alive.clear();
   }
 
   ops::RopeTable rope = ops::make_rope_table(config_.rope, config_.head_dim);

@@ -148,44 +148,46 @@ uint64_t available_host_bytes() {
 // Makes the named bf16 tensors of one model; everything it allocates goes to `keep_alive`.
 class WeightGenerator {
  public:
-  WeightGenerator(uint64_t seed, std::vector<std::shared_ptr<void>>* keep_alive) : seed_(seed), keep_alive_(keep_alive) {}
+  // backend null or cpu: host tensors; otherwise the backend's memory, filled in place by its generator.
+  WeightGenerator(uint64_t seed, std::vector<std::shared_ptr<void>>* keep_alive, ops::Backend* backend)
+      : seed_(seed), keep_alive_(keep_alive), backend_(backend && backend->device() != Device::kCpu ? backend : nullptr) {}
 
   Tensor normal(const std::string& name, std::initializer_list<int64_t> dims, float stddev) {
     Tensor t = allocate(dims);
-    constexpr int64_t kChunk = 1 << 16;  // fixed, so values do not depend on how chunks meet threads
-    const int64_t n = t.numel();
     const uint64_t tensor_seed = mix64(seed_ ^ name_hash(name));
-    // Sum of four 16-bit uniforms: mean 4 * 32767.5, standard deviation 65536 / sqrt(3).
-    const float scale = stddev * float(std::sqrt(3.0) / 65536.0);
+    if (backend_) {
+      backend_->fill_generated(t, tensor_seed, stddev);
+      return t;
+    }
+    // Chunks of the stream are fixed (kGeneratedChunk), so values do not depend on how chunks meet threads.
+    const int64_t n = t.numel();
     uint16_t* out = t.ptr<uint16_t>();
-    parallel_for((n + kChunk - 1) / kChunk, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        Rng rng(tensor_seed + uint64_t(chunk));
-        const int64_t stop = std::min(n, (chunk + 1) * kChunk);
-        for (int64_t i = chunk * kChunk; i < stop; ++i) {
-          const uint64_t u = rng.next_u64();
-          const int64_t sum = int64_t(u & 0xffff) + int64_t((u >> 16) & 0xffff) + int64_t((u >> 32) & 0xffff) +
-                              int64_t(u >> 48) - 131070;
-          out[i] = f32_to_bf16(float(sum) * scale).bits;
-        }
-      }
+    parallel_for((n + kGeneratedChunk - 1) / kGeneratedChunk, 8, [&](int64_t begin, int64_t end) {
+      generate_weights_bf16(out, begin * kGeneratedChunk, std::min(n, end * kGeneratedChunk), tensor_seed, stddev);
     });
     return t;
   }
 
   Tensor ones(std::initializer_list<int64_t> dims) {
-    Tensor t = allocate(dims);
+    OwnedTensor host = OwnedTensor::host(DType::BF16, dims);
     const uint16_t one = f32_to_bf16(1.0f).bits;
-    std::fill(t.ptr<uint16_t>(), t.ptr<uint16_t>() + t.numel(), one);
+    std::fill(host.view.ptr<uint16_t>(), host.view.ptr<uint16_t>() + host.view.numel(), one);
+    if (!backend_) {
+      keep_alive_->push_back(std::make_shared<Buffer>(host.buffer));
+      return host.view;
+    }
+    Tensor t = allocate(dims);
+    backend_->copy(t, host.view);
     return t;
   }
 
  private:
   Tensor allocate(std::initializer_list<int64_t> dims) {
-    OwnedTensor o = OwnedTensor::host(DType::BF16, dims);
+    OwnedTensor o = backend_ ? backend_->empty(DType::BF16, dims) : OwnedTensor::host(DType::BF16, dims);
     keep_alive_->push_back(std::make_shared<Buffer>(o.buffer));
     return o.view;
   }
+  ops::Backend* backend_;
   uint64_t seed_;
   std::vector<std::shared_ptr<void>>* keep_alive_;
 };
@@ -229,16 +231,17 @@ uint64_t weight_bytes(const ModelConfig& c) {
   return elements * 2;
 }
 
-Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed) {
+Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed, ops::Backend* backend) {
+  const bool on_device = backend && backend->device() != Device::kCpu;
   const uint64_t need = weight_bytes(c);
-  const uint64_t have = available_host_bytes();
+  const uint64_t have = on_device ? backend->available_bytes() : available_host_bytes();
   if (have > 0 && need > have)
     return out_of_range("generated weights for this " + std::string(family_name(c.family)) + " model need " +
-                        std::to_string(need >> 20) + " MiB of host memory, " + std::to_string(have >> 20) +
-                        " MiB available");
+                        std::to_string(need >> 20) + " MiB of " + (on_device ? "device" : "host") + " memory, " +
+                        std::to_string(have >> 20) + " MiB available");
   ModelWeights w;
   w.config = c;
-  WeightGenerator gen(seed, &w.keep_alive);
+  WeightGenerator gen(seed, &w.keep_alive, backend);
   const int64_t V = c.vocab_size, H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
   const int64_t E = c.num_experts;
   const float bias_std = 0.02f;
@@ -288,7 +291,7 @@ Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed) {
   return w;
 }
 
-Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size) {
+Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size, ops::Backend* backend) {
   LMX_ASSIGN_OR_RETURN(ModelConfig config, preset_config(name));
   if (vocab_size < 0)
     return invalid_argument("preset '" + std::string(strip_prefix(name)) + "': vocab_size must be positive, got " +
@@ -298,7 +301,7 @@ Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int
     std::erase_if(config.eos_token_ids, [&](int id) { return id >= vocab_size; });
     if (config.bos_token_id >= vocab_size) config.bos_token_id = -1;
   }
-  auto weights = make_random_weights(config, seed);
+  auto weights = make_random_weights(config, seed, backend);
   if (!weights.ok()) return weights.status().with_context("preset '" + std::string(strip_prefix(name)) + "'");
   return weights;
 }

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "ops/backend.h"
 
 namespace lmx::model {
 
@@ -23,13 +24,16 @@ Result<ModelConfig> preset_config(std::string_view name);
 // the bf16 weights would not fit in the host's available memory. `vocab_size` > 0 replaces the preset's V
 // (embedding and LM head rows), so a preset can serve a real tokenizer's ids (`serve --tokenizer DIR`);
 // the preset's eos/bos ids that fall outside the new vocabulary are dropped. 0 keeps the preset's V.
-Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size = 0);
+// With a non-cpu `backend` the weights are generated in its memory (a 21B preset starts in seconds on a GPU),
+// bit for bit the values the host would generate.
+Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size = 0,
+                                       ops::Backend* backend = nullptr);
 
 // Deterministic weights for any config: each tensor's values depend only on (seed, tensor name), never on
 // the thread count. Linear weights ~ N(0, 1/fan_in) (≈0.02 at H=2880) so logits and router scores have
 // unit scale at every size; embeddings ~ N(0, 1); norms = 1; biases ~ N(0, 0.02²); sinks ~ N(0, 1).
 // Values are approximately normal (a sum of four uniforms, variance-matched), which is plenty for weights.
-Result<ModelWeights> make_random_weights(const ModelConfig& config, uint64_t seed);
+Result<ModelWeights> make_random_weights(const ModelConfig& config, uint64_t seed, ops::Backend* backend = nullptr);
 
 // Bytes of bf16 weights make_random_weights allocates for `config`.
 uint64_t weight_bytes(const ModelConfig& config);

@@ -2,6 +2,7 @@
 // backends/cuda. Model code is written once against it. Ops check their Params (ops/*.h check()) and
 // abort on a violated contract: shapes come from loramux code, never directly from users.
 #pragma once
+#include <cstdint>
 #include <initializer_list>
 
 #include "core/tensor.h"
@@ -28,6 +29,11 @@ class Backend {
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void fill_zero(const Tensor& dst) = 0;
   virtual void synchronize() = 0;
+  // Bytes a new allocation may take now (host MemAvailable, device free memory); 0 when unknown.
+  virtual uint64_t available_bytes() const = 0;
+  // Generated (dummy) weights in place: `t` (BF16, this backend's memory) gets generate_weights_bf16's
+  // values (core/rng.h) for (tensor_seed, stddev), bit for bit the same on every backend.
+  virtual void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) = 0;
 
   virtual void embedding(const EmbeddingParams& p) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;

@@ -28,7 +28,7 @@ struct LinearParams {
   Tensor x;       // [T, in]
   Tensor weight;  // [out, in] bf16
   Tensor bias;    // [out] bf16, optional
-  Tensor out;     // [T, out], must not alias x
+  Tensor out;     // [T, out] of x's dtype, or F32 (logits); must not alias x
 };
 Status check(const LinearParams& p);
 

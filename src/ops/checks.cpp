@@ -149,7 +149,10 @@ Status check(const LinearParams& p) {
   const int64_t out = p.weight.dim(0);
   if (present(p.bias)) LMX_RETURN_IF_ERROR(expect_tensor(p.bias, "LinearParams.bias", DType::BF16, {out}));
   LMX_RETURN_IF_ERROR(expect_activation(p.out, "LinearParams.out", {tokens, out}));
-  LMX_RETURN_IF_ERROR(expect_same_dtype(p.out, "LinearParams.out", p.x, "LinearParams.x"));
+  // F32 out from any activation dtype: the router and the LM head write f32 logits (bf16 x on cuda).
+  if (p.out.dtype != DType::F32) {
+    LMX_RETURN_IF_ERROR(expect_same_dtype(p.out, "LinearParams.out", p.x, "LinearParams.x"));
+  }
   LMX_RETURN_IF_ERROR(expect_disjoint(p.out, "LinearParams.out", p.x, "LinearParams.x"));
   return expect_one_device({{"LinearParams.x", &p.x},
                             {"LinearParams.weight", &p.weight},
@@ -364,12 +367,30 @@ Status check(const SamplingParams& p) {
   LMX_RETURN_IF_ERROR(expect(p.top_p, "SamplingParams.top_p", DType::F32, {rows}));
   LMX_RETURN_IF_ERROR(expect(p.uniform, "SamplingParams.uniform", DType::F32, {rows}));
   LMX_RETURN_IF_ERROR(expect(p.out_tokens, "SamplingParams.out_tokens", DType::I32, {rows}));
+  if (present(p.out_logprob)) {
+    LMX_RETURN_IF_ERROR(expect_tensor(p.out_logprob, "SamplingParams.out_logprob", DType::F32, {rows}));
+  } else if (present(p.out_top_ids) || present(p.out_top_logprobs)) {
+    return invalid_argument("SamplingParams.out_top_ids/out_top_logprobs: given without out_logprob");
+  }
+  if (present(p.out_top_ids) != present(p.out_top_logprobs))
+    return invalid_argument("SamplingParams.out_top_ids and out_top_logprobs: give both or neither");
+  if (present(p.out_top_ids)) {
+    LMX_RETURN_IF_ERROR(expect_tensor(p.out_top_ids, "SamplingParams.out_top_ids", DType::I32, {rows, -1}));
+    const int64_t n = p.out_top_ids.dim(1);
+    LMX_RETURN_IF_ERROR(expect_tensor(p.out_top_logprobs, "SamplingParams.out_top_logprobs", DType::F32, {rows, n}));
+    if (n > p.logits.dim(1))
+      return invalid_argument("SamplingParams.out_top_ids: expected at most V = " + std::to_string(p.logits.dim(1)) +
+                              " columns, found " + p.out_top_ids.shape_str());
+  }
   return expect_one_device({{"SamplingParams.logits", &p.logits},
                             {"SamplingParams.temperature", &p.temperature},
                             {"SamplingParams.top_k", &p.top_k},
                             {"SamplingParams.top_p", &p.top_p},
                             {"SamplingParams.uniform", &p.uniform},
-                            {"SamplingParams.out_tokens", &p.out_tokens}});
+                            {"SamplingParams.out_tokens", &p.out_tokens},
+                            {"SamplingParams.out_logprob", &p.out_logprob},
+                            {"SamplingParams.out_top_ids", &p.out_top_ids},
+                            {"SamplingParams.out_top_logprobs", &p.out_top_logprobs}});
 }
 
 }  // namespace lmx::ops

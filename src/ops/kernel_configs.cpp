@@ -159,6 +159,15 @@ void KernelConfigs::set(const std::string& op, const std::string& shape, int64_t
   ops_[op][shape][bucket] = std::move(knobs);
 }
 
+void KernelConfigs::merge(const KernelConfigs& other) {
+  for (const auto& [op, shapes] : other.ops_) {
+    for (const auto& [shape, buckets] : shapes) {
+      for (const auto& [bucket, knobs] : buckets) ops_[op][shape][bucket] = knobs;
+    }
+  }
+  for (const auto& [key, value] : other.notes_) notes_[key] = value;
+}
+
 size_t KernelConfigs::entries() const {
   size_t n = 0;
   for (const auto& [op, shapes] : ops_) {

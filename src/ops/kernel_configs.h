@@ -37,6 +37,8 @@ class KernelConfigs {
 
   // Record (or replace) one entry; `bucket` is the largest token count it is meant for (>= 1).
   void set(const std::string& op, const std::string& shape, int64_t bucket, KernelKnobs knobs);
+  // Every entry and note of `other` into this set (other's win).
+  void merge(const KernelConfigs& other);
   // Free-form provenance written into each file ("device": "NVIDIA H200", "command": "...").
   void set_note(const std::string& key, const std::string& value) { notes_[key] = value; }
 

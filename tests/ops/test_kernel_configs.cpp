@@ -55,6 +55,19 @@ TEST(KernelConfigs, SaveThenLoadRoundTrips) {
   EXPECT_EQ(loaded->find("moe_lora", "H=64,I=32,E=8,K=2,R=16", 9)->at("split_k"), 2);
 }
 
+TEST(KernelConfigs, MergeKeepsOtherShapesAndReplacesEqualBuckets) {
+  KernelConfigs a, b;
+  a.set("moe_lora", "S=8", 16, {{"split_k", 2}});
+  a.set("moe_lora", "S=4", 16, {{"split_k", 3}});
+  b.set("moe_lora", "S=8", 16, {{"split_k", 5}});
+  b.set("moe_lora", "S=8", 64, {{"split_k", 6}});
+  a.merge(b);
+  EXPECT_EQ(a.entries(), 3u);
+  EXPECT_EQ(a.find("moe_lora", "S=8", 16)->at("split_k"), 5);
+  EXPECT_EQ(a.find("moe_lora", "S=8", 64)->at("split_k"), 6);
+  EXPECT_EQ(a.find("moe_lora", "S=4", 16)->at("split_k"), 3);
+}
+
 TEST(KernelConfigs, EmptyDirectoryMeansDefaultsMissingDirectoryIsAnError) {
   testing::TempDir dir("kernel_configs");
   Result<KernelConfigs> empty = KernelConfigs::load_dir(dir.str());

@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "backends/cpu/cpu_util.h"
+#include "core/rng.h"
 
 namespace lmx::cpu {
 
@@ -59,6 +62,28 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
                                    std::string(device_name(src.device)) + ")");
   }
   if (dst.nbytes() > 0) std::memmove(dst.data, src.data, dst.nbytes());
+}
+
+uint64_t CpuBackend::available_bytes() const {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+void CpuBackend::fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) {
+  if (t.device != Device::kCpu || t.dtype != DType::BF16) {
+    contract_violation("fill_generated", "t must be a BF16 host tensor, found " + t.shape_str());
+  }
+  uint16_t* out = t.ptr<uint16_t>();
+  const int64_t chunks = (t.numel() + kGeneratedChunk - 1) / kGeneratedChunk;
+  pool_.parallel_for(chunks, kGeneratedChunk, [&](int64_t begin, int64_t end) {
+    generate_weights_bf16(out, begin * kGeneratedChunk, std::min(t.numel(), end * kGeneratedChunk), tensor_seed, stddev);
+  });
 }
 
 void CpuBackend::fill_zero(const Tensor& dst) {

@@ -22,6 +22,8 @@ class CpuBackend final : public ops::Backend {
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill_zero(const Tensor& dst) override;
   void synchronize() override {}
+  uint64_t available_bytes() const override;
+  void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
 
   void embedding(const ops::EmbeddingParams& p) override;
   void rms_norm(const ops::RmsNormParams& p) override;

@@ -9,6 +9,7 @@
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device.cuh"
+#include "core/rng.h"
 #include "ops/backend.h"
 
 namespace lmx::cuda {
@@ -167,6 +168,45 @@ __global__ static void elementwise_kernel(const __grid_constant__ ElementwisePar
   }
 }
 
+struct GeneratedKernelParams {
+  uint16_t* out;  // [n] bf16 bits
+  int64_t n;
+  uint64_t tensor_seed;
+  float scale;    // generated_scale(stddev)
+};
+
+__device__ __forceinline__ uint64_t device_mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Thread = 8 consecutive values (one 16-byte store when the tensor allows): value i is step i % chunk of
+// the SplitMix64 stream seeded mix64(tensor_seed + i / chunk), whose j-th output is
+// mix64(state0 + j * golden) — so any value is reachable without walking the stream.
+// PRECOND: out 16-byte aligned when n % 8 == 0 (the vector store); chunk a multiple of 8.
+__global__ static void generated_kernel(const __grid_constant__ GeneratedKernelParams p) {
+  const int64_t first = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (first >= p.n) return;
+  const int64_t chunk = first / kGeneratedChunk;
+  const uint64_t state0 = device_mix64(p.tensor_seed + uint64_t(chunk));
+  uint16_t bits[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const uint64_t step = uint64_t(first + e - chunk * kGeneratedChunk);
+    const uint64_t u = device_mix64(state0 + step * 0x9e3779b97f4a7c15ull);
+    const int64_t sum = int64_t(u & 0xffff) + int64_t((u >> 16) & 0xffff) + int64_t((u >> 32) & 0xffff) +
+                        int64_t(u >> 48) - 131070;
+    bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(float(sum) * p.scale));
+  }
+  if (first + 8 <= p.n && p.n % 8 == 0) {
+    *reinterpret_cast<uint4*>(p.out + first) = *reinterpret_cast<const uint4*>(bits);
+  } else {
+    for (int e = 0; e < 8 && first + e < p.n; ++e) p.out[first + e] = bits[e];
+  }
+}
+
 // ---- launchers ----------------------------------------------------------------------------------------
 
 constexpr int kCopyThreads = 128;
@@ -280,6 +320,19 @@ void silu_mul(const ops::SiluMulParams& p, cudaStream_t stream) {
   detail::require_cuda("silu_mul", {{"gate", &p.gate}, {"up", &p.up}, {"out", &p.out}});
   detail::require_bf16_activation("silu_mul", "gate", p.gate);
   launch_elementwise(Elementwise::kSiluMul, p.gate, p.up, p.out, stream);
+}
+
+void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev, cudaStream_t stream) {
+  detail::require_cuda("fill_generated", {{"t", &t}});
+  if (t.dtype != DType::BF16) detail::contract_failure("fill_generated", "t", t, "a BF16 tensor");
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  if (n % 8 == 0 && !detail::aligned16(t.data)) detail::contract_failure("fill_generated", "t", t, "16-byte aligned");
+  const GeneratedKernelParams params{.out = static_cast<uint16_t*>(t.data), .n = n, .tensor_seed = tensor_seed,
+                                     .scale = generated_scale(stddev)};
+  constexpr int kThreads = 256;
+  generated_kernel<<<detail::blocks_for((n + 7) / 8, kThreads), kThreads, 0, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace lmx::cuda

@@ -15,4 +15,7 @@ void add(const ops::AddParams& p, cudaStream_t stream);
 void silu_mul(const ops::SiluMulParams& p, cudaStream_t stream);
 void gather_rows(const ops::GatherRowsParams& p, cudaStream_t stream);
 
+// Generated (dummy) weights in place, bit for bit generate_weights_bf16 of core/rng.h: `t` BF16 on cuda.
+void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev, cudaStream_t stream);
+
 }  // namespace lmx::cuda

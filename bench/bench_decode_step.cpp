@@ -1,0 +1,243 @@
+// bench_decode_step: the whole model on the CUDA backend through the engine, as issue 5 measures it —
+// one decode step of B sequences at a given context with tokens spread over the adapters, the same step
+// with LoRA enabled but no adapter in the batch, the same with LoRA disabled, and the prefill of one
+// prompt. Each row prints wall time per step (engine.step(): forward + sampling + host bookkeeping, i.e.
+// what a user waits for), the bytes a decode step must read (experts actually touched, attention, router,
+// LM head, touched adapter slices, KV) or the FLOPs a prefill must do, and the share of that floor.
+// Weights are generated on the GPU (presets); adapters are random (make_dummy_adapter). Run by
+// scripts/device with a preset and shapes on the command line; numbers go to docs/benchmarks.md.
+//   bench_decode_step [--model preset:gpt-oss-20b] [--adapters 8] [--rank 32] [--batch 16] [--context 2000]
+//                     [--steps 12] [--prefill 1600]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "core/rng.h"
+#include "engine/engine.h"
+#include "engine/setup.h"
+#include "lora/adapter.h"
+
+namespace lmx {
+namespace {
+
+constexpr double kBytesPerSecond = 4.2e12;  // measured d2d copy on the H200 (docs/perf-log.md)
+constexpr double kFlopsPerSecond = 750e12;  // dense bf16 (issue 4/5)
+
+struct Options {
+  std::string model = "preset:gpt-oss-20b";
+  int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--model") o.model = value;
+    else if (key == "--adapters") o.adapters = std::atoi(value.c_str());
+    else if (key == "--rank") o.rank = std::atoi(value.c_str());
+    else if (key == "--batch") o.batch = std::atoi(value.c_str());
+    else if (key == "--context") o.context = std::atoi(value.c_str());
+    else if (key == "--steps") o.steps = std::atoi(value.c_str());
+    else if (key == "--prefill") o.prefill = std::atoi(value.c_str());
+    else {
+      std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes one decode step of `batch` sequences at `context` must read, by part.
+struct DecodeFloor {
+  double attention = 0, experts = 0, router = 0, lm_head = 0, kv = 0, adapters = 0;
+  double total() const { return attention + experts + router + lm_head + kv + adapters; }
+};
+
+DecodeFloor decode_floor(const model::ModelConfig& c, int batch, int context, int adapters, int rank) {
+  DecodeFloor f;
+  const double H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, E = c.num_experts;
+  const double K = c.experts_per_token, I = c.is_moe() ? c.moe_intermediate_size : c.intermediate_size;
+  const double attention_params = (Hq * D * H) * 2 + (Hkv * D * H) * 2;
+  // Expected distinct experts touched by B tokens of K distinct experts each (uniform routing).
+  const double touched = c.is_moe() ? E * (1.0 - std::pow(1.0 - K / E, batch)) : 1.0;
+  const double expert_params = 3.0 * I * H;
+  // Adapter slices: per slot, the distinct experts of its own tokens, A and B of gate_up and down, plus
+  // attention q, k, v, o.
+  const int slots_used = std::min(adapters, batch);
+  const double tokens_per_slot = slots_used ? double(batch) / slots_used : 0.0;
+  const double touched_per_slot = c.is_moe() ? E * (1.0 - std::pow(1.0 - K / E, tokens_per_slot)) : 1.0;
+  const double lora_expert = rank * (H + 2 * I + I + H);
+  const double lora_attention = rank * ((H + Hq * D) * 2 + (H + Hkv * D) * 2);
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    f.attention += attention_params * 2;
+    f.experts += touched * expert_params * 2;
+    if (c.is_moe()) f.router += E * H * 2;
+    const bool sliding = c.sliding_window > 0 && c.layer_sliding[size_t(layer)];
+    const double keys = sliding ? std::min<double>(context, c.sliding_window) : context;
+    f.kv += batch * keys * Hkv * D * 2 * 2;
+    f.adapters += slots_used * (touched_per_slot * lora_expert + lora_attention) * 2;
+  }
+  f.lm_head = double(c.vocab_size) * H * 2;
+  return f;
+}
+
+// FLOPs of one prefill of `tokens` (matmuls over the active parameters + causal attention).
+double prefill_flops(const model::ModelConfig& c, int tokens) {
+  const double H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
+  const double K = c.is_moe() ? c.experts_per_token : 1, I = c.is_moe() ? c.moe_intermediate_size : c.intermediate_size;
+  double flops = 0;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    flops += 2.0 * tokens * ((Hq * D * H) * 2 + (Hkv * D * H) * 2 + K * 3 * I * H);
+    const bool sliding = c.sliding_window > 0 && c.layer_sliding[size_t(layer)];
+    const double keys = sliding ? std::min<double>(tokens, c.sliding_window) : tokens / 2.0;  // mean keys per query
+    flops += 2.0 * 2.0 * tokens * keys * Hq * D;
+  }
+  return flops + 2.0 * H * c.vocab_size;  // one sampled row through the LM head
+}
+
+struct Run {
+  std::unique_ptr<engine::Engine> engine;
+};
+
+std::vector<int32_t> random_prompt(Rng& rng, int length, int vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(length));
+  for (int32_t& id : ids) id = int32_t(rng.next_u64() % uint64_t(vocab));
+  return ids;
+}
+
+// Median wall seconds of `steps` decode steps once all `batch` sequences (prompt `context` - 1 tokens)
+// are decoding. adapter_of(i) names sequence i's adapter ("" = base).
+double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
+                   const std::function<std::string(int)>& adapter_of) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < o.batch; ++i) {
+    engine::Request r;
+    r.adapter = adapter_of(i);
+    r.prompt_ids = random_prompt(rng, o.context - 1, vocab);
+    r.sampling.max_tokens = o.steps + 64;
+    r.sampling.ignore_eos = true;
+    Result<uint64_t> id = engine.add_request(r);
+    if (!id.ok()) {
+      std::fprintf(stderr, "bench_decode_step: %s\n", id.status().message().c_str());
+      std::exit(1);
+    }
+    ids.push_back(*id);
+  }
+  // Prefill everything (chunked), then a few warm-up decode steps.
+  int guard = 0;
+  while (engine.scheduler().num_waiting() > 0 || guard < 3) {
+    if (engine.step().num_tokens == o.batch) ++guard;
+  }
+  std::vector<double> seconds;
+  for (int s = 0; s < o.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int tokens = engine.step().num_tokens;
+    seconds.push_back(seconds_since(t0));
+    if (tokens != o.batch) std::fprintf(stderr, "bench_decode_step: a step ran %d tokens, not %d\n", tokens, o.batch);
+  }
+  for (uint64_t id : ids) engine.abort(id);
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+}  // namespace
+}  // namespace lmx
+
+int main(int argc, char** argv) {
+  using namespace lmx;
+  const Options o = parse(argc, argv);
+  cuda::CudaBackend backend;
+  const auto t_load = std::chrono::steady_clock::now();
+  Result<model::ModelWeights> weights = engine::load_base_model(o.model, 1, 0, &backend);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "bench_decode_step: %s\n", weights.status().message().c_str());
+    return 1;
+  }
+  backend.synchronize();
+  const model::ModelConfig& c = weights->config;
+  std::printf("bench_decode_step: %s, weights generated on the GPU in %.1f s; B %d, context %d, %d adapters of rank %d\n",
+              o.model.c_str(), seconds_since(t_load), o.batch, o.context, o.adapters, o.rank);
+
+  engine::EngineConfig config;
+  config.scheduler.max_num_seqs = o.batch;
+  config.scheduler.max_num_batched_tokens = std::max(o.prefill, 4096);
+  config.scheduler.max_model_len = std::max(o.context + o.steps + 128, o.prefill + 16);
+  config.max_loras = std::max(1, o.adapters);
+  config.max_lora_rank = o.rank;
+  Result<std::unique_ptr<engine::Engine>> engine = engine::Engine::create(*weights, backend, config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "bench_decode_step: %s\n", engine.status().message().c_str());
+    return 1;
+  }
+  const lora::BaseModelShapes shapes = engine::lora_shapes(c);
+  const auto t_adapters = std::chrono::steady_clock::now();
+  for (int a = 0; a < o.adapters; ++a) {
+    Status added = (*engine)->add_adapter(lora::make_dummy_adapter("a" + std::to_string(a), shapes, o.rank, 100 + a));
+    if (!added.ok()) {
+      std::fprintf(stderr, "bench_decode_step: %s\n", added.message().c_str());
+      return 1;
+    }
+  }
+  std::printf("  %d dummy adapters made in %.1f s\n", o.adapters, seconds_since(t_adapters));
+
+  Rng rng(20261202);
+  const DecodeFloor with_lora = decode_floor(c, o.batch, o.context, o.adapters, o.rank);
+  const DecodeFloor base = decode_floor(c, o.batch, o.context, 0, o.rank);
+  std::printf("  decode floor bytes (GB): attention %.2f, experts %.2f, router %.3f, LM head %.2f, KV %.2f, adapters %.2f\n",
+              with_lora.attention * 1e-9, with_lora.experts * 1e-9, with_lora.router * 1e-9, with_lora.lm_head * 1e-9,
+              with_lora.kv * 1e-9, with_lora.adapters * 1e-9);
+  auto row = [&](const char* what, double seconds, double floor_seconds) {
+    std::printf("%-44s %10.3f ms  floor %8.3f ms  %5.1f%% of floor  (%.2fx)\n", what, seconds * 1e3, floor_seconds * 1e3,
+                100.0 * floor_seconds / seconds, seconds / floor_seconds);
+    std::fflush(stdout);
+  };
+  const int vocab = c.vocab_size;
+  if (o.adapters > 0) {
+    const double s = time_decode(**engine, o, vocab, rng, [&](int i) { return "a" + std::to_string(i % o.adapters); });
+    row("decode step, adapters spread over the batch", s, with_lora.total() / kBytesPerSecond);
+    const double b = time_decode(**engine, o, vocab, rng, [](int) { return std::string(); });
+    row("decode step, LoRA on, no adapter in batch", b, base.total() / kBytesPerSecond);
+  }
+  {
+    engine::EngineConfig plain = config;
+    plain.max_loras = 0;
+    engine->reset();  // free the first engine's KV cache and slots before the second
+    Result<std::unique_ptr<engine::Engine>> no_lora = engine::Engine::create(*weights, backend, plain);
+    if (!no_lora.ok()) {
+      std::printf("decode step, LoRA disabled: not run (%s)\n", no_lora.status().message().c_str());
+    } else {
+      const double s = time_decode(**no_lora, o, vocab, rng, [](int) { return std::string(); });
+      row("decode step, LoRA disabled", s, base.total() / kBytesPerSecond);
+      if (o.prefill > 0) {
+        engine::Request r;
+        r.prompt_ids = random_prompt(rng, o.prefill, vocab);
+        r.sampling.max_tokens = 1;
+        r.sampling.ignore_eos = true;
+        std::vector<double> seconds;
+        for (int rep = 0; rep < 3; ++rep) {
+          if (!(*no_lora)->add_request(r).ok()) return 1;
+          const auto t0 = std::chrono::steady_clock::now();
+          while ((*no_lora)->has_work()) (*no_lora)->step();
+          seconds.push_back(seconds_since(t0));
+        }
+        std::sort(seconds.begin(), seconds.end());
+        char what[64];
+        std::snprintf(what, sizeof what, "prefill of one %d-token prompt", o.prefill);
+        row(what, seconds[1], prefill_flops(c, o.prefill) / kFlopsPerSecond);
+      }
+    }
+  }
+  return 0;
+}

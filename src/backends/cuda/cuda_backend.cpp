@@ -1,0 +1,168 @@
+// CudaBackend (cuda_backend.h): memory on the backend's stream and the dispatch of every op to its kernel
+// family. The MoE workspace is sized from the largest batch seen so far (the model's first forward, made
+// before any graph capture, fixes it for good in practice); a larger batch reallocates outside the kernels.
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cuda/attention.cuh"
+#include "backends/cuda/basic.cuh"
+#include "backends/cuda/check.h"
+#include "backends/cuda/lora_dense.cuh"
+#include "backends/cuda/make_backend.h"
+#include "backends/cuda/memory.h"
+#include "backends/cuda/moe_gemm.cuh"
+#include "backends/cuda/rope.cuh"
+#include "backends/cuda/routing.cuh"
+#include "backends/cuda/tune.h"
+
+namespace lmx::cuda {
+
+Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const ops::KernelConfigs& kernel_configs) {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return unsupported(std::string("device 'cuda': no CUDA device is visible (") +
+                       (status != cudaSuccess ? cudaGetErrorString(status) : "0 devices") + "); use --device cpu");
+  }
+  return std::unique_ptr<ops::Backend>(std::make_unique<CudaBackend>(kernel_configs));
+}
+
+struct MoeBlockState {
+  MoeWorkspaceShape shape;
+  OwnedTensor memory;  // [bytes] U8
+};
+
+CudaBackend::CudaBackend(ops::KernelConfigs kernel_configs) : kernel_configs_(std::move(kernel_configs)), host_(1) { LMX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+
+CudaBackend::~CudaBackend() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Buffer CudaBackend::allocate(size_t bytes) { return cuda::allocate(bytes); }
+
+void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
+    detail::contract_failure("copy", "dst", dst, ("the dtype and element count of src " + src.shape_str()).c_str());
+  }
+  if (dst.nbytes() == 0) return;
+  if (dst.device == Device::kCpu && src.device == Device::kCpu) {
+    std::memmove(dst.data, src.data, dst.nbytes());
+    return;
+  }
+  // Ordered after the work already on the stream (a device-to-host copy reads finished results) and
+  // finished before returning (the host side may be reused at once): the engine's staging contract.
+  LMX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault, stream_));
+  LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fill_zero(const Tensor& dst) {
+  if (dst.device != Device::kCuda) detail::contract_failure("fill_zero", "dst", dst, "a tensor on cuda");
+  if (dst.nbytes() > 0) LMX_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, dst.nbytes(), stream_));
+}
+
+void CudaBackend::synchronize() { LMX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+uint64_t CudaBackend::available_bytes() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  return cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess ? uint64_t(free_bytes) : 0;
+}
+
+void CudaBackend::fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) {
+  cuda::fill_generated(t, tensor_seed, stddev, stream_);
+}
+
+void CudaBackend::embedding(const ops::EmbeddingParams& p) { cuda::embedding(p, stream_); }
+void CudaBackend::rms_norm(const ops::RmsNormParams& p) { cuda::rms_norm(p, stream_); }
+void CudaBackend::linear(const ops::LinearParams& p) { linear_.run(p, stream_); }
+void CudaBackend::add(const ops::AddParams& p) { cuda::add(p, stream_); }
+void CudaBackend::silu_mul(const ops::SiluMulParams& p) { cuda::silu_mul(p, stream_); }
+void CudaBackend::gather_rows(const ops::GatherRowsParams& p) { cuda::gather_rows(p, stream_); }
+void CudaBackend::rope(const ops::RopeParams& p) { cuda::rope(p, stream_); }
+void CudaBackend::kv_write(const ops::KvWriteParams& p) { cuda::kv_write(p, stream_); }
+void CudaBackend::attention(const ops::AttentionParams& p) { cuda::attention(p, stream_); }
+void CudaBackend::router_topk(const ops::RouterTopKParams& p) { cuda::router_topk(p, stream_); }
+
+void CudaBackend::moe(const ops::MoeParams& p) {
+  MoeWorkspaceShape want{.max_tokens = p.x.dim(0),
+                         .top_k = p.topk_ids.dim(1),
+                         .experts = p.gate_up.dim(0),
+                         .slots = 0,
+                         .hidden = p.gate_up.dim(2),
+                         .inter = p.down.dim(2),
+                         .max_rank = 0};
+  for (const ops::LoraStack* stack : {&p.lora_gate_up, &p.lora_down}) {
+    if (!stack->defined()) continue;
+    want.slots = std::max(want.slots, stack->a.dim(0));
+    want.max_rank = std::max(want.max_rank, stack->a.dim(2));
+  }
+  const bool fits = moe_ && moe_->shape.top_k == want.top_k && moe_->shape.experts == want.experts &&
+                    moe_->shape.hidden == want.hidden && moe_->shape.inter == want.inter &&
+                    moe_->shape.max_tokens >= want.max_tokens && moe_->shape.slots >= want.slots &&
+                    moe_->shape.max_rank >= want.max_rank;
+  if (!fits) {
+    if (moe_) {  // grow: keep the larger of each, so alternating batches do not reallocate back and forth
+      want.max_tokens = std::max(want.max_tokens, moe_->shape.max_tokens);
+      want.slots = std::max(want.slots, moe_->shape.slots);
+      want.max_rank = std::max(want.max_rank, moe_->shape.max_rank);
+    }
+    LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old workspace may still be in use
+    moe_ = std::make_unique<MoeBlockState>();
+    moe_->shape = want;
+    moe_->memory = cuda::empty(DType::U8, {int64_t(moe_workspace_bytes(want))});
+    moe_workspace_prepare(MoeWorkspace{.shape = moe_->shape, .memory = moe_->memory.view}, stream_);
+  }
+  MoeBlockConfig config;
+  const int64_t lora_rank = p.lora_gate_up.defined() ? p.lora_gate_up.b.dim(-1)
+                            : p.lora_down.defined()  ? p.lora_down.b.dim(-1)
+                                                     : 0;
+  if (lora_rank > 0) {
+    const std::string shape = moe_lora_shape_key(want.hidden, want.inter, want.experts, want.top_k,
+                                                 p.lora_gate_up.defined() ? p.lora_gate_up.a.dim(0) : p.lora_down.a.dim(0),
+                                                 lora_rank);
+    apply_moe_lora_knobs(kernel_configs_.find(kMoeLoraOp, shape, p.x.dim(0)), &config);
+  }
+  moe_block(p, MoeWorkspace{.shape = moe_->shape, .memory = moe_->memory.view}, stream_, config);
+}
+
+// One scratch serves every dense call site: calls are ordered on the stream, z cleans itself, and all
+// stacks share the slot count S and rank capacity R (--max-loras, --max-lora-rank).
+void CudaBackend::lora(const ops::LoraParams& p) {
+  if (!p.w.defined()) return;
+  const int64_t tokens = p.x.dim(0), slots = p.w.a.dim(0), capacity_rank = p.w.a.dim(1);
+  if (!lora_ || lora_->max_tokens < tokens || lora_->slots != slots || lora_->capacity_rank != capacity_rank) {
+    const int64_t max_tokens = std::max(tokens, lora_ ? lora_->max_tokens : int64_t(0));
+    LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old scratch may still be in use
+    lora_ = std::make_unique<LoraDenseScratch>(lora_dense_scratch(max_tokens, slots, capacity_rank));
+  }
+  lora_dense(p, *lora_, MoeLoraConfig{}, stream_);
+}
+
+// Host sampling: the logits and per-row parameters come back, the CPU oracle samples (and computes the
+// requested logprobs), the results go up. The GPU sampler replaces this with issue 5.
+void CudaBackend::sample(const ops::SamplingParams& p) {
+  auto to_host = [&](const Tensor& t) {
+    OwnedTensor host = OwnedTensor::host_like(t, t.dtype);
+    copy(host.view, t);
+    return host;
+  };
+  auto host_output = [](const Tensor& t) { return t.defined() ? OwnedTensor::host_like(t, t.dtype) : OwnedTensor{}; };
+  OwnedTensor logits = to_host(p.logits), temperature = to_host(p.temperature), top_k = to_host(p.top_k);
+  OwnedTensor top_p = to_host(p.top_p), uniform = to_host(p.uniform);
+  OwnedTensor tokens = host_output(p.out_tokens), logprob = host_output(p.out_logprob);
+  OwnedTensor top_ids = host_output(p.out_top_ids), top_logprobs = host_output(p.out_top_logprobs);
+  host_.sample({.logits = logits, .temperature = temperature, .top_k = top_k, .top_p = top_p, .uniform = uniform,
+                .out_tokens = tokens, .out_logprob = logprob, .out_top_ids = top_ids,
+                .out_top_logprobs = top_logprobs});
+  copy(p.out_tokens, tokens.view);
+  if (p.out_logprob.defined()) copy(p.out_logprob, logprob.view);
+  if (p.out_top_ids.defined()) copy(p.out_top_ids, top_ids.view);
+  if (p.out_top_logprobs.defined()) copy(p.out_top_logprobs, top_logprobs.view);
+}
+
+}  // namespace lmx::cuda

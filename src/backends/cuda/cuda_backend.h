@@ -1,0 +1,61 @@
+// CudaBackend: the ops::Backend on one NVIDIA GPU (sm_90a) — every op of ops/*.h enqueued on the backend's
+// own stream with BF16 activations, KV cache and LoRA stacks. Owns the stream, the cuBLASLt runner and the
+// MoE workspace; the kernels live in the op-family files beside it. Who calls: engine/setup (`--device
+// cuda`), the CUDA model tests. Sampling still reads the logits back and samples on the host (the GPU
+// sampler is issue 5's), which is also where the engine reads sampled tokens.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/linear.cuh"
+#include "ops/backend.h"
+#include "ops/kernel_configs.h"
+
+namespace lmx::cuda {
+
+struct MoeBlockState;     // the MoE workspace, grown to the largest batch seen (moe_gemm.cuh)
+struct LoraDenseScratch;  // the dense multi-LoRA scratch, likewise (lora_dense.cuh)
+
+class CudaBackend final : public ops::Backend {
+ public:
+  explicit CudaBackend(ops::KernelConfigs kernel_configs = {});
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return DType::BF16; }
+  DType lora_dtype() const override { return DType::BF16; }
+  cudaStream_t stream() const { return stream_; }
+
+  Buffer allocate(size_t bytes) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill_zero(const Tensor& dst) override;
+  void synchronize() override;
+  uint64_t available_bytes() const override;
+  void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
+
+  void embedding(const ops::EmbeddingParams& p) override;
+  void rms_norm(const ops::RmsNormParams& p) override;
+  void linear(const ops::LinearParams& p) override;
+  void add(const ops::AddParams& p) override;
+  void silu_mul(const ops::SiluMulParams& p) override;
+  void gather_rows(const ops::GatherRowsParams& p) override;
+  void rope(const ops::RopeParams& p) override;
+  void kv_write(const ops::KvWriteParams& p) override;
+  void attention(const ops::AttentionParams& p) override;
+  void router_topk(const ops::RouterTopKParams& p) override;
+  void moe(const ops::MoeParams& p) override;
+  void lora(const ops::LoraParams& p) override;
+  void sample(const ops::SamplingParams& p) override;
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  ops::KernelConfigs kernel_configs_;
+  LinearRunner linear_;
+  std::unique_ptr<MoeBlockState> moe_;
+  std::unique_ptr<LoraDenseScratch> lora_;
+  cpu::CpuBackend host_;  // samples on the host (one thread: a few rows)
+};
+
+}  // namespace lmx::cuda
