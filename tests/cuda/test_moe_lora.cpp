@@ -1,14 +1,14 @@
-// Parity of the CUDA MoE-LoRA shrink and expand (backends/cuda/moe_lora.cuh, tensor cores), run on
-// moe_align's tiles, with the CPU oracle: every (token, k) pair is a row of CpuBackend::lora over the stack
-// viewed as S·E dense adapters (matrix slot·E + expert, rank of the slot), which is exactly the LoRA term
-// of moe.h. Mixed true ranks per slot (0 = disabled, 8/16/32/64, odd), NaN in the padding ranks of A and B
-// (must never reach a result), tokens without an adapter, T in {1, 3, 16, 64, 257, 1024, 4096}, E in
-// {8, 32, 128}, K in {1, 2, 4, 8}, GPT-OSS and Qwen3 shapes, `in` both a multiple of the 64-input chunk
-// (EVEN_K) and not, `out` a multiple of 8 (16-byte y vectors) and not, capacity ranks 8 / 16 / 32 / 64 (the
-// expand's rank tiers), every knob (split, CTA order, BLOCK_N, expand chunks per CTA: one, several, auto,
-// all of `out`; shrink tiles per CTA: one, a run of up to 4 of one group, auto; PDL) and both z modes (self-cleaning with tile
-// counters: z and the counters all zero after each expand, across calls; legacy: z poisoned, then holds the
-// shrink). z is checked against a direct double loop.
+// Parity of the CUDA MoE-LoRA shrink and expand (backends/cuda/moe_lora.cuh, tensor cores), run on moe_align's tiles,
+// with the CPU oracle: every (token, k) pair is a row of CpuBackend::lora over the stack viewed as S·E dense adapters
+// (matrix slot·E + expert, rank of the slot), which is exactly the LoRA term of moe.h. Mixed true ranks per slot (0 =
+// disabled, 8/16/32/64, odd), NaN in the padding ranks of A and B (must never reach a result), tokens without an
+// adapter, T in {1, 3, 16, 64, 257, 1024, 4096}, E in {8, 32, 128}, K in {1, 2, 4, 8}, GPT-OSS and Qwen3 shapes, `in`
+// both a multiple of the 64-input chunk (EVEN_K) and not, `out` a multiple of 8 (16-byte y vectors) and not, capacity
+// ranks 8 / 16 / 32 / 64 / 128 (the expand's rank tiers; 72 and 128 use the kernels' rank cap 128, with true ranks 8 /
+// 72 / 97 / 128 / 0 mixed across slots: a merged MoE gate_up at --max-lora-rank 64), every knob (split, CTA order,
+// BLOCK_N, expand chunks per CTA: one, several, auto, all of `out`; shrink tiles per CTA: one, a run of up to 4 of one
+// group, auto; PDL) and both z modes (self-cleaning with tile counters: z and the counters all zero after each expand,
+// across calls; legacy: z poisoned, then holds the shrink). z is checked against a direct double loop.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -22,8 +22,6 @@
 namespace lmx::test {
 namespace {
 
-class CudaMoeLora : public CudaTest {};
-
 // docs/NUMERICS.md: z is fp32 from bf16 inputs on tensor cores (exact products, fp32 accumulation in an
 // order of 16-input mma steps, warp sums and split-K atomics); the mma adder's fp32 rounding is not
 // round-to-nearest on every part, so 1e-4 of the scale, still 40× below a bf16 ulp.
@@ -32,6 +30,11 @@ constexpr double kTolShrinkTc = 1e-4;
 struct Case {
   int64_t tokens, top_k, experts, slots, capacity_rank, in, out;
   bool x_per_pair;
+  // True ranks of slots 1, 2, ... cycled (each <= R; slot 0 is always rank 0, disabled). Empty: 8, 16, 32,
+  // 64, R - 3, random.
+  std::vector<int32_t> slot_ranks = {};
+  // Slots of tokens 0, 1, ... (so that every rank is sure to be hit); the other tokens random in [-1, S).
+  std::vector<int32_t> first_token_slots = {};
 };
 
 struct Knobs {
@@ -41,6 +44,13 @@ struct Knobs {
   bool pdl;
   int expand_chunks = 0;  // 0: auto
   int shrink_tiles = 0;   // shrink tiles per CTA: 1 (warps split `in`), 4 (a run, a tile per warp), 0: auto
+};
+
+// run_case: one random problem (NaN padding ranks, tokens without adapter) against the CPU oracle under
+// every knob setting given, in both z modes, and shrink + expand back to back.
+class CudaMoeLora : public CudaTest {
+ protected:
+  void run_case(const Case& c, const std::vector<Knobs>& knobs);
 };
 
 std::string describe(const Case& c) {
@@ -81,6 +91,17 @@ std::string describe(const Knobs& k) {
   return ::testing::AssertionSuccess();
 }
 
+// Every knob setting: split (1, several, auto), CTA order, BLOCK_N, PDL, expand chunks per CTA and shrink
+// tiles per CTA (per-tile, run mode, auto).
+std::vector<Knobs> all_knobs() {
+  return {{1, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},   {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},
+          {3, cuda::MoeLoraCtaOrder::kPieceFastest, 64, false},  {0, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true},
+          {5, cuda::MoeLoraCtaOrder::kTileFastest, 64, true},    {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, false},
+          {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1, 4}, {2, cuda::MoeLoraCtaOrder::kPieceFastest, 64, true, 3, 4},
+          {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 1000, 1},  // 1000: clamped, one piece spans all of out
+          {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4}};
+}
+
 TEST_F(CudaMoeLora, MatchesCpu) {
   const std::vector<Case> cases = {
       {1, 4, 32, 8, 32, 520, 1000, false},      {3, 1, 8, 3, 16, 8, 2, true},
@@ -91,175 +112,204 @@ TEST_F(CudaMoeLora, MatchesCpu) {
       {1024, 8, 128, 8, 16, 2048, 1536, false}, {4096, 1, 8, 3, 64, 136, 200, false},
       {4096, 2, 32, 8, 32, 512, 520, true},     {64, 2, 8, 3, 8, 264, 776, false},  // R 8: the rank tier 16
       {300, 4, 32, 8, 16, 2880, 5760, false},   {33, 3, 8, 4, 64, 200, 1154, true}};
-  const std::vector<Knobs> knobs = {
-      {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},   {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},
-      {3, cuda::MoeLoraCtaOrder::kPieceFastest, 64, false},  {0, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true},
-      {5, cuda::MoeLoraCtaOrder::kTileFastest, 64, true},    {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, false},
-      {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1, 4}, {2, cuda::MoeLoraCtaOrder::kPieceFastest, 64, true, 3, 4},
-      {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 1000, 1},  // 1000: clamped, one piece spans all of out
-      {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4}};
   for (const Case& c : cases) {
-    SCOPED_TRACE(describe(c));
-    const int64_t pairs = c.tokens * c.top_k, groups = c.slots * c.experts, R = c.capacity_rank;
-    // Ranks: slot 0 rank 0 (disabled), then cycling through 8, 16, 32, 64, R - 3, random (each <= R).
-    OwnedTensor rank = OwnedTensor::host(DType::I32, {c.slots});
-    for (int64_t s = 0; s < c.slots; ++s) {
-      const int32_t choices[] = {8, 16, 32, 64, int32_t(R - 3), 1 + int32_t(rng().next_u64() % uint64_t(R))};
-      rank.view.ptr<int32_t>()[s] = s == 0 ? 0 : std::min<int32_t>(int32_t(R), choices[(s - 1) % 6]);
-    }
-    OwnedTensor a = random_bf16(rng(), {c.slots, c.experts, R, c.in}, 0.05f);
-    OwnedTensor b = random_bf16(rng(), {c.slots, c.experts, c.out, R}, 0.05f);
-    const bf16 nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
-    for (int64_t m = 0; m < groups; ++m) {  // padding ranks hold NaN: a kernel that uses them fails
-      const int32_t r_true = rank.view.ptr<int32_t>()[m / c.experts];
-      for (int64_t r = r_true; r < R; ++r) {
-        for (int64_t i = 0; i < c.in; ++i) a.view.ptr<bf16>()[(m * R + r) * c.in + i] = nan;
-        for (int64_t o = 0; o < c.out; ++o) b.view.ptr<bf16>()[(m * c.out + o) * R + r] = nan;
-      }
-    }
-    OwnedTensor topk_ids = OwnedTensor::host(DType::I32, {c.tokens, c.top_k});
-    for (int64_t t = 0; t < c.tokens; ++t) {
-      OwnedTensor ids = distinct_ids(rng(), c.top_k, int32_t(c.experts));
-      std::copy(ids.view.ptr<int32_t>(), ids.view.ptr<int32_t>() + c.top_k, topk_ids.view.ptr<int32_t>() + t * c.top_k);
-    }
-    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
-    const int64_t x_rows = c.x_per_pair ? pairs : c.tokens;
-    OwnedTensor x = random_bf16(rng(), {x_rows, c.in});
-    OwnedTensor y0 = random_bf16(rng(), {pairs, c.out});
-
-    // Oracle: pair rows through CpuBackend::lora, matrix slot·E + expert, rank of the slot.
-    OwnedTensor pair_x = OwnedTensor::host(DType::F32, {pairs, c.in});
-    OwnedTensor pair_matrix = OwnedTensor::host(DType::I32, {pairs});
-    OwnedTensor matrix_rank = OwnedTensor::host(DType::I32, {groups});
-    for (int64_t m = 0; m < groups; ++m) matrix_rank.view.ptr<int32_t>()[m] = rank.view.ptr<int32_t>()[m / c.experts];
-    for (int64_t pair = 0; pair < pairs; ++pair) {
-      const int64_t row = c.x_per_pair ? pair : pair / c.top_k;
-      for (int64_t i = 0; i < c.in; ++i) pair_x.view.ptr<float>()[pair * c.in + i] = bf16_to_f32(x.view.ptr<bf16>()[row * c.in + i]);
-      const int32_t slot = token_slot.view.ptr<int32_t>()[pair / c.top_k];
-      pair_matrix.view.ptr<int32_t>()[pair] = slot < 0 ? -1 : int32_t(slot * c.experts + topk_ids.view.ptr<int32_t>()[pair]);
-    }
-    OwnedTensor want_y = widen(y0);
-    ops::LoraStack dense{.a = Tensor(a.view.data, DType::BF16, {groups, R, c.in}),
-                         .b = Tensor(b.view.data, DType::BF16, {groups, c.out, R}),
-                         .rank = matrix_rank};
-    cpu_.lora({.x = pair_x, .token_slot = pair_matrix, .w = dense, .y = want_y});
-    std::vector<std::pair<int64_t, double>> want_z;  // (index into z, value)
-    for (int64_t pair = 0; pair < pairs; ++pair) {
-      const int32_t matrix = pair_matrix.view.ptr<int32_t>()[pair];
-      if (matrix < 0) continue;
-      for (int64_t r = 0; r < matrix_rank.view.ptr<int32_t>()[matrix]; ++r) {
-        double sum = 0.0;
-        const float* xr = pair_x.view.ptr<float>() + pair * c.in;
-        const bf16* ar = a.view.ptr<bf16>() + (matrix * R + r) * c.in;
-        for (int64_t i = 0; i < c.in; ++i) sum += double(xr[i]) * bf16_to_f32(ar[i]);
-        want_z.emplace_back(pair * R + r, sum);
-      }
-    }
-
-    OwnedTensor d_a = cuda::upload(a), d_b = cuda::upload(b), d_rank = cuda::upload(rank);
-    OwnedTensor d_ids = cuda::upload(topk_ids), d_slot = cuda::upload(token_slot), d_x = cuda::upload(x);
-    const int64_t capacity = cuda::moe_align_capacity(pairs, groups, cuda::kMoeLoraBlockM);
-    OwnedTensor sorted = poisoned(DType::I32, {capacity});
-    OwnedTensor tiles = poisoned(DType::I32, {capacity / cuda::kMoeLoraBlockM});
-    OwnedTensor offsets = poisoned(DType::I32, {groups + 1});
-    OwnedTensor num_tiles = poisoned(DType::I32, {1});
-    OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, groups))});
-    cuda::moe_align({.topk_ids = d_ids, .token_slot = d_slot, .experts = c.experts, .slots = c.slots,
-                     .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
-                     .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
-                    stream_);
-    // Self-cleaning mode: z and the counters are zeroed once here and must stay zero across every call.
-    OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
-    OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
-    cuda::fill_bytes(z.view, 0);
-    cuda::fill_bytes(counters.view, 0);
-    auto params_for = [&](const Knobs& k, const Tensor& z_buffer, const Tensor& y, bool self_cleaning) {
-      return cuda::MoeLoraParams{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = c.top_k,
-                                 .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
-                                 .block_m = cuda::kMoeLoraBlockM, .z = z_buffer, .y = y,
-                                 .config = {.split_k = k.split, .order = k.order, .pdl = k.pdl,
-                                            .expand_block_n = k.block_n, .expand_chunks = k.expand_chunks,
-                                            .shrink_tiles_per_cta = k.shrink_tiles},
-                                 .tile_counters = self_cleaning ? counters.view : Tensor()};
-    };
-    for (const Knobs& k : knobs) {
-      SCOPED_TRACE(describe(k));
-      OwnedTensor d_y = cuda::upload(y0);
-      const cuda::MoeLoraParams params = params_for(k, z, d_y, true);
-      cuda::moe_lora_shrink(params, stream_);
-      sync();
-      EXPECT_TRUE(z_matches(cuda::download(z), want_z)) << "z after the shrink";
-      cuda::moe_lora_expand(params, stream_);
-      sync();
-      EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
-      EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
-      EXPECT_TRUE(all_zero(cuda::download(counters), "tile_counters after the expand"));
-    }
-    {  // shrink and expand back to back (the expand's prologue overlaps the shrink under PDL), twice
-      SCOPED_TRACE("back to back, pdl");
-      OwnedTensor d_y = cuda::upload(y0), d_y2 = cuda::upload(y0);
-      cuda::moe_lora_shrink(params_for(knobs[1], z, d_y, true), stream_);
-      cuda::moe_lora_expand(params_for(knobs[1], z, d_y, true), stream_);
-      cuda::moe_lora_shrink(params_for(knobs[4], z, d_y2, true), stream_);
-      cuda::moe_lora_expand(params_for(knobs[4], z, d_y2, true), stream_);
-      sync();
-      EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
-      EXPECT_TRUE(all_close(cuda::download(d_y2), want_y, kTolBf16Out)) << "y, second call";
-      EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
-    }
-    for (int split : {1, 0}) {  // legacy mode (no tile counters): z poisoned, written by the shrink, kept
-      SCOPED_TRACE("no tile counters, split " + std::to_string(split));
-      OwnedTensor z_legacy = poisoned(DType::F32, {pairs, R});
-      OwnedTensor d_y = cuda::upload(y0);
-      const cuda::MoeLoraParams params = params_for({split, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},
-                                                    z_legacy, d_y, false);
-      cuda::moe_lora_shrink(params, stream_);
-      cuda::moe_lora_expand(params, stream_);
-      sync();
-      EXPECT_TRUE(z_matches(cuda::download(z_legacy), want_z)) << "z";
-      EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
-    }
+    run_case(c, all_knobs());
+    if (HasFatalFailure()) return;
   }
 }
 
-// A batch whose tokens have no adapter (or only rank-0 slots) leaves y bit-identical, and z zero.
-TEST_F(CudaMoeLora, NoLoraLeavesOutputBitIdentical) {
-  const int64_t tokens = 16, top_k = 4, experts = 32, slots = 8, R = 32, in = 520, out = 1000;
-  const int64_t pairs = tokens * top_k, groups = slots * experts;
-  OwnedTensor rank = OwnedTensor::host(DType::I32, {slots});
-  for (int64_t s = 0; s < slots; ++s) rank.view.ptr<int32_t>()[s] = s == 3 ? 0 : int32_t(R);
-  for (int32_t only_slot : {-1, 3}) {
-    OwnedTensor token_slot = OwnedTensor::host(DType::I32, {tokens});
-    for (int64_t t = 0; t < tokens; ++t) token_slot.view.ptr<int32_t>()[t] = only_slot;
-    OwnedTensor d_ids = cuda::upload(random_ids(rng(), pairs, 0, int32_t(experts)).view.reshape({tokens, top_k}));
-    OwnedTensor d_slot = cuda::upload(token_slot), d_rank = cuda::upload(rank);
-    OwnedTensor d_a = cuda::upload(random_bf16(rng(), {slots, experts, R, in}));
-    OwnedTensor d_b = cuda::upload(random_bf16(rng(), {slots, experts, out, R}));
-    OwnedTensor d_x = cuda::upload(random_bf16(rng(), {tokens, in}));
-    OwnedTensor y0 = random_bf16(rng(), {pairs, out});
+// Rank capacity 128 (the kernels' rank cap 128: a merged MoE gate_up at the default --max-lora-rank 64) and
+// 72 (the same cap with R < 128): true ranks 0 / 8 / 72 / 128 / 97 (odd) / 64 mixed across slots, tokens
+// without adapter, `in` with and without EVEN_K, `out` with and without 16-byte y vectors, T 1 / 16 / 257,
+// every knob (split-K, run mode, BLOCK_N 64 and 128, ...).
+TEST_F(CudaMoeLora, MatchesCpuRankCap128) {
+  // Slot ranks 0 (slot 0), 8, 72, 128, 97, 64; the first tokens visit 128, 72, 97, 8, none, rank 0, 64.
+  const std::vector<int32_t> ranks = {8, 72, 128, 97, 64}, first = {3, 2, 4, 1, -1, 0, 5};
+  const std::vector<Case> cases = {
+      {1, 8, 128, 6, 128, 2048, 1536, false, ranks, {3}},  // Qwen3-30B-A3B gate_up (H 2048, 2I 1536), decode
+      {1, 4, 32, 6, 128, 520, 1002, true, ranks, {2}},     // rank 72 at capacity 128
+      {16, 8, 128, 6, 128, 2048, 1536, false, ranks, first},
+      {16, 4, 32, 6, 128, 520, 1002, false, ranks, first},  // in off the 64-input chunk, out off 16-byte vectors
+      {16, 2, 8, 4, 72, 264, 776, true, {8, 72, 33}, {2, 1, 3, -1, 0}},  // R 72: cap 128, z / B rows of 72
+      {257, 2, 8, 6, 128, 1032, 514, true, ranks, first},
+      {257, 8, 128, 6, 128, 2048, 1536, false, ranks, first}};
+  for (const Case& c : cases) {
+    run_case(c, all_knobs());
+    if (HasFatalFailure()) return;
+  }
+}
+
+void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
+  SCOPED_TRACE(describe(c));
+  const int64_t pairs = c.tokens * c.top_k, groups = c.slots * c.experts, R = c.capacity_rank;
+  // Ranks: slot 0 rank 0 (disabled), then cycling through c.slot_ranks, or 8, 16, 32, 64, R - 3, random
+  // (each <= R).
+  OwnedTensor rank = OwnedTensor::host(DType::I32, {c.slots});
+  rank.view.ptr<int32_t>()[0] = 0;
+  for (int64_t s = 1; s < c.slots; ++s) {
+    const int32_t choices[] = {8, 16, 32, 64, int32_t(R - 3), 1 + int32_t(rng().next_u64() % uint64_t(R))};
+    const int32_t chosen = c.slot_ranks.empty() ? choices[(s - 1) % 6]
+                                                : c.slot_ranks[size_t(s - 1) % c.slot_ranks.size()];
+    rank.view.ptr<int32_t>()[s] = std::min<int32_t>(int32_t(R), chosen);
+  }
+  OwnedTensor a = random_bf16(rng(), {c.slots, c.experts, R, c.in}, 0.05f);
+  OwnedTensor b = random_bf16(rng(), {c.slots, c.experts, c.out, R}, 0.05f);
+  const bf16 nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t m = 0; m < groups; ++m) {  // padding ranks hold NaN: a kernel that uses them fails
+    const int32_t r_true = rank.view.ptr<int32_t>()[m / c.experts];
+    for (int64_t r = r_true; r < R; ++r) {
+      for (int64_t i = 0; i < c.in; ++i) a.view.ptr<bf16>()[(m * R + r) * c.in + i] = nan;
+      for (int64_t o = 0; o < c.out; ++o) b.view.ptr<bf16>()[(m * c.out + o) * R + r] = nan;
+    }
+  }
+  OwnedTensor topk_ids = OwnedTensor::host(DType::I32, {c.tokens, c.top_k});
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    OwnedTensor ids = distinct_ids(rng(), c.top_k, int32_t(c.experts));
+    std::copy(ids.view.ptr<int32_t>(), ids.view.ptr<int32_t>() + c.top_k, topk_ids.view.ptr<int32_t>() + t * c.top_k);
+  }
+  OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
+  for (size_t t = 0; t < c.first_token_slots.size() && int64_t(t) < c.tokens; ++t) {
+    token_slot.view.ptr<int32_t>()[t] = c.first_token_slots[t];
+  }
+  const int64_t x_rows = c.x_per_pair ? pairs : c.tokens;
+  OwnedTensor x = random_bf16(rng(), {x_rows, c.in});
+  OwnedTensor y0 = random_bf16(rng(), {pairs, c.out});
+
+  // Oracle: pair rows through CpuBackend::lora, matrix slot·E + expert, rank of the slot.
+  OwnedTensor pair_x = OwnedTensor::host(DType::F32, {pairs, c.in});
+  OwnedTensor pair_matrix = OwnedTensor::host(DType::I32, {pairs});
+  OwnedTensor matrix_rank = OwnedTensor::host(DType::I32, {groups});
+  for (int64_t m = 0; m < groups; ++m) matrix_rank.view.ptr<int32_t>()[m] = rank.view.ptr<int32_t>()[m / c.experts];
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t row = c.x_per_pair ? pair : pair / c.top_k;
+    for (int64_t i = 0; i < c.in; ++i) pair_x.view.ptr<float>()[pair * c.in + i] = bf16_to_f32(x.view.ptr<bf16>()[row * c.in + i]);
+    const int32_t slot = token_slot.view.ptr<int32_t>()[pair / c.top_k];
+    pair_matrix.view.ptr<int32_t>()[pair] = slot < 0 ? -1 : int32_t(slot * c.experts + topk_ids.view.ptr<int32_t>()[pair]);
+  }
+  OwnedTensor want_y = widen(y0);
+  ops::LoraStack dense{.a = Tensor(a.view.data, DType::BF16, {groups, R, c.in}),
+                       .b = Tensor(b.view.data, DType::BF16, {groups, c.out, R}),
+                       .rank = matrix_rank};
+  cpu_.lora({.x = pair_x, .token_slot = pair_matrix, .w = dense, .y = want_y});
+  std::vector<std::pair<int64_t, double>> want_z;  // (index into z, value)
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int32_t matrix = pair_matrix.view.ptr<int32_t>()[pair];
+    if (matrix < 0) continue;
+    for (int64_t r = 0; r < matrix_rank.view.ptr<int32_t>()[matrix]; ++r) {
+      double sum = 0.0;
+      const float* xr = pair_x.view.ptr<float>() + pair * c.in;
+      const bf16* ar = a.view.ptr<bf16>() + (matrix * R + r) * c.in;
+      for (int64_t i = 0; i < c.in; ++i) sum += double(xr[i]) * bf16_to_f32(ar[i]);
+      want_z.emplace_back(pair * R + r, sum);
+    }
+  }
+
+  OwnedTensor d_a = cuda::upload(a), d_b = cuda::upload(b), d_rank = cuda::upload(rank);
+  OwnedTensor d_ids = cuda::upload(topk_ids), d_slot = cuda::upload(token_slot), d_x = cuda::upload(x);
+  const int64_t capacity = cuda::moe_align_capacity(pairs, groups, cuda::kMoeLoraBlockM);
+  OwnedTensor sorted = poisoned(DType::I32, {capacity});
+  OwnedTensor tiles = poisoned(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+  OwnedTensor offsets = poisoned(DType::I32, {groups + 1});
+  OwnedTensor num_tiles = poisoned(DType::I32, {1});
+  OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, groups))});
+  cuda::moe_align({.topk_ids = d_ids, .token_slot = d_slot, .experts = c.experts, .slots = c.slots,
+                   .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
+                   .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
+                  stream_);
+  // Self-cleaning mode: z and the counters are zeroed once here and must stay zero across every call.
+  OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
+  OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+  cuda::fill_bytes(z.view, 0);
+  cuda::fill_bytes(counters.view, 0);
+  auto params_for = [&](const Knobs& k, const Tensor& z_buffer, const Tensor& y, bool self_cleaning) {
+    return cuda::MoeLoraParams{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = c.top_k,
+                               .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
+                               .block_m = cuda::kMoeLoraBlockM, .z = z_buffer, .y = y,
+                               .config = {.split_k = k.split, .order = k.order, .pdl = k.pdl,
+                                          .expand_block_n = k.block_n, .expand_chunks = k.expand_chunks,
+                                          .shrink_tiles_per_cta = k.shrink_tiles},
+                               .tile_counters = self_cleaning ? counters.view : Tensor()};
+  };
+  for (const Knobs& k : knobs) {
+    SCOPED_TRACE(describe(k));
     OwnedTensor d_y = cuda::upload(y0);
-    const int64_t capacity = cuda::moe_align_capacity(pairs, groups, cuda::kMoeLoraBlockM);
-    OwnedTensor sorted = cuda::empty(DType::I32, {capacity});
-    OwnedTensor tiles = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
-    OwnedTensor offsets = cuda::empty(DType::I32, {groups + 1});
-    OwnedTensor num_tiles = cuda::empty(DType::I32, {1});
-    OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, groups))});
-    OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
-    OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
-    cuda::fill_bytes(z.view, 0);
-    cuda::fill_bytes(counters.view, 0);
-    cuda::moe_align({.topk_ids = d_ids, .token_slot = d_slot, .experts = experts, .slots = slots,
-                     .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
-                     .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
-                    stream_);
-    const cuda::MoeLoraParams params{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = top_k,
-                                     .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
-                                     .block_m = cuda::kMoeLoraBlockM, .z = z, .y = d_y, .tile_counters = counters};
+    const cuda::MoeLoraParams params = params_for(k, z, d_y, true);
+    cuda::moe_lora_shrink(params, stream_);
+    sync();
+    EXPECT_TRUE(z_matches(cuda::download(z), want_z)) << "z after the shrink";
+    cuda::moe_lora_expand(params, stream_);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
+    EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+    EXPECT_TRUE(all_zero(cuda::download(counters), "tile_counters after the expand"));
+  }
+  {  // shrink and expand back to back (the expand's prologue overlaps the shrink under PDL), twice
+    SCOPED_TRACE("back to back, pdl");
+    OwnedTensor d_y = cuda::upload(y0), d_y2 = cuda::upload(y0);
+    cuda::moe_lora_shrink(params_for(knobs[1], z, d_y, true), stream_);
+    cuda::moe_lora_expand(params_for(knobs[1], z, d_y, true), stream_);
+    cuda::moe_lora_shrink(params_for(knobs[4], z, d_y2, true), stream_);
+    cuda::moe_lora_expand(params_for(knobs[4], z, d_y2, true), stream_);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
+    EXPECT_TRUE(all_close(cuda::download(d_y2), want_y, kTolBf16Out)) << "y, second call";
+    EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+  }
+  for (int split : {1, 0}) {  // legacy mode (no tile counters): z poisoned, written by the shrink, kept
+    SCOPED_TRACE("no tile counters, split " + std::to_string(split));
+    OwnedTensor z_legacy = poisoned(DType::F32, {pairs, R});
+    OwnedTensor d_y = cuda::upload(y0);
+    const cuda::MoeLoraParams params = params_for({split, cuda::MoeLoraCtaOrder::kTileFastest, 128, true},
+                                                  z_legacy, d_y, false);
     cuda::moe_lora_shrink(params, stream_);
     cuda::moe_lora_expand(params, stream_);
     sync();
-    EXPECT_TRUE(bitwise_equal(cuda::download(d_y), y0)) << "slot " << only_slot;
-    EXPECT_TRUE(all_zero(cuda::download(z), "z")) << "slot " << only_slot;
+    EXPECT_TRUE(z_matches(cuda::download(z_legacy), want_z)) << "z";
+    EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
+  }
+}
+
+// A batch whose tokens have no adapter (or only rank-0 slots) leaves y bit-identical, and z zero; at rank
+// capacity 32 and 128 (the rank caps 64 and 128).
+TEST_F(CudaMoeLora, NoLoraLeavesOutputBitIdentical) {
+  const int64_t tokens = 16, top_k = 4, experts = 32, slots = 8, in = 520, out = 1000;
+  const int64_t pairs = tokens * top_k, groups = slots * experts;
+  for (const int64_t R : {32, 128}) {
+    OwnedTensor rank = OwnedTensor::host(DType::I32, {slots});
+    for (int64_t s = 0; s < slots; ++s) rank.view.ptr<int32_t>()[s] = s == 3 ? 0 : int32_t(R);
+    for (int32_t only_slot : {-1, 3}) {
+      OwnedTensor token_slot = OwnedTensor::host(DType::I32, {tokens});
+      for (int64_t t = 0; t < tokens; ++t) token_slot.view.ptr<int32_t>()[t] = only_slot;
+      OwnedTensor d_ids = cuda::upload(random_ids(rng(), pairs, 0, int32_t(experts)).view.reshape({tokens, top_k}));
+      OwnedTensor d_slot = cuda::upload(token_slot), d_rank = cuda::upload(rank);
+      OwnedTensor d_a = cuda::upload(random_bf16(rng(), {slots, experts, R, in}));
+      OwnedTensor d_b = cuda::upload(random_bf16(rng(), {slots, experts, out, R}));
+      OwnedTensor d_x = cuda::upload(random_bf16(rng(), {tokens, in}));
+      OwnedTensor y0 = random_bf16(rng(), {pairs, out});
+      OwnedTensor d_y = cuda::upload(y0);
+      const int64_t capacity = cuda::moe_align_capacity(pairs, groups, cuda::kMoeLoraBlockM);
+      OwnedTensor sorted = cuda::empty(DType::I32, {capacity});
+      OwnedTensor tiles = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+      OwnedTensor offsets = cuda::empty(DType::I32, {groups + 1});
+      OwnedTensor num_tiles = cuda::empty(DType::I32, {1});
+      OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_align_workspace_bytes(pairs, groups))});
+      OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
+      OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+      cuda::fill_bytes(z.view, 0);
+      cuda::fill_bytes(counters.view, 0);
+      cuda::moe_align({.topk_ids = d_ids, .token_slot = d_slot, .experts = experts, .slots = slots,
+                       .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
+                       .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
+                      stream_);
+      const cuda::MoeLoraParams params{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = top_k,
+                                       .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
+                                       .block_m = cuda::kMoeLoraBlockM, .z = z, .y = d_y, .tile_counters = counters};
+      cuda::moe_lora_shrink(params, stream_);
+      cuda::moe_lora_expand(params, stream_);
+      sync();
+      EXPECT_TRUE(bitwise_equal(cuda::download(d_y), y0)) << "R " << R << " slot " << only_slot;
+      EXPECT_TRUE(all_zero(cuda::download(z), "z")) << "R " << R << " slot " << only_slot;
+    }
   }
 }
 

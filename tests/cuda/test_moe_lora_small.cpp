@@ -1,13 +1,13 @@
-// Parity of the direct per-pair MoE-LoRA (backends/cuda/moe_lora_small.cuh) with the CPU oracle: every
-// (token, k) pair is a row of CpuBackend::lora over the stack viewed as S·E dense adapters (matrix
-// slot·E + expert, rank of the slot), exactly the LoRA term of moe.h. Covers T in {1, 2, 3, 8, 16, 24, 32},
-// E in {8, 32, 128}, K in {1, 2, 4, 8}, R from 8 to 64 with ranks {8, 16, 32, 64, odd, 0} mixed across
-// slots, NaN in the padding ranks of A and B (never read), tokens without adapter whose poisoned y rows must
-// stay bit-identical, x per token and per pair, in/out off every tile size, PDL on and off, shrink + expand
-// with the built-in launch shape and with every explicit one (shrink V = 1, 2, 4 vectors per lane; expand
-// 4, 8 vectors per thread), x read before the PDL wait or after it, the fused kernel, a captured CUDA graph
-// replayed twice and a graph of two calls back to back (y accumulated twice, z and z_readers zero again
-// after each replay). One z / z_readers per case, zeroed once, serves every call in turn.
+// Parity of the direct per-pair MoE-LoRA (backends/cuda/moe_lora_small.cuh) with the CPU oracle: every (token, k) pair
+// is a row of CpuBackend::lora over the stack viewed as S·E dense adapters (matrix slot·E + expert, rank of the slot),
+// exactly the LoRA term of moe.h. Covers T in {1, 2, 3, 8, 16, 24, 32}, E in {8, 32, 128}, K in {1, 2, 4, 8}, R from 8
+// to 64 with ranks {8, 16, 32, 64, odd, 0} mixed across slots, R 72 and 128 (the cap-128 instantiations: a merged MoE
+// gate_up at --max-lora-rank 64) with ranks {8, 72, 128, 97, 64, 0} at T 1, 16 and 257, NaN in the padding ranks of A
+// and B (never read), tokens without adapter whose poisoned y rows must stay bit-identical, x per token and per pair,
+// in/out off every tile size, PDL on and off, shrink + expand with the built-in launch shape and with every explicit
+// one (shrink V = 1, 2, 4 vectors per lane; expand 4, 8 vectors per thread), x read before the PDL wait or after it,
+// the fused kernel, a captured CUDA graph replayed twice and a graph of two calls back to back (y accumulated twice, z
+// and z_readers zero again after each replay). One z / z_readers per case, zeroed once, serves every call in turn.
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -27,6 +27,11 @@ constexpr double kTolShrinkF32 = 1e-5;
 struct Case {
   int64_t tokens, top_k, experts, slots, capacity_rank, in, out;
   bool x_per_pair;
+  // True ranks of slots 1, 2, ... cycled (each <= R; slot 0 is always rank 0). Empty: 8, 16, 32, 64, R,
+  // R - 3, random.
+  std::vector<int32_t> slot_ranks = {};
+  // Slots of tokens 0, 1, ... (so that every rank is sure to be hit); the other tokens random in [-1, S).
+  std::vector<int32_t> first_token_slots = {};
   std::string name() const {
     return "T " + std::to_string(tokens) + " K " + std::to_string(top_k) + " E " + std::to_string(experts) + " S " +
            std::to_string(slots) + " R " + std::to_string(capacity_rank) + " in " + std::to_string(in) + " out " +
@@ -46,10 +51,13 @@ Problem make_problem(Rng& rng, const Case& c, std::optional<int32_t> forced_slot
   Problem p{.c = c};
   const int64_t pairs = c.tokens * c.top_k, groups = c.slots * c.experts, R = c.capacity_rank;
   p.rank = OwnedTensor::host(DType::I32, {c.slots});
-  for (int64_t s = 0; s < c.slots; ++s) {  // slot 0 disabled; then 8, 16, 32, 64, full, odd, random (<= R)
+  p.rank.view.ptr<int32_t>()[0] = 0;
+  for (int64_t s = 1; s < c.slots; ++s) {  // slot 0 disabled; then 8, 16, 32, 64, full, odd, random (<= R)
     const int32_t choices[] = {8, 16, 32, 64, int32_t(R), int32_t(std::max<int64_t>(1, R - 3)),
                                1 + int32_t(rng.next_u64() % uint64_t(R))};
-    p.rank.view.ptr<int32_t>()[s] = s == 0 ? 0 : std::min(int32_t(R), choices[(s - 1) % 7]);
+    const int32_t chosen = c.slot_ranks.empty() ? choices[(s - 1) % 7]
+                                                : c.slot_ranks[size_t(s - 1) % c.slot_ranks.size()];
+    p.rank.view.ptr<int32_t>()[s] = std::min(int32_t(R), chosen);
   }
   p.a = random_bf16(rng, {c.slots, c.experts, R, c.in}, 0.05f);
   p.b = random_bf16(rng, {c.slots, c.experts, c.out, R}, 0.05f);
@@ -67,6 +75,9 @@ Problem make_problem(Rng& rng, const Case& c, std::optional<int32_t> forced_slot
     std::copy(ids.view.ptr<int32_t>(), ids.view.ptr<int32_t>() + c.top_k, p.topk_ids.view.ptr<int32_t>() + t * c.top_k);
   }
   p.token_slot = random_ids(rng, c.tokens, -1, int32_t(c.slots));
+  for (size_t t = 0; t < c.first_token_slots.size() && int64_t(t) < c.tokens; ++t) {
+    p.token_slot.view.ptr<int32_t>()[t] = c.first_token_slots[t];
+  }
   if (forced_slot) {
     for (int64_t t = 0; t < c.tokens; ++t) p.token_slot.view.ptr<int32_t>()[t] = *forced_slot;
   }
@@ -204,6 +215,8 @@ void CudaMoeLoraSmall::run_case(const Case& c, std::optional<int32_t> forced_slo
                               {false, true, false, 1, 4}, {false, true, true, 2, 8},   {false, true, false, 4, 4},
                               {false, true, false, 1, 8}, {true, true, false, 0, 0},   {true, false, false, 0, 0}};
   for (const Variant& v : variants) {
+    // The shrink refuses V = 4 above R 64 (16 A rows × 4 vectors per lane would not fit in registers).
+    if (v.shrink_vectors_per_lane == 4 && c.capacity_rank > 64) continue;
     const bool fused = v.fused, pdl = v.pdl;
     const std::string what = c.name() + (fused ? " fused" : " shrink+expand") + (pdl ? " pdl" : " no pdl") +
                              (v.x_before_wait ? " x before wait" : "") + " shape " +
@@ -283,13 +296,35 @@ TEST_F(CudaMoeLoraSmall, MatchesCpu) {
   }
 }
 
+// Rank capacity 128 and 72 (R in (64, 128]: the cap-128 shrink with 16 A rows per warp, 16 lanes per B row
+// in the expand and the fused kernel), true ranks 0 / 8 / 72 / 128 / 97 (odd) / 64 mixed across slots,
+// tokens without adapter, every launch shape but shrink V = 4, graphs.
+TEST_F(CudaMoeLoraSmall, MatchesCpuRankCap128) {
+  // Slot ranks 0 (slot 0), 8, 72, 128, 97, 64; the first tokens visit 128, 72, 97, 8, none, rank 0, 64.
+  const std::vector<int32_t> ranks = {8, 72, 128, 97, 64}, first = {3, 2, 4, 1, -1, 0, 5};
+  const std::vector<Case> cases = {
+      {1, 8, 128, 6, 128, 2048, 1536, false, ranks, {3}},    // Qwen3-30B-A3B gate_up (H 2048, 2I 1536), decode
+      {1, 4, 32, 6, 128, 520, 1002, true, ranks, {2}},       // rank 72 at capacity 128
+      {16, 8, 128, 6, 128, 2048, 1536, false, ranks, first},  // 128 pairs
+      {16, 4, 32, 6, 128, 1032, 1002, false, ranks, first},
+      {3, 2, 8, 4, 72, 72, 7, true, {8, 72, 33}, {2, 1, 3}},  // R 72 (9 vectors per B row: 16 lanes), odd out
+      {257, 1, 8, 6, 128, 264, 520, true, ranks, first},      // 257 pairs: past the intended bucket, still correct
+  };
+  for (const Case& c : cases) {
+    run_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Batches with no live pair (every token without adapter, or every token on a rank-0 slot): y bit-identical
-// (its rows are poisoned, so the bitwise check is the whole check), z and z_readers stay zero.
+// (its rows are poisoned, so the bitwise check is the whole check), z and z_readers stay zero; R 32 and 128.
 TEST_F(CudaMoeLoraSmall, NoLoraLeavesOutputBitIdentical) {
-  const Case c{16, 4, 32, 8, 32, 520, 1000, false};
-  for (int32_t only_slot : {-1, 0}) {  // slot 0 has rank 0 (make_problem)
-    SCOPED_TRACE("every token on slot " + std::to_string(only_slot));
-    run_case(c, only_slot);
+  for (const int64_t R : {32, 128}) {
+    const Case c{16, 4, 32, 8, R, 520, 1000, false};
+    for (int32_t only_slot : {-1, 0}) {  // slot 0 has rank 0 (make_problem)
+      SCOPED_TRACE("R " + std::to_string(R) + ", every token on slot " + std::to_string(only_slot));
+      run_case(c, only_slot);
+    }
   }
 }
 

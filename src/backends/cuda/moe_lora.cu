@@ -14,6 +14,9 @@
 //    The first B chunks are staged before griddepcontrol.wait (PDL), y and z after it.
 // Shared-memory rows are padded (shrink: 144 bytes; expand: rank tier + 8 and BLOCK_N + 8 bf16) so that
 // 8 consecutive rows fall into distinct bank groups: ldmatrix and the fragment accesses are conflict-free.
+// Rank capacity R up to 128 (a merged MoE gate_up is 2 × --max-lora-rank): every kernel is built for a
+// compile-time rank cap the launcher picks from R, so R <= 64 runs the same code as before R 128 existed;
+// the 128 caps size accumulators and shared memory for 128 (static shared memory above 48 KB goes dynamic).
 #include "backends/cuda/moe_lora.cuh"
 
 #include <cuda_bf16.h>
@@ -29,11 +32,10 @@ namespace {
 constexpr int kBlockM = kMoeLoraBlockM;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxRank = 64;
+constexpr int kMaxRank = 128;   // the contract's R limit (rank caps 64 and 128, tiers 16 / 32 / 64 / 128)
 constexpr int kChunk = 64;      // shrink: inputs per pipeline stage (16 per warp)
 constexpr int kStages = 3;      // shrink: cp.async ring depth
 constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
-constexpr int kRedStride = 72;  // shrink: fp32 row stride of the cross-warp reduction (float2 stores)
 constexpr int kExpandStages = 3;  // expand: cp.async ring depth over BLOCK_N chunks
 constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
 
@@ -143,19 +145,40 @@ __device__ __forceinline__ int load_tile_pairs(const LoraKernelParams& p, int ti
   return valid;
 }
 
+template <int kRankCap>
 struct ShrinkStage {
   __nv_bfloat16 x[kBlockM][kRowBf16];   // [16 pairs, 64 inputs] bf16 (+8 pad)
-  __nv_bfloat16 a[kMaxRank][kRowBf16];  // [rank rows, 64 inputs] bf16 (+8 pad)
+  __nv_bfloat16 a[kRankCap][kRowBf16];  // [rank rows, 64 inputs] bf16 (+8 pad)
 };
+// The reduction rows are kRankCap + 8 floats (72 / 136): the float2 stores of 8 rows × 4 lanes stay on
+// distinct banks.
+template <int kRankCap>
 union ShrinkShared {
-  ShrinkStage stages[kStages];
-  float reduce[kWarps][kBlockM][kRedStride];  // after the main loop: each warp's partial z tile
+  ShrinkStage<kRankCap> stages[kStages];
+  float reduce[kWarps][kBlockM][kRankCap + 8];  // after the main loop: each warp's partial z tile
 };
 
-// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R % 8 == 0, R <= kMaxRank;
+// The per-tile shrink's shared memory: static at cap 64 (34.5 KB, the layout it always had), dynamic at
+// cap 128 (61 KB, above the 48 KB of static shared memory; the launcher raises the kernel's limit).
+template <int kRankCap>
+constexpr bool shrink_shared_is_static() { return kRankCap <= 64; }
+static_assert(sizeof(ShrinkShared<64>) + 64 <= 48 * 1024, "cap 64: static shared memory");
+template <int kRankCap>
+__device__ __forceinline__ ShrinkShared<kRankCap>& shrink_tile_shared() {
+  if constexpr (shrink_shared_is_static<kRankCap>()) {
+    __shared__ __align__(16) ShrinkShared<kRankCap> smem;
+    return smem;
+  } else {
+    extern __shared__ __align__(16) unsigned char shrink_shared[];
+    return *reinterpret_cast<ShrinkShared<kRankCap>*>(shrink_shared);
+  }
+}
+
+// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R % 8 == 0, R <= kRankCap;
 // sorted_pairs and tile_group from moe_align with BLOCK_M = kBlockM and G = S·E; z zero on the rows of
-// this call's pairs when split (pieces) > 1. kEvenK: in % kChunk == 0 (no column masks).
-template <bool kEvenK>
+// this call's pairs when split (pieces) > 1; dynamic shared memory = sizeof(ShrinkShared<kRankCap>) unless
+// shrink_shared_is_static. kEvenK: in % kChunk == 0 (no column masks).
+template <bool kEvenK, int kRankCap>
 __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_constant__ LoraKernelParams p) {
   pdl_launch_dependents();  // the expand may start its z-independent prologue now
   int tile, piece;
@@ -171,7 +194,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
   if (c_begin >= c_end) return;
 
   __shared__ int pairs[kBlockM];
-  __shared__ __align__(16) ShrinkShared smem;
+  ShrinkShared<kRankCap>& smem = shrink_tile_shared<kRankCap>();
   const int valid = load_tile_pairs(p, tile, pairs);
   const int rank16 = (rank + 15) / 16 * 16;  // A rows staged (zero-filled past the true rank)
   const __nv_bfloat16* a = p.a + int64_t(group) * p.capacity_rank * p.in;  // [R, in] of (slot, expert)
@@ -183,7 +206,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
 
   auto load_chunk = [&](int chunk, int stage) {
     const int k0 = chunk * kChunk;
-    ShrinkStage& s = smem.stages[stage];
+    ShrinkStage<kRankCap>& s = smem.stages[stage];
     const bool x_in = x_valid && (kEvenK || k0 + x_vec * 8 < p.in);
     cp_async16(&s.x[x_row][x_vec * 8], x_in ? x_src + k0 : p.x, x_in ? 16 : 0);
     for (int i = threadIdx.x; i < rank16 * 8; i += kThreads) {
@@ -194,7 +217,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float acc[kMaxRank / 8][4] = {};  // [n-tile of 8 rank columns][mma C fragment]
+  float acc[kRankCap / 8][4] = {};  // [n-tile of 8 rank columns][mma C fragment]
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (c_begin + s < c_end) load_chunk(c_begin + s, s);
@@ -208,11 +231,11 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
     cp_async_wait<kStages - 2>();
     __syncthreads();  // chunk c visible to all; every warp is done with the stage refilled below
     const int stage = (c - c_begin) % kStages;
-    const ShrinkStage& s = smem.stages[stage];
+    const ShrinkStage<kRankCap>& s = smem.stages[stage];
     unsigned frag_x[4];
     ldmatrix_x4(frag_x, &s.x[xa_row][xa_col]);
 #pragma unroll
-    for (int np = 0; np < kMaxRank / 16; ++np) {
+    for (int np = 0; np < kRankCap / 16; ++np) {
       if (np * 16 < rank) {
         unsigned frag_a[4];
         ldmatrix_x4(frag_a, &s.a[np * 16 + ab_row][ab_col]);
@@ -230,7 +253,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
   // C fragment: (row g, columns 2t, 2t+1) and (row g + 8, same columns), g = lane/4, t = lane%4.
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int nt = 0; nt < kMaxRank / 8; ++nt) {
+  for (int nt = 0; nt < kRankCap / 8; ++nt) {
     if (nt * 8 < rank16) {
       *reinterpret_cast<float2*>(&smem.reduce[warp][g][nt * 8 + 2 * t]) = make_float2(acc[nt][0], acc[nt][1]);
       *reinterpret_cast<float2*>(&smem.reduce[warp][g + 8][nt * 8 + 2 * t]) = make_float2(acc[nt][2], acc[nt][3]);
@@ -372,8 +395,8 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
 }
 
 // One stage of the expand's ring: a BLOCK_N chunk of the B slice and the tile's y rows over that chunk.
-// Rows of kRankCap + 8 bf16 (48 / 80 / 144 B for the rank tiers 16 / 32 / 64) and of kBlockN + 8 bf16
-// keep the 2-byte B fragment reads and the bf16-pair y updates of 8 rows × 4 lanes on 32 distinct banks.
+// Rows of kRankCap + 8 bf16 (48 / 80 / 144 / 272 B for the rank tiers 16 / 32 / 64 / 128) and of kBlockN + 8
+// bf16 keep the 2-byte B fragment reads and the bf16-pair y updates of 8 rows × 4 lanes on 32 distinct banks.
 template <int kRankCap, int kBlockN>
 struct ExpandStage {
   __nv_bfloat16 b[kBlockN][kRankCap + 8];  // [chunk, rank] bf16
@@ -576,7 +599,7 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
   const int64_t out = w.b.dim(2);
   if (w.rank.dtype != DType::I32 || w.rank.numel() != slots) detail::contract_failure(op, "w.rank", w.rank, "[S] I32");
   if (capacity_rank % 8 != 0 || capacity_rank > kMaxRank || capacity_rank < 8) {
-    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8 in [8, 64]");
+    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8 in [8, 128]");
   }
   if (in % 8 != 0 || !detail::aligned16(w.a.data)) detail::contract_failure(op, "w.a", w.a, "in % 8 == 0, 16-byte aligned");
   if (out % 2 != 0 || !detail::aligned16(w.b.data)) detail::contract_failure(op, "w.b", w.b, "out % 2 == 0, 16-byte aligned");
@@ -712,9 +735,22 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
     LMX_CUDA_CHECK(cudaMemsetAsync(p.z.data, 0, p.z.nbytes(), stream));  // no self-cleaning invariant
   }
   const bool even_k = c.params.in % kChunk == 0;
+  const int rank_cap = c.params.capacity_rank;
   if (tiles_per_cta == 1) {
-    if (even_k) shrink_kernel<true><<<grid_of(c), kThreads, 0, stream>>>(c.params);
-    else shrink_kernel<false><<<grid_of(c), kThreads, 0, stream>>>(c.params);
+    // Per-tile mode: the one dispatch on EVEN_K × rank cap (64, or 128 for R > 64, in dynamic shared memory).
+    if (rank_cap <= 64) {
+      if (even_k) shrink_kernel<true, 64><<<grid_of(c), kThreads, 0, stream>>>(c.params);
+      else shrink_kernel<false, 64><<<grid_of(c), kThreads, 0, stream>>>(c.params);
+    } else {
+      static_assert(!shrink_shared_is_static<128>());
+      auto tile = [&](auto kernel) {
+        constexpr size_t shared_bytes = sizeof(ShrinkShared<128>);
+        LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+        kernel<<<grid_of(c), kThreads, shared_bytes, stream>>>(c.params);
+      };
+      if (even_k) tile(shrink_kernel<true, 128>);
+      else tile(shrink_kernel<false, 128>);
+    }
     LMX_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -723,17 +759,19 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     kernel<<<grid_of(c), kThreads, shared_bytes, stream>>>(c.params);
   };
-  // Run mode: the one dispatch on EVEN_K × rank tier (capacity R rounded up to 16 / 32 / 64).
-  const int rank_cap = c.params.capacity_rank;
+  // Run mode: the one dispatch on EVEN_K × rank tier (capacity R rounded up to 16 / 32 / 64 / 128).
   if (rank_cap <= 16) {
     if (even_k) run(shrink_run_kernel<true, 16>, sizeof(ShrinkRunStage<16>));
     else run(shrink_run_kernel<false, 16>, sizeof(ShrinkRunStage<16>));
   } else if (rank_cap <= 32) {
     if (even_k) run(shrink_run_kernel<true, 32>, sizeof(ShrinkRunStage<32>));
     else run(shrink_run_kernel<false, 32>, sizeof(ShrinkRunStage<32>));
-  } else {
+  } else if (rank_cap <= 64) {
     if (even_k) run(shrink_run_kernel<true, 64>, sizeof(ShrinkRunStage<64>));
     else run(shrink_run_kernel<false, 64>, sizeof(ShrinkRunStage<64>));
+  } else {
+    if (even_k) run(shrink_run_kernel<true, 128>, sizeof(ShrinkRunStage<128>));
+    else run(shrink_run_kernel<false, 128>, sizeof(ShrinkRunStage<128>));
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -762,7 +800,8 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
     launch.dynamicSmemBytes = shared_bytes;
     LMX_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, c.params));
   };
-  // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64) × BLOCK_N.
+  // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64 / 128) × BLOCK_N.
+  // Tier 128 stages 2× the B bytes per chunk of tier 64: 126 KB at BLOCK_N 128 (one CTA per SM), 68 KB at 64.
   const int rank_cap = c.params.capacity_rank;
   if (rank_cap <= 16) {
     if (block_n == 128) run(expand_kernel<16, 128>, sizeof(ExpandShared<16, 128>));
@@ -770,9 +809,12 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   } else if (rank_cap <= 32) {
     if (block_n == 128) run(expand_kernel<32, 128>, sizeof(ExpandShared<32, 128>));
     else run(expand_kernel<32, 64>, sizeof(ExpandShared<32, 64>));
-  } else {
+  } else if (rank_cap <= 64) {
     if (block_n == 128) run(expand_kernel<64, 128>, sizeof(ExpandShared<64, 128>));
     else run(expand_kernel<64, 64>, sizeof(ExpandShared<64, 64>));
+  } else {
+    if (block_n == 128) run(expand_kernel<128, 128>, sizeof(ExpandShared<128, 128>));
+    else run(expand_kernel<128, 64>, sizeof(ExpandShared<128, 64>));
   }
   LMX_CUDA_CHECK_LAUNCH();
 }

@@ -37,7 +37,8 @@ struct MoeLoraConfig {
 // memsets z itself when it splits, and z holds the shrink result after the expand.
 struct MoeLoraParams {
   Tensor x;             // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16
-  ops::LoraStack w;     // a [S, E, R, in] bf16, b [S, E, out, R] bf16 (scale folded), rank [S] i32
+  ops::LoraStack w;     // a [S, E, R, in] bf16, b [S, E, out, R] bf16 (scale folded), rank [S] i32;
+                        // R a multiple of 8 in [8, 128] (128: a merged MoE gate_up at --max-lora-rank 64)
   int64_t top_k = 1;    // K
   // moe_align's outputs for token_slot grouping (G = S·E, BLOCK_M = block_m).
   Tensor sorted_pairs;  // [capacity] i32: pair t*K + k, or T*K on padding

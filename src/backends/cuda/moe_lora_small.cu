@@ -34,7 +34,10 @@ namespace {
 using detail::kBf16PerVector;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;          // shrink always; expand at most
-constexpr int kMaxRank = 64;                   // R limit, same as the tiled path (they share z)
+constexpr int kMaxRank = 128;                  // R limit, same as the tiled path (they share z)
+// R <= 64 dispatches on R / 8 exactly; R in (64, 128] (a merged MoE gate_up) on one cap-128 instantiation
+// (16 A rows per warp, 16 lanes per B row) whose rows past R are clamped loads and skipped math.
+constexpr int kRowsPerWarpCap128 = 128 / kWarps;
 constexpr int kSmCount = 132;                  // H200; only sizes the launch shapes (a hint, not a limit)
 constexpr int kOneWaveCtas = 8 * kSmCount;     // 256-thread CTAs resident at once at full occupancy
 
@@ -104,7 +107,8 @@ __device__ __forceinline__ PairAdapter pair_adapter(const SmallKernelParams& p, 
 // vectors of `in`; lane l takes vectors piece·32V + l + 32i, i < V. Split in three so the A loads (weights and
 // routing, complete before the previous kernel triggered us) can be issued before the programmatic wait and
 // the x loads (x may come from the kernel just before) after it, unless the caller vouches otherwise.
-// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R == 8 * kRowsPerWarp; rank in [1, R];
+// PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R == 8 * kRowsPerWarp, or R in (64, 128]
+// with kRowsPerWarp == kRowsPerWarpCap128 (rows past R clamp like rows past the true rank); rank in [1, R];
 // topk_ids in [0, E).
 template <int kRowsPerWarp, int kVectorsPerLane>
 struct ShrinkPiece {
@@ -187,7 +191,7 @@ __device__ __forceinline__ int count_reader(int32_t* counter) {
 // z_readers[pair] counts up from `readers_before`; the CTA whose count returns readers_before + chunks - 1
 // is the pair's last reader: it zeroes z[pair, :rank] and the count.
 // PRECOND: blockDim.x a multiple of 32 in [64, 256]; rows per CTA = blockDim.x / kLanesPerRow *
-// kVectorsPerThread; kLanesPerRow = the power of two >= R / 8; R % 8 == 0, R <= 64; b, z 16-byte
+// kVectorsPerThread; kLanesPerRow = the power of two >= R / 8; R % 8 == 0, R <= 128; b, z 16-byte
 // aligned; rank in [1, R]; every CTA of the block reaches this call (it has a barrier).
 template <int kLanesPerRow, int kVectorsPerThread, typename WaitForZ>
 __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pair, int chunk, PairAdapter adapter,
@@ -214,7 +218,8 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
 
   wait_for_z();
   float* z = p.z + int64_t(pair) * p.capacity_rank;  // [R]
-  __shared__ float4 z_staged[kMaxRank / 4];
+  constexpr int kStagedRank = kLanesPerRow <= 8 ? 64 : 8 * kLanesPerRow;  // 64 as before R 128, else 128
+  __shared__ float4 z_staged[kStagedRank / 4];
   // __ldcg: z was written by atomics in L2 (in the fused kernel, during this grid): never serve it from L1.
   if (int(threadIdx.x) < p.capacity_rank / 4) z_staged[threadIdx.x] = __ldcg(reinterpret_cast<const float4*>(z) + threadIdx.x);
   __syncthreads();  // z sits in shared memory: its loads have returned before the CTA counts as a reader
@@ -292,12 +297,13 @@ __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __g
 // shrink CTAs that took their tickets before it, so they are resident and never wait: no deadlock whatever
 // order the hardware schedules CTAs in. z_readers[pair] counts finished shrink pieces, then readers.
 // PRECOND: blockDim.x == kThreads; gridDim.x == T*K * (pieces + chunks) with pieces for V = 1 and chunks for
-// kThreads and kFusedVectorsPerThread; R == 8 * kRowsPerWarp; z_readers[:T*K + 1] == 0 on entry;
+// kThreads and kFusedVectorsPerThread; R as ShrinkPiece<kRowsPerWarp, 1>; z_readers[:T*K + 1] == 0 on entry;
 // ShrinkPiece's and expand_chunk's.
 constexpr int kFusedVectorsPerThread = 4;
 template <int kRowsPerWarp>
 __global__ static void __launch_bounds__(kThreads) small_fused_kernel(const __grid_constant__ SmallKernelParams p) {
-  constexpr int kLanesPerRow = kRowsPerWarp <= 1 ? 1 : kRowsPerWarp <= 2 ? 2 : kRowsPerWarp <= 4 ? 4 : 8;
+  constexpr int kLanesPerRow =
+      kRowsPerWarp <= 1 ? 1 : kRowsPerWarp <= 2 ? 2 : kRowsPerWarp <= 4 ? 4 : kRowsPerWarp <= 8 ? 8 : 16;
   wait_for_previous_grid();  // routing, x, y and the scratch's zeroing come from earlier kernels
   allow_next_grid();
   const int pairs = int(gridDim.x) / (p.pieces + p.chunks);
@@ -354,7 +360,7 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
   const int64_t out = w.b.dim(2);
   if (w.rank.dtype != DType::I32 || w.rank.numel() != slots) detail::contract_failure(op, "w.rank", w.rank, "[S] I32");
   if (capacity_rank < 8 || capacity_rank % 8 != 0 || capacity_rank > kMaxRank) {
-    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8 in [8, 64]");
+    detail::contract_failure(op, "w.a", w.a, "R a multiple of 8 in [8, 128]");
   }
   if (in < 8 || in % 8 != 0 || !detail::aligned16(w.a.data)) {
     detail::contract_failure(op, "w.a", w.a, "in a positive multiple of 8, 16-byte aligned");
@@ -429,6 +435,14 @@ void launch(Kernel kernel, unsigned blocks, unsigned threads, bool pdl, cudaStre
   LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
+// Lanes per B row of the expand: R / 8 vectors rounded up to a power of two (the shuffle reduction stays
+// inside the group), 1 to 16.
+int lanes_per_row(int vectors_per_row) {
+  int lanes = 1;
+  while (lanes < vectors_per_row) lanes *= 2;
+  return lanes;
+}
+
 int shrink_pieces(int in, int vectors_per_lane) {
   const int per_cta = 32 * vectors_per_lane;
   return (in / kBf16PerVector + per_cta - 1) / per_cta;
@@ -446,7 +460,12 @@ void launch_shrink(const MoeLoraSmallParams& p, const SmallKernelParams& params,
     case 6: launch(small_shrink_kernel<6, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
     case 7: launch(small_shrink_kernel<7, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
     case 8: launch(small_shrink_kernel<8, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    default: detail::contract_failure("moe_lora_small_shrink", "w.a", p.w.a, "R in {8, 16, ..., 64}");
+    default:  // R in (64, 128] (check_and_pack); V = 4 is refused there (64 A vectors per lane in registers)
+      if constexpr (kVectorsPerLane <= 2) {
+        launch(small_shrink_kernel<kRowsPerWarpCap128, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params);
+      } else {
+        knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", kVectorsPerLane, "0, 1 or 2 at R > 64");
+      }
   }
 }
 
@@ -476,6 +495,9 @@ void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream) {
   if (vectors_per_lane != 1 && vectors_per_lane != 2 && vectors_per_lane != 4) {
     knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", vectors_per_lane, "0, 1, 2 or 4");
   }
+  if (vectors_per_lane == 4 && params.capacity_rank > 64) {  // 16 rows × 4 vectors: 256 registers of A alone
+    knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", vectors_per_lane, "0, 1 or 2 at R > 64");
+  }
   params.pieces = shrink_pieces(params.in, vectors_per_lane);
   const unsigned blocks = unsigned(pairs * params.pieces);
   switch (vectors_per_lane) {
@@ -490,9 +512,7 @@ void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
   SmallKernelParams params = check_and_pack(p, "moe_lora_small_expand");
   const int64_t pairs = p.z.dim(0);
   if (pairs == 0) return;
-  // Lanes per B row: R / 8 rounded up to a power of two (the shuffle reduction stays inside the group).
-  const int vectors_per_row = params.capacity_rank / kBf16PerVector;
-  const int lanes = vectors_per_row <= 1 ? 1 : vectors_per_row <= 2 ? 2 : vectors_per_row <= 4 ? 4 : 8;
+  const int lanes = lanes_per_row(params.capacity_rank / kBf16PerVector);
   auto chunks_for = [&](int threads, int vectors) {
     const int rows_per_cta = threads / lanes * vectors;
     return (params.out + rows_per_cta - 1) / rows_per_cta;
@@ -516,7 +536,8 @@ void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
     case 1: launch_expand<1>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
     case 2: launch_expand<2>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
     case 4: launch_expand<4>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
-    default: launch_expand<8>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+    case 8: launch_expand<8>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+    default: launch_expand<16>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
   }
 }
 
@@ -526,8 +547,7 @@ void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {
   const int64_t pairs = p.z.dim(0);
   if (pairs == 0) return;
   params.pieces = shrink_pieces(params.in, 1);
-  const int vectors_per_row = params.capacity_rank / kBf16PerVector;
-  const int lanes = vectors_per_row <= 1 ? 1 : vectors_per_row <= 2 ? 2 : vectors_per_row <= 4 ? 4 : 8;
+  const int lanes = lanes_per_row(params.capacity_rank / kBf16PerVector);
   const int rows_per_cta = kThreads / lanes * kFusedVectorsPerThread;  // one CTA size for both roles
   params.chunks = (params.out + rows_per_cta - 1) / rows_per_cta;
   const unsigned blocks = unsigned(pairs * (params.pieces + params.chunks));
@@ -540,7 +560,7 @@ void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {
     case 6: launch(small_fused_kernel<6>, blocks, kThreads, p.pdl, stream, params); break;
     case 7: launch(small_fused_kernel<7>, blocks, kThreads, p.pdl, stream, params); break;
     case 8: launch(small_fused_kernel<8>, blocks, kThreads, p.pdl, stream, params); break;
-    default: detail::contract_failure("moe_lora_small_fused", "w.a", p.w.a, "R in {8, 16, ..., 64}");
+    default: launch(small_fused_kernel<kRowsPerWarpCap128>, blocks, kThreads, p.pdl, stream, params); break;
   }
 }
 
