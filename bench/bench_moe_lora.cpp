@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/cuda/lora_dense.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
 #include "backends/cuda/memory.h"
 #include "bench/cuda_timing.h"
 #include "backends/cuda/moe_align.cuh"
@@ -214,13 +215,18 @@ void bench_dense(const char* name, int64_t in, int64_t out, int64_t tokens, cuda
   const double touched = double(std::min<int64_t>(tokens, kSlots));
   const double bytes = touched * kRank * (in + out) * 2 + double(tokens) * in * 2 + 2.0 * double(tokens) * out * 2;
   const double flops = 2.0 * double(tokens) * kRank * (in + out);
-  for (const cuda::MoeLoraConfig& config : {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}}) {
-    print_row((std::string("dense ") + name + knob_suffix(config)).c_str(), tokens, bytes, flops,
-              time_graph(stream, [&](int i) {
-                const int c = i % kDenseCopies;
-                cuda::lora_dense({.x = x, .token_slot = d_slot, .w = {.a = a[c], .b = b[c], .rank = d_rank}, .y = y},
-                                 scratch, config, stream);
-              }));
+  // path 1: the tiled shrink/expand (align + 2 launches); path 0: the direct per-pair kernels (small
+  // batches); the launcher picks by size (lora_dense.cuh).
+  for (int path : {1, 0}) {
+    if (path == 0 && tokens > cuda::kMoeLoraSmallMaxPairs) continue;
+    for (const cuda::MoeLoraConfig& config : {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}}) {
+      print_row((std::string("dense ") + name + (path == 0 ? " direct" : " tiled") + knob_suffix(config)).c_str(),
+                tokens, bytes, flops, time_graph(stream, [&](int i) {
+                  const int c = i % kDenseCopies;
+                  cuda::lora_dense({.x = x, .token_slot = d_slot, .w = {.a = a[c], .b = b[c], .rank = d_rank}, .y = y},
+                                   scratch, config, stream, path);
+                }));
+    }
   }
 }
 

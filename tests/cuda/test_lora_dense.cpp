@@ -1,76 +1,134 @@
-// Parity of the CUDA dense multi-LoRA (backends/cuda/lora_dense.cuh) with CpuBackend::lora, the op's CPU
-// oracle: T in {1, 7, 64, 300, 1500 (align's sort path)}, mixed true ranks (0 = disabled, 8/16/32/64,
-// odd), tokens with slot -1, NaN in the padding ranks of A and B, `in` with and without the 64-input
-// EVEN_K fast path, GPT-OSS q_proj and o_proj shapes, several knob settings, repeated calls on one
-// scratch (its z must stay zero), and a batch without adapters that must leave y bit-identical.
+// Parity of the CUDA dense multi-LoRA (backends/cuda/lora_dense.cuh) with CpuBackend::lora, the op's CPU oracle: T in
+// {1, 7, 64, 300, 1500 (align's sort path)}, mixed true ranks (0 = disabled, 8/16/32/64, odd), rank capacity 72 and 128
+// (the kernels' rank cap 128) with ranks 8/72/128/97/64, tokens with slot -1, NaN in the padding ranks of A and B, `in`
+// with and without the 64-input EVEN_K fast path, GPT-OSS q_proj and o_proj shapes, several knob settings, repeated
+// calls on one scratch (its z must stay zero), and a batch without adapters that must leave y bit-identical.
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/lora_dense.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
 #include "cuda_test_util.h"
 #include "ops/lora.h"
 
 namespace lmx::test {
 namespace {
 
-class CudaLoraDense : public CudaTest {};
-
 struct Case {
   int64_t tokens, slots, capacity_rank, in, out;
+  // True ranks of slots 1, 2, ... cycled (each <= R; slot 0 is always rank 0). Empty: 8, 16, 32, 64, R - 3,
+  // random.
+  std::vector<int32_t> slot_ranks = {};
+  // Slots of tokens 0, 1, ... (so that every rank is sure to be hit); the other tokens random in [-1, S).
+  std::vector<int32_t> first_token_slots = {};
+};
+
+// run_case: one random problem against the CPU oracle under several knob settings (split 1 / 4 / auto,
+// both CTA orders, BLOCK_N 64 / 128, PDL on and off, shrink run mode), on one scratch whose z stays zero.
+class CudaLoraDense : public CudaTest {
+ protected:
+  void run_case(const Case& c);
 };
 
 TEST_F(CudaLoraDense, MatchesCpu) {
   const std::vector<Case> cases = {{1, 4, 32, 520, 1000},   {7, 3, 16, 8, 2},        {64, 8, 64, 2880, 4096},
                                    {64, 8, 32, 4096, 2880}, {300, 5, 64, 1032, 514}, {300, 8, 32, 2880, 4096},
                                    {1500, 6, 16, 264, 130}};  // T > 1024: moe_align's sort path
+  for (const Case& c : cases) {
+    run_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Rank capacity 128 and 72 (the kernels' rank cap 128), true ranks 0 / 8 / 72 / 128 / 97 (odd) / 64 mixed
+// across slots, tokens without adapter, `in` with and without EVEN_K, T 1 / 16 / 257.
+TEST_F(CudaLoraDense, MatchesCpuRankCap128) {
+  // Slot ranks 0 (slot 0), 8, 72, 128, 97, 64; the first tokens visit 128, 72, 97, 8, none, rank 0, 64.
+  const std::vector<int32_t> ranks = {8, 72, 128, 97, 64}, first = {3, 2, 4, 1, -1, 0, 5};
+  const std::vector<Case> cases = {{1, 6, 128, 2880, 4096, ranks, {3}},     // GPT-OSS q_proj shape, decode
+                                   {1, 6, 128, 520, 1002, ranks, {2}},      // rank 72 at capacity 128
+                                   {16, 6, 128, 2048, 1536, ranks, first},
+                                   {16, 4, 72, 264, 776, {8, 72, 33}, {2, 1, 3, -1, 0}},  // R 72
+                                   {257, 6, 128, 1032, 514, ranks, first},  // in off the 64-input chunk
+                                   {257, 6, 128, 4096, 2880, ranks, first}};
+  for (const Case& c : cases) {
+    run_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+void CudaLoraDense::run_case(const Case& c) {
   const std::vector<cuda::MoeLoraConfig> configs = {
       {}, {.split_k = 1, .order = cuda::MoeLoraCtaOrder::kPieceFastest, .pdl = false, .expand_block_n = 64},
-      {.split_k = 4, .order = cuda::MoeLoraCtaOrder::kTileFastest, .pdl = true, .expand_block_n = 64}};
-  for (const Case& c : cases) {
-    const std::string what = "T " + std::to_string(c.tokens) + " S " + std::to_string(c.slots) + " R " +
-                             std::to_string(c.capacity_rank) + " in " + std::to_string(c.in) + " out " +
-                             std::to_string(c.out);
-    SCOPED_TRACE(what);
-    const int64_t R = c.capacity_rank;
-    OwnedTensor rank = OwnedTensor::host(DType::I32, {c.slots});
-    for (int64_t s = 0; s < c.slots; ++s) {
-      const int32_t choices[] = {8, 16, 32, 64, int32_t(R - 3), 1 + int32_t(rng().next_u64() % uint64_t(R))};
-      rank.view.ptr<int32_t>()[s] = s == 0 ? 0 : std::min<int32_t>(int32_t(R), choices[(s - 1) % 6]);
+      {.split_k = 4, .order = cuda::MoeLoraCtaOrder::kTileFastest, .pdl = true, .expand_block_n = 64},
+      {.split_k = 2, .order = cuda::MoeLoraCtaOrder::kTileFastest, .pdl = true, .expand_block_n = 128,
+       .shrink_tiles_per_cta = 4}};
+  const std::string what = "T " + std::to_string(c.tokens) + " S " + std::to_string(c.slots) + " R " +
+                           std::to_string(c.capacity_rank) + " in " + std::to_string(c.in) + " out " +
+                           std::to_string(c.out);
+  SCOPED_TRACE(what);
+  const int64_t R = c.capacity_rank;
+  OwnedTensor rank = OwnedTensor::host(DType::I32, {c.slots});
+  rank.view.ptr<int32_t>()[0] = 0;
+  for (int64_t s = 1; s < c.slots; ++s) {
+    const int32_t choices[] = {8, 16, 32, 64, int32_t(R - 3), 1 + int32_t(rng().next_u64() % uint64_t(R))};
+    const int32_t chosen = c.slot_ranks.empty() ? choices[(s - 1) % 6]
+                                                : c.slot_ranks[size_t(s - 1) % c.slot_ranks.size()];
+    rank.view.ptr<int32_t>()[s] = std::min<int32_t>(int32_t(R), chosen);
+  }
+  OwnedTensor a = random_bf16(rng(), {c.slots, R, c.in}, 0.05f);
+  OwnedTensor b = random_bf16(rng(), {c.slots, c.out, R}, 0.05f);
+  const bf16 nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t s = 0; s < c.slots; ++s) {
+    for (int64_t r = rank.view.ptr<int32_t>()[s]; r < R; ++r) {
+      for (int64_t i = 0; i < c.in; ++i) a.view.ptr<bf16>()[(s * R + r) * c.in + i] = nan;
+      for (int64_t o = 0; o < c.out; ++o) b.view.ptr<bf16>()[(s * c.out + o) * R + r] = nan;
     }
-    OwnedTensor a = random_bf16(rng(), {c.slots, R, c.in}, 0.05f);
-    OwnedTensor b = random_bf16(rng(), {c.slots, c.out, R}, 0.05f);
-    const bf16 nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
-    for (int64_t s = 0; s < c.slots; ++s) {
-      for (int64_t r = rank.view.ptr<int32_t>()[s]; r < R; ++r) {
-        for (int64_t i = 0; i < c.in; ++i) a.view.ptr<bf16>()[(s * R + r) * c.in + i] = nan;
-        for (int64_t o = 0; o < c.out; ++o) b.view.ptr<bf16>()[(s * c.out + o) * R + r] = nan;
-      }
-    }
-    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
-    OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
-    OwnedTensor y0 = random_bf16(rng(), {c.tokens, c.out});
-    OwnedTensor want_y = widen(y0);
-    cpu_.lora({.x = widen(x), .token_slot = token_slot,
-               .w = {.a = a.view, .b = b.view, .rank = rank.view}, .y = want_y});
+  }
+  OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
+  for (size_t t = 0; t < c.first_token_slots.size() && int64_t(t) < c.tokens; ++t) {
+    token_slot.view.ptr<int32_t>()[t] = c.first_token_slots[t];
+  }
+  OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
+  OwnedTensor y0 = random_bf16(rng(), {c.tokens, c.out});
+  OwnedTensor want_y = widen(y0);
+  cpu_.lora({.x = widen(x), .token_slot = token_slot,
+             .w = {.a = a.view, .b = b.view, .rank = rank.view}, .y = want_y});
 
-    OwnedTensor d_a = cuda::upload(a), d_b = cuda::upload(b), d_rank = cuda::upload(rank);
-    OwnedTensor d_slot = cuda::upload(token_slot), d_x = cuda::upload(x);
-    // One scratch sized above T: the call must use views of it, and keep its z zero across calls.
-    const cuda::LoraDenseScratch scratch = cuda::lora_dense_scratch(c.tokens + 5, c.slots, R);
-    for (const cuda::MoeLoraConfig& config : configs) {
-      SCOPED_TRACE("split " + std::to_string(config.split_k) + " order " + std::to_string(int(config.order)) +
-                   " block_n " + std::to_string(config.expand_block_n) + (config.pdl ? " pdl" : ""));
-      OwnedTensor d_y = cuda::upload(y0);
-      cuda::lora_dense({.x = d_x, .token_slot = d_slot, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .y = d_y},
-                       scratch, config, stream_);
-      sync();
-      EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
-      OwnedTensor z = cuda::download(scratch.z);
-      int64_t nonzero = 0;
-      for (int64_t i = 0; i < z.view.numel(); ++i) nonzero += z.view.ptr<float>()[i] != 0.0f;
-      EXPECT_EQ(nonzero, 0) << "scratch z must be all zero after the call";
-    }
+  OwnedTensor d_a = cuda::upload(a), d_b = cuda::upload(b), d_rank = cuda::upload(rank);
+  OwnedTensor d_slot = cuda::upload(token_slot), d_x = cuda::upload(x);
+  // One scratch sized above T: the call must use views of it, and keep its z zero across calls.
+  const cuda::LoraDenseScratch scratch = cuda::lora_dense_scratch(c.tokens + 5, c.slots, R);
+  // Every tiled config, then the direct path (with and without PDL), then the automatic choice.
+  struct Run {
+    cuda::MoeLoraConfig config;
+    int path;
+  };
+  std::vector<Run> runs;
+  for (const cuda::MoeLoraConfig& config : configs) runs.push_back({config, 1});
+  if (c.tokens <= cuda::kMoeLoraSmallMaxPairs) {
+    runs.push_back({{.pdl = true}, 0});
+    runs.push_back({{.pdl = false}, 0});
+  }
+  runs.push_back({{}, -1});
+  for (const auto& [config, path] : runs) {
+    SCOPED_TRACE("path " + std::to_string(path) + " split " + std::to_string(config.split_k) + " order " +
+                 std::to_string(int(config.order)) + " block_n " + std::to_string(config.expand_block_n) +
+                 (config.pdl ? " pdl" : "") + " shrink tiles " + std::to_string(config.shrink_tiles_per_cta));
+    OwnedTensor d_y = cuda::upload(y0);
+    cuda::lora_dense({.x = d_x, .token_slot = d_slot, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .y = d_y},
+                     scratch, config, stream_, path);
+    sync();
+    EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
+    OwnedTensor z = cuda::download(scratch.z);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < z.view.numel(); ++i) nonzero += z.view.ptr<float>()[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0) << "scratch z must be all zero after the call";
+    OwnedTensor readers = cuda::download(scratch.z_readers);
+    int64_t nonzero_readers = 0;
+    for (int64_t i = 0; i < readers.view.numel(); ++i) nonzero_readers += readers.view.ptr<int32_t>()[i] != 0;
+    EXPECT_EQ(nonzero_readers, 0) << "scratch z_readers must be all zero after the call";
   }
 }
 

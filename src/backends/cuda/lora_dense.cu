@@ -8,6 +8,7 @@
 #include "backends/cuda/check.h"
 #include "backends/cuda/memory.h"
 #include "backends/cuda/moe_align.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
 
 namespace lmx::cuda {
 
@@ -26,13 +27,17 @@ LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t c
   s.workspace = empty(DType::U8, {int64_t(moe_align_workspace_bytes(max_tokens, slots))});
   s.z = empty(DType::F32, {std::max<int64_t>(max_tokens, 1), capacity_rank});
   s.tile_counters = empty(DType::I32, {capacity / kMoeLoraBlockM});
+  s.zero_ids = empty(DType::I32, {std::max<int64_t>(max_tokens, 1)});
+  s.z_readers = empty(DType::I32, {max_tokens + 1});
+  fill_bytes(s.zero_ids.view, 0);
+  fill_bytes(s.z_readers.view, 0);
   fill_bytes(s.z.view, 0);  // the only zeroing: the kernels keep both zero between calls
   fill_bytes(s.tile_counters.view, 0);
   return s;
 }
 
 void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
-                cudaStream_t stream) {
+                cudaStream_t stream, int path) {
   const char* op = "lora_dense";
   if (!p.w.defined()) return;  // no resident adapter targets this projection: nothing is launched
   detail::require_cuda(op, {{"x", &p.x}, {"token_slot", &p.token_slot}, {"y", &p.y}});
@@ -60,11 +65,31 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
                                  .c_str());
   }
   if (tokens == 0) return;
+  const Tensor z(scratch.z.view.data, DType::F32, {tokens, capacity_rank}, Device::kCuda);
+  const ops::LoraStack w{.a = p.w.a.reshape({slots, 1, capacity_rank, in}),
+                         .b = p.w.b.reshape({slots, 1, out, capacity_rank}),
+                         .rank = p.w.rank};
+  if (path == 0 || (path < 0 && moe_lora_small_fits(tokens))) {
+    // Direct: one pair per token, its "expert" 0. topk_ids, token_slot and w are never written by the
+    // kernel before (PDL's precondition); x is (the projection's norm or attention), so it is read after
+    // the wait.
+    const MoeLoraSmallParams small{
+        .x = p.x,
+        .topk_ids = Tensor(scratch.zero_ids.view.data, DType::I32, {tokens, 1}, Device::kCuda),
+        .token_slot = p.token_slot,
+        .w = w,
+        .z = z,
+        .z_readers = Tensor(scratch.z_readers.view.data, DType::I32, {tokens + 1}, Device::kCuda),
+        .y = p.y,
+        .pdl = config.pdl};
+    moe_lora_small_shrink(small, stream);
+    moe_lora_small_expand(small, stream);
+    return;
+  }
   // Views of the scratch for this T (moe_align wants its outputs sized for exactly this batch).
   const int64_t capacity = moe_align_capacity(tokens, slots, kMoeLoraBlockM);
   const Tensor sorted_pairs(scratch.sorted_pairs.view.data, DType::I32, {capacity}, Device::kCuda);
   const Tensor tile_group(scratch.tile_group.view.data, DType::I32, {capacity / kMoeLoraBlockM}, Device::kCuda);
-  const Tensor z(scratch.z.view.data, DType::F32, {tokens, capacity_rank}, Device::kCuda);
   moe_align({.token_slot = p.token_slot,
              .experts = 1,
              .slots = slots,
@@ -78,9 +103,7 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
             stream);
   const MoeLoraParams params{
       .x = p.x,
-      .w = {.a = p.w.a.reshape({slots, 1, capacity_rank, in}),
-            .b = p.w.b.reshape({slots, 1, out, capacity_rank}),
-            .rank = p.w.rank},
+      .w = w,
       .top_k = 1,
       .sorted_pairs = sorted_pairs,
       .tile_group = tile_group,

@@ -2,7 +2,8 @@
 // s = token_slot[t] >= 0 over the slot's true rank (ops/lora.h's LoraParams contract). Tokens are grouped
 // by slot with moe_align (single_expert: E = 1, K = 1) and run through the MoE-LoRA shrink and expand with
 // the stack viewed as [S, 1, R, in] / [S, 1, out, R]. Does not handle MoE experts (moe_lora.cuh does).
-// Callers: tests, bench, (later) the CUDA attention / dense-MLP blocks.
+// Small batches (decode) take the direct per-pair path instead (moe_lora_small.cuh, E = 1, K = 1).
+// Callers: tests, bench, the CUDA backend's lora op (attention projections, dense MLP).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -24,13 +25,17 @@ struct LoraDenseScratch {
   OwnedTensor workspace;      // [moe_align_workspace_bytes(max_tokens, S)] u8
   OwnedTensor z;              // [max_tokens, R] f32, zero between calls
   OwnedTensor tile_counters;  // [capacity / 16] i32, zero between calls
+  OwnedTensor zero_ids;       // [max_tokens] i32, all zero: the one "expert" of the direct path's topk_ids
+  OwnedTensor z_readers;      // [max_tokens + 1] i32, zero between calls (the direct path's counters)
 };
 LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t capacity_rank);
 
 // p.x [T, in] bf16, p.token_slot [T] i32 in [-1, S), p.w.a [S, R, in] bf16, p.w.b [S, out, R] bf16 (scale
 // folded), p.w.rank [S] i32, p.y [T, out] bf16 accumulated. T <= scratch.max_tokens; S and R must match
 // the scratch. Undefined p.w.a: nothing is launched.
+// Path: batches of up to kMoeLoraSmallMaxPairs tokens take the direct per-pair kernels (moe_lora_small.cuh:
+// no align, two launches with PDL), larger ones the tiled shrink/expand; `path` 0 / 1 pins one (tests, bench).
 void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
-                cudaStream_t stream);
+                cudaStream_t stream, int path = -1);
 
 }  // namespace lmx::cuda

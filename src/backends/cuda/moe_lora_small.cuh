@@ -41,11 +41,11 @@ struct MoeLoraSmallParams {
   int expand_vectors_per_thread = 0;  // 4 or 8: B vectors each expand thread loads before the wait
 };
 
-// The largest batch this path is meant for, in pairs T·K (docs/kernels.md). Measured on the H200 (run 2):
-// at T = 64 (256 pairs) this path still beat the tiled path (align + moe_lora_shrink/expand), 71.7 vs
-// 126 µs per GPT-OSS-20B layer, but the tiled path was being tuned then; 64 stays until both are re-measured
-// side by side (bench_moe_lora_small prints the small path to T = 64, bench_moe_lora the tiled one).
-constexpr int64_t kMoeLoraSmallMaxPairs = 64;
+// The largest batch this path is meant for, in pairs T·K (docs/kernels.md). Measured side by side on the
+// H200 by `loramux tune moe-lora` (perf-log run 10, GPT-OSS-20B layer, S8 R32): the direct path won at
+// every bucket it was timed, T 32 (128 pairs) 39.9 vs 97.4 µs and T 64 (256 pairs) 68.3 vs 126.6 µs for
+// the tiled path's defaults; T 128 (512 pairs) was not timed. Tuned configs may move the limit per shape.
+constexpr int64_t kMoeLoraSmallMaxPairs = 256;
 inline bool moe_lora_small_fits(int64_t pairs) { return pairs <= kMoeLoraSmallMaxPairs; }
 
 // z[pair, :r] += A[s,e][:r]·x[row(pair)], s = token_slot[pair / K], e = topk_ids[pair], r = rank[s].
