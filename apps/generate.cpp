@@ -306,6 +306,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--pin-lora", opts->pinned_loras, "Keep this adapter in its slot and on the host; repeatable");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts->engine.scheduler.enable_prefix_caching,
                 "Share KV pages of identical prefixes under the same adapter content (default on)");
+  cmd->add_flag("--enforce-eager", opts->engine.enforce_eager,
+                "Run every step op by op (no CUDA graphs for decode steps)");
   cmd->add_option("--max-num-seqs", opts->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", opts->engine.scheduler.max_num_batched_tokens, "Tokens per step")
       ->capture_default_str();

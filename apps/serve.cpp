@@ -179,6 +179,7 @@ int run_serve(ServeOptions o) {
             << "  max-lora-rank           " << ec.max_lora_rank << "\n"
             << "  max-cpu-loras           " << ec.max_cpu_loras << "\n"
             << "  prefix caching          " << (ec.scheduler.enable_prefix_caching ? "on" : "off") << "\n"
+            << "  decode graphs           " << (ec.enforce_eager ? "off (--enforce-eager)" : "on where the device records them") << "\n"
             << "  max-num-seqs            " << ec.scheduler.max_num_seqs << "\n"
             << "  max-num-batched-tokens  " << ec.scheduler.max_num_batched_tokens << "\n"
             << "  max-model-len           " << ec.scheduler.max_model_len << "\n"
@@ -235,6 +236,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "Keep this start-up adapter (a --lora or --dummy-loras name) in its slot and on the host; repeatable");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->engine.scheduler.enable_prefix_caching,
                 "Share KV pages of identical prefixes under the same adapter content (default on)");
+  cmd->add_flag("--enforce-eager", o->engine.enforce_eager,
+                "Run every step op by op (no CUDA graphs for decode steps)");
   cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--max-model-len", o->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")->capture_default_str();

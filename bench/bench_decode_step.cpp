@@ -7,7 +7,8 @@
 // Weights are generated on the GPU (presets); adapters are random (make_dummy_adapter). Run by
 // scripts/device with a preset and shapes on the command line; numbers go to docs/benchmarks.md.
 //   bench_decode_step [--model preset:gpt-oss-20b] [--adapters 8] [--rank 32] [--batch 16] [--context 2000]
-//                     [--steps 12] [--prefill 1600]
+//                     [--steps 12] [--prefill 1600] [--profile 1]
+// --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "engine/engine.h"
 #include "engine/setup.h"
 #include "lora/adapter.h"
+#include "op_profiler.h"
 
 namespace lmx {
 namespace {
@@ -33,7 +35,7 @@ constexpr double kFlopsPerSecond = 750e12;  // dense bf16 (issue 4/5)
 
 struct Options {
   std::string model = "preset:gpt-oss-20b";
-  int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600;
+  int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600, profile = 0;
 };
 
 Options parse(int argc, char** argv) {
@@ -47,6 +49,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--context") o.context = std::atoi(value.c_str());
     else if (key == "--steps") o.steps = std::atoi(value.c_str());
     else if (key == "--prefill") o.prefill = std::atoi(value.c_str());
+    else if (key == "--profile") o.profile = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -120,7 +123,7 @@ std::vector<int32_t> random_prompt(Rng& rng, int length, int vocab) {
 // Median wall seconds of `steps` decode steps once all `batch` sequences (prompt `context` - 1 tokens)
 // are decoding. adapter_of(i) names sequence i's adapter ("" = base).
 double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
-                   const std::function<std::string(int)>& adapter_of) {
+                   const std::function<std::string(int)>& adapter_of, bench::OpProfiler* profiler = nullptr) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < o.batch; ++i) {
     engine::Request r;
@@ -141,6 +144,7 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
     if (engine.step().num_tokens == o.batch) ++guard;
   }
   std::vector<double> seconds;
+  if (profiler) profiler->reset();
   for (int s = 0; s < o.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const int tokens = engine.step().num_tokens;
@@ -149,7 +153,28 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   }
   for (uint64_t id : ids) engine.abort(id);
   std::sort(seconds.begin(), seconds.end());
+  if (profiler) profiler->print(o.steps, seconds[seconds.size() / 2]);
   return seconds[seconds.size() / 2];
+}
+
+// Median wall seconds of the prefill of one `o.prefill`-token prompt (base model, nothing else running).
+double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rng, bench::OpProfiler* profiler = nullptr) {
+  engine::Request r;
+  r.prompt_ids = random_prompt(rng, o.prefill, vocab);
+  r.sampling.max_tokens = 1;
+  r.sampling.ignore_eos = true;
+  std::vector<double> seconds;
+  for (int rep = 0; rep < 3; ++rep) {
+    r.prompt_ids[0] = int32_t(rep);  // a new prompt each time: no prefix-cache hit
+    if (!engine.add_request(r).ok()) std::exit(1);
+    if (profiler && rep == 2) profiler->reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    while (engine.has_work()) engine.step();
+    seconds.push_back(seconds_since(t0));
+  }
+  if (profiler) profiler->print(1, seconds[2]);
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[1];
 }
 
 }  // namespace
@@ -158,7 +183,8 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
-  cuda::CudaBackend backend;
+  cuda::CudaBackend cuda_backend;
+  bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
   const auto t_load = std::chrono::steady_clock::now();
   Result<model::ModelWeights> weights = engine::load_base_model(o.model, 1, 0, &backend);
   if (!weights.ok()) {
@@ -176,6 +202,7 @@ int main(int argc, char** argv) {
   config.scheduler.max_model_len = std::max(o.context + o.steps + 128, o.prefill + 16);
   config.max_loras = std::max(1, o.adapters);
   config.max_lora_rank = o.rank;
+  config.scheduler.enable_prefix_caching = false;  // every step must do its full work
   Result<std::unique_ptr<engine::Engine>> engine = engine::Engine::create(*weights, backend, config);
   if (!engine.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", engine.status().message().c_str());
@@ -199,45 +226,37 @@ int main(int argc, char** argv) {
               with_lora.attention * 1e-9, with_lora.experts * 1e-9, with_lora.router * 1e-9, with_lora.lm_head * 1e-9,
               with_lora.kv * 1e-9, with_lora.adapters * 1e-9);
   auto row = [&](const char* what, double seconds, double floor_seconds) {
-    std::printf("%-44s %10.3f ms  floor %8.3f ms  %5.1f%% of floor  (%.2fx)\n", what, seconds * 1e3, floor_seconds * 1e3,
+    std::printf("%-52s %10.3f ms  floor %8.3f ms  %5.1f%% of floor  (%.2fx)\n", what, seconds * 1e3, floor_seconds * 1e3,
                 100.0 * floor_seconds / seconds, seconds / floor_seconds);
     std::fflush(stdout);
   };
   const int vocab = c.vocab_size;
+  auto spread = [&](int i) { return "a" + std::to_string(i % std::max(1, o.adapters)); };
+  auto no_adapter = [](int) { return std::string(); };
   if (o.adapters > 0) {
-    const double s = time_decode(**engine, o, vocab, rng, [&](int i) { return "a" + std::to_string(i % o.adapters); });
-    row("decode step, adapters spread over the batch", s, with_lora.total() / kBytesPerSecond);
-    const double b = time_decode(**engine, o, vocab, rng, [](int) { return std::string(); });
-    row("decode step, LoRA on, no adapter in batch", b, base.total() / kBytesPerSecond);
+    row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
+        base.total() / kBytesPerSecond);
   }
-  {
-    engine::EngineConfig plain = config;
-    plain.max_loras = 0;
-    engine->reset();  // free the first engine's KV cache and slots before the second
-    Result<std::unique_ptr<engine::Engine>> no_lora = engine::Engine::create(*weights, backend, plain);
-    if (!no_lora.ok()) {
-      std::printf("decode step, LoRA disabled: not run (%s)\n", no_lora.status().message().c_str());
-    } else {
-      const double s = time_decode(**no_lora, o, vocab, rng, [](int) { return std::string(); });
-      row("decode step, LoRA disabled", s, base.total() / kBytesPerSecond);
-      if (o.prefill > 0) {
-        engine::Request r;
-        r.prompt_ids = random_prompt(rng, o.prefill, vocab);
-        r.sampling.max_tokens = 1;
-        r.sampling.ignore_eos = true;
-        std::vector<double> seconds;
-        for (int rep = 0; rep < 3; ++rep) {
-          if (!(*no_lora)->add_request(r).ok()) return 1;
-          const auto t0 = std::chrono::steady_clock::now();
-          while ((*no_lora)->has_work()) (*no_lora)->step();
-          seconds.push_back(seconds_since(t0));
-        }
-        std::sort(seconds.begin(), seconds.end());
-        char what[64];
-        std::snprintf(what, sizeof what, "prefill of one %d-token prompt", o.prefill);
-        row(what, seconds[1], prefill_flops(c, o.prefill) / kFlopsPerSecond);
-      }
+  const double prefill_floor = prefill_flops(c, o.prefill) / kFlopsPerSecond;
+  char prefill_what[64];
+  std::snprintf(prefill_what, sizeof prefill_what, "prefill of one %d-token prompt", o.prefill);
+  if (o.prefill > 0) row(prefill_what, time_prefill(**engine, o, vocab, rng), prefill_floor);
+  if (o.profile && o.adapters > 0) {
+    std::printf("profile: decode step, adapters spread over the batch\n");
+    backend.enable(true);
+    time_decode(**engine, o, vocab, rng, spread, &backend);
+    if (o.prefill > 0) {
+      std::printf("profile: %s\n", prefill_what);
+      time_prefill(**engine, o, vocab, rng, &backend);
     }
+    backend.enable(false);
   }
+  // LoRA disabled: with no adapter resident the slot stacks are undefined and the forward launches no
+  // LoRA kernel at all (the slot memory stays allocated; it is not read).
+  for (int a = 0; a < o.adapters; ++a) (void)(*engine)->remove_adapter("a" + std::to_string(a));
+  row("decode step, LoRA disabled (no adapter resident)", time_decode(**engine, o, vocab, rng, no_adapter),
+      base.total() / kBytesPerSecond);
   return 0;
 }

@@ -46,6 +46,16 @@ lora::BaseModelShapes lora_shapes(const model::ModelConfig& c) {
   return s;
 }
 
+std::vector<int> decode_graph_buckets(int max_seqs) {
+  std::vector<int> buckets;
+  for (int b = 1; b < max_seqs;) {
+    buckets.push_back(b);
+    b = b < 8 ? 2 * b : b < 64 ? b + 8 : b < 256 ? b + 16 : b + 32;
+  }
+  buckets.push_back(max_seqs);
+  return buckets;
+}
+
 Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weights, ops::Backend& backend,
                                                const EngineConfig& config) {
   const SchedulerLimits& lim = config.scheduler;
@@ -98,6 +108,56 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   sampled_logprob_ = stage(DType::F32, {B});
   top_ids_ = stage(DType::I32, {int64_t(B) * ops::kMaxTopLogprobs});
   top_logprobs_ = stage(DType::F32, {int64_t(B) * ops::kMaxTopLogprobs});
+  buckets_ = decode_graph_buckets(std::min(B, T));
+}
+
+Engine::~Engine() { release_graphs(); }
+
+void Engine::release_graphs() {
+  for (auto& [key, graph] : graphs_) backend_.release_graph(graph.id);
+  graphs_.clear();
+}
+
+int Engine::decode_bucket(const std::vector<ScheduledSeq>& step) const {
+  const bool graphs = backend_.supports_graphs() && !config_.enforce_eager;
+  if (!graphs && !config_.pad_decode_batches) return 0;
+  for (const ScheduledSeq& s : step)
+    if (s.num_tokens != 1 || !s.sample) return 0;  // prefill chunks run eagerly
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), int(step.size()));
+  return it == buckets_.end() ? 0 : *it;
+}
+
+Tensor Engine::run_forward(int bucket) {
+  const lora::SlotTable& slots = adapters_->slots();
+  const model::LoraLookup lookup = [&](int layer, ops::LoraTarget target) { return slots.stack(layer, target); };
+  if (bucket == 0 || !backend_.supports_graphs() || config_.enforce_eager) return model_->forward(batch_, cache_, lookup);
+  if (backend_.memory_epoch() != graphs_epoch_) {  // a workspace moved: every recording points at old memory
+    release_graphs();
+    graphs_epoch_ = backend_.memory_epoch();
+  }
+  // The LoRA layout: which stacks the forward would launch kernels for (none when no token has an adapter,
+  // so base-only batches take a LoRA-free recording). Slot contents and ranks live in device memory the
+  // recording reads, so one recording serves any mix of resident adapters.
+  std::string layout;
+  if (batch_.any_lora) {
+    const int layers = model_->config().num_layers;
+    layout.reserve(size_t(layers) * ops::kNumLoraTargets);
+    for (int layer = 0; layer < layers; ++layer)
+      for (int t = 0; t < ops::kNumLoraTargets; ++t)
+        layout.push_back(slots.stack(layer, ops::LoraTarget(t)).defined() ? '1' : '0');
+  }
+  auto [it, first_sight] = graphs_.try_emplace({bucket, std::move(layout)});
+  DecodeGraph& graph = it->second;
+  if (first_sight) return model_->forward(batch_, cache_, lookup);  // sizes workspaces, sets kernel attributes
+  if (graph.id < 0) {
+    backend_.begin_capture();
+    graph.logits = model_->forward(batch_, cache_, lookup);
+    graph.id = backend_.end_capture();
+    ++graph_captures_;
+  }
+  backend_.replay(graph.id);
+  ++graph_replays_;
+  return graph.logits;
 }
 
 Status Engine::add_adapter(lora::Adapter adapter, AdapterOptions options) {
@@ -150,7 +210,7 @@ Result<uint64_t> Engine::add_request(Request request) {
   return id;
 }
 
-void Engine::build_batch(const std::vector<ScheduledSeq>& step) {
+void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   const int P = config_.scheduler.page_size;
   int32_t* token_ids = token_ids_.host.view.ptr<int32_t>();
   int32_t* positions = positions_.host.view.ptr<int32_t>();
@@ -177,7 +237,19 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step) {
     any_lora |= seq.slot >= 0;
     if (step[b].sample) sample_index[num_samples++] = t - 1;
   }
-  const int B = int(step.size());
+  // Padding rows (a decode bucket): one token each in a sequence of its own at position 0 of page 0,
+  // base slot, no KV write; its keys are whatever page 0 holds and its logits are never read.
+  int B = int(step.size());
+  for (; B < pad_to; ++B, ++t, ++padding_rows_) {
+    seq_start[B] = t;
+    int32_t* row = block_table + B * size_t(max_pages_per_seq_);
+    std::fill(row, row + max_pages_per_seq_, 0);
+    token_ids[t] = 0;
+    positions[t] = 0;
+    token_slot[t] = -1;
+    kv_write[t] = -1;
+    sample_index[num_samples++] = t;
+  }
   seq_start[B] = t;
 
   auto upload = [&](Staged& s, int64_t rows) {
@@ -289,14 +361,18 @@ Engine::StepReport Engine::step() {
   }
   if (step.empty()) return report;
   // 2. run
-  build_batch(step);
-  report.num_tokens = batch_.num_tokens;
-  for (const ScheduledSeq& s : step) report.scheduled.push_back(s.seq->id);
+  const int bucket = decode_bucket(step);
+  build_batch(step, bucket);
+  report.num_tokens = 0;
+  for (const ScheduledSeq& s : step) {
+    report.num_tokens += s.num_tokens;
+    report.scheduled.push_back(s.seq->id);
+  }
   const model::ModelConfig& mc = model_->config();
-  const lora::SlotTable& slots = adapters_->slots();
-  Tensor logits = model_->forward(batch_, cache_, [&](int layer, ops::LoraTarget target) {
-    return slots.stack(layer, target);
-  });
+  Tensor logits = run_forward(bucket);
+  int real_samples = 0;
+  for (const ScheduledSeq& s : step) real_samples += s.sample ? 1 : 0;
+  logits = logits.rows(0, real_samples);  // padding rows' logits are not sampled
   // 3. sample
   std::vector<std::optional<TokenLogprobs>> token_logprobs;  // per sampled row
   std::vector<int32_t> tokens = sample(step, logits, &token_logprobs);

@@ -22,13 +22,23 @@ struct EngineConfig {
   int max_lora_rank = 64;
   int max_cpu_loras = 0; // parsed adapters kept on the host (--max-cpu-loras); 0 = all, else >= max_loras
   uint64_t seed = 0;     // derives per-request sampling streams when a request has no seed
+  // Decode-only steps replay a recorded graph per (batch-size bucket, LoRA layout) on backends that record
+  // (CUDA); true runs every step op by op (vLLM's --enforce-eager).
+  bool enforce_eager = false;
+  // Pad decode-only steps to the graph buckets even without graphs (tests of the padding on the cpu).
+  bool pad_decode_batches = false;
 };
+
+// The batch sizes decode graphs are recorded for, up to max_seqs (which is always one): 1, 2, 4, 8, then
+// every 8 to 64, then every 16, then every 32 — a step of B sequences runs in the smallest bucket >= B.
+std::vector<int> decode_graph_buckets(int max_seqs);
 
 // The base model's LoRA target shapes, for adapter validation.
 lora::BaseModelShapes lora_shapes(const model::ModelConfig& config);
 
 class Engine {
  public:
+  ~Engine();
   // Validates the config against the model (e.g. max_model_len vs the KV cache) and allocates everything.
   static Result<std::unique_ptr<Engine>> create(const model::ModelWeights& weights, ops::Backend& backend,
                                                  const EngineConfig& config);
@@ -58,13 +68,25 @@ class Engine {
   bool abort(uint64_t id);
 
   const Scheduler& scheduler() const { return *scheduler_; }
+  // Padding rows run so far (decode steps padded up to their graph bucket).
+  uint64_t num_padding_rows() const { return padding_rows_; }
+  // Decode steps that replayed a recorded graph, and recordings made.
+  uint64_t num_graph_replays() const { return graph_replays_; }
+  uint64_t num_graph_captures() const { return graph_captures_; }
   const model::Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
   model::Model& mutable_model() { return *model_; }
 
  private:
   Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config);
-  void build_batch(const std::vector<ScheduledSeq>& step);
+  // `pad_to` > step.size(): rows past the real sequences are padding (base slot, no KV write, not read).
+  void build_batch(const std::vector<ScheduledSeq>& step, int pad_to = 0);
+  // The bucket a decode-only step is padded to, or 0 when the step runs eagerly as it is.
+  int decode_bucket(const std::vector<ScheduledSeq>& step) const;
+  // The forward pass of the batch just built, through a recorded graph when `bucket` > 0 and the backend
+  // records; the first step of a (bucket, LoRA layout) runs eagerly (it sizes workspaces), the second
+  // records, later ones replay.
+  Tensor run_forward(int bucket);
   // The sampled token of each sampled row; `logprobs` gets one entry per row (set for rows that asked).
   std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits,
                               std::vector<std::optional<TokenLogprobs>>* logprobs);
@@ -88,6 +110,16 @@ class Engine {
   Staged sampled_logprob_;           // [B] f32
   Staged top_ids_, top_logprobs_;    // [B * kMaxTopLogprobs] i32 / f32, viewed as [S, N] per step
   model::BatchView batch_;
+
+  struct DecodeGraph {
+    int id = -1;    // backend recording; -1: seen once (ran eagerly), not yet recorded
+    Tensor logits;  // where the recording leaves the logits [bucket, V]
+  };
+  std::map<std::pair<int, std::string>, DecodeGraph> graphs_;  // (bucket, LoRA layout) -> recording
+  uint64_t graphs_epoch_ = 0;                                  // backend memory epoch of graphs_
+  std::vector<int> buckets_;
+  uint64_t padding_rows_ = 0, graph_replays_ = 0, graph_captures_ = 0;
+  void release_graphs();
 };
 
 }  // namespace lmx::engine

@@ -10,7 +10,7 @@ namespace lmx::ops {
 struct KvWriteParams {
   Tensor k;               // [T, Hkv, D]
   Tensor v;               // [T, Hkv, D]
-  Tensor kv_write_index;  // [T] i32: flat cache row (page * P + offset)
+  Tensor kv_write_index;  // [T] i32: flat cache row (page * P + offset); -1 = not written (a padding row)
   Tensor k_cache;         // [pages, P, Hkv, D]
   Tensor v_cache;         // [pages, P, Hkv, D]
 };

@@ -49,6 +49,18 @@ class Backend {
   virtual void lora(const LoraParams& p) = 0;
   virtual void sample(const SamplingParams& p) = 0;
 
+  // Recorded op sequences (CUDA graphs): between begin_capture() and end_capture() the ops are recorded,
+  // not run, so nothing in between may read results on the host, synchronize or allocate; replay(id)
+  // runs the recording again on the same buffers. A backend without them says so and is never asked.
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() {}
+  virtual int end_capture() { return -1; }  // the recording's id
+  virtual void replay(int /*graph*/) {}
+  virtual void release_graph(int /*graph*/) {}
+  // Changes whenever the backend replaces memory a recording may point at (a workspace grown for a larger
+  // batch): recordings made under another epoch must be released and made again.
+  virtual uint64_t memory_epoch() const { return 0; }
+
   // A tensor in this backend's memory (contents undefined).
   OwnedTensor empty(DType dtype, std::initializer_list<int64_t> dims);
   // A copy of a host tensor in this backend's memory (on cpu: a copy too, so the caller may free src).

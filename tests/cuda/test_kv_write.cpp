@@ -34,6 +34,8 @@ TEST_F(CudaKvWrite, MatchesCpu) {
     OwnedTensor k = random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim});
     OwnedTensor v = random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim});
     OwnedTensor index = distinct_ids(rng(), c.tokens, int32_t(c.pages * c.page_size));
+    // Every third row a padding row (-1): written nowhere, so its cache rows keep the poison.
+    for (int64_t t = 1; t < c.tokens; t += 3) index.view.ptr<int32_t>()[t] = -1;
 
     OwnedTensor want_k = poisoned_host_f32({c.pages, c.page_size, c.kv_heads, c.head_dim});
     OwnedTensor want_v = poisoned_host_f32({c.pages, c.page_size, c.kv_heads, c.head_dim});

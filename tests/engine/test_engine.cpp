@@ -90,6 +90,34 @@ TEST(Engine, MixedBatchEqualsEachRequestAlone) {
   EXPECT_NE(both[0].logits[0], both[1].logits[0]);
 }
 
+TEST(Engine, DecodeGraphBucketsCoverEveryBatchSize) {
+  EXPECT_EQ(decode_graph_buckets(1), (std::vector<int>{1}));
+  EXPECT_EQ(decode_graph_buckets(12), (std::vector<int>{1, 2, 4, 8, 12}));
+  EXPECT_EQ(decode_graph_buckets(40), (std::vector<int>{1, 2, 4, 8, 16, 24, 32, 40}));
+  const std::vector<int> big = decode_graph_buckets(256);
+  EXPECT_EQ(big.back(), 256);
+  EXPECT_TRUE(std::is_sorted(big.begin(), big.end()));
+  EXPECT_EQ(std::adjacent_find(big.begin(), big.end()), big.end());
+}
+
+// Decode steps padded to the graph buckets (what the CUDA backend replays) give the same tokens and logits
+// as the unpadded steps: padding rows write no KV, take no adapter and are not sampled.
+TEST(Engine, DecodePaddingToGraphBucketsChangesNothing) {
+  auto f = make_fixture(3);
+  EngineConfig plain;
+  plain.max_loras = 4;
+  plain.scheduler.max_num_seqs = 12;  // buckets 1, 2, 4, 8, 12: batches of 7..1 pad to 8, 8, 8, 8, 4, 4, 2, 1
+  EngineConfig padded = plain;
+  padded.pad_decode_batches = true;
+  std::vector<Request> rs = mixed_requests(3, 7);
+  for (size_t i = 0; i < rs.size(); ++i) rs[i].sampling.max_tokens = 3 + int(i);  // the batch shrinks step by step
+  auto reference = make_engine(*f, plain);
+  auto e = make_engine(*f, padded);
+  expect_same(run_all(*e, rs), run_all(*reference, rs));
+  EXPECT_GT(e->num_padding_rows(), 0u);  // the padded engine did pad
+  EXPECT_EQ(reference->num_padding_rows(), 0u);
+}
+
 TEST(Engine, ChunkedPrefillPreemptionAndSlotEvictionKeepResults) {
   auto f = make_fixture(3);
   EngineConfig roomy;

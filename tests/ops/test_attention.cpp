@@ -13,7 +13,7 @@
 namespace lmx {
 namespace {
 
-TEST(KvWrite, CopiesRowsToTheirCacheRows) {
+TEST(KvWrite, CopiesRowsToTheirCacheRowsAndSkipsPadding) {
   cpu::CpuBackend backend(1);
   for (auto [tokens, pages, page_size, kv_heads, head_dim] :
        {std::tuple{1, 1, 1, 1, 1}, {5, 3, 4, 2, 8}, {16, 8, 16, 1, 64}}) {
@@ -24,11 +24,13 @@ TEST(KvWrite, CopiesRowsToTheirCacheRows) {
     OwnedTensor v_cache = test::random_f32(rng, {pages, page_size, kv_heads, head_dim});
     std::vector<int32_t> rows = test::permutation(rng, int32_t(pages * page_size));
     rows.resize(tokens);
+    for (int t = 1; t < tokens; t += 3) rows[size_t(t)] = -1;  // padding rows: written nowhere
     OwnedTensor index = test::i32_tensor(rows);
     const int64_t row_elems = kv_heads * head_dim;
     std::vector<float> want_k(k_cache.view.ptr<float>(), k_cache.view.ptr<float>() + k_cache.view.numel());
     std::vector<float> want_v(v_cache.view.ptr<float>(), v_cache.view.ptr<float>() + v_cache.view.numel());
     for (int t = 0; t < tokens; ++t) {
+      if (rows[size_t(t)] < 0) continue;
       std::copy_n(k.view.ptr<float>() + t * row_elems, row_elems, want_k.begin() + rows[t] * row_elems);
       std::copy_n(v.view.ptr<float>() + t * row_elems, row_elems, want_v.begin() + rows[t] * row_elems);
     }

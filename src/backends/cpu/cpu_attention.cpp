@@ -53,21 +53,22 @@ void CpuBackend::kv_write(const ops::KvWriteParams& p) {
   const int64_t row_elems = p.k.dim(1) * p.k.dim(2);             // Hkv * D
   const int32_t* write_index = p.kv_write_index.ptr<int32_t>();  // [T] i32
   for (int64_t t = 0; t < tokens; ++t) {
-    if (write_index[t] < 0 || write_index[t] >= cache_rows) {
+    if (write_index[t] < -1 || write_index[t] >= cache_rows) {
       contract_violation("kv_write", "kv_write_index[" + std::to_string(t) + "] = " + std::to_string(write_index[t]) +
-                                         " outside [0, pages * P = " + std::to_string(cache_rows) + ")");
+                                         " outside [0, pages * P = " + std::to_string(cache_rows) + ") and not -1 (skip)");
     }
   }
   // Two tokens writing one cache row is a bookkeeping bug upstream (and a race on the GPU): refuse it.
   std::vector<int32_t> sorted_rows(write_index, write_index + tokens);
   std::sort(sorted_rows.begin(), sorted_rows.end());
-  const auto repeated = std::adjacent_find(sorted_rows.begin(), sorted_rows.end());
+  const auto repeated = std::adjacent_find(std::upper_bound(sorted_rows.begin(), sorted_rows.end(), -1), sorted_rows.end());
   if (repeated != sorted_rows.end()) {
     contract_violation("kv_write", "kv_write_index: cache row " + std::to_string(*repeated) + " written twice");
   }
   const size_t row_bytes = size_t(row_elems) * sizeof(float);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t row = write_index[t];
+    if (row < 0) continue;  // a padding row
     std::memcpy(p.k_cache.ptr<float>() + row * row_elems, p.k.ptr<float>() + t * row_elems, row_bytes);
     std::memcpy(p.v_cache.ptr<float>() + row * row_elems, p.v.ptr<float>() + t * row_elems, row_bytes);
   }

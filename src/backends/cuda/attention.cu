@@ -79,13 +79,15 @@ struct KvWriteKernelParams {
 };
 
 // Grid: x = T tokens, y = 2 (k, v), z = chunks of blockDim.x units along the row.
-// PRECOND: every kv_write_index in [0, pages * P) and distinct (two tokens never share a cache row); Unit is
+// PRECOND: every kv_write_index in [0, pages * P) or -1 (skipped) and distinct (two tokens never share a
+// cache row); Unit is
 // uint4 only if the row is a multiple of 16 bytes and every base is 16-byte aligned; caches disjoint from
 // k and v.
 template <typename Unit>
 __global__ static void kv_write_kernel(const __grid_constant__ KvWriteKernelParams p) {
   const int64_t token = blockIdx.x;
   const int64_t cache_row = p.kv_write_index[token];
+  if (cache_row < 0) return;  // a padding row (CUDA-graph batch buckets)
   const bool is_v = blockIdx.y == 1;
   const auto* src = static_cast<const Unit*>(is_v ? p.v : p.k) + token * p.units_per_row;
   auto* dst = static_cast<Unit*>(is_v ? p.v_cache : p.k_cache) + cache_row * p.units_per_row;

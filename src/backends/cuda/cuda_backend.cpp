@@ -38,6 +38,8 @@ struct MoeBlockState {
 CudaBackend::CudaBackend(ops::KernelConfigs kernel_configs) : kernel_configs_(std::move(kernel_configs)), host_(1) { LMX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
 
 CudaBackend::~CudaBackend() {
+  for (cudaGraphExec_t g : graphs_)
+    if (g) cudaGraphExecDestroy(g);
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -68,6 +70,38 @@ void CudaBackend::fill_zero(const Tensor& dst) {
 
 void CudaBackend::synchronize() { LMX_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+// Thread-local capture: the adapter loader thread's own CUDA calls (if any) are not swept into it.
+void CudaBackend::begin_capture() { LMX_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
+
+int CudaBackend::end_capture() {
+  cudaGraph_t graph = nullptr;
+  LMX_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  LMX_CUDA_CHECK(status);
+  for (size_t i = 0; i < graphs_.size(); ++i) {
+    if (!graphs_[i]) {
+      graphs_[i] = exec;
+      return int(i);
+    }
+  }
+  graphs_.push_back(exec);
+  return int(graphs_.size() - 1);
+}
+
+void CudaBackend::replay(int graph) {
+  LMX_CHECK(graph >= 0 && size_t(graph) < graphs_.size() && graphs_[size_t(graph)], "replay: no graph %d", graph);
+  LMX_CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(graph)], stream_));
+}
+
+void CudaBackend::release_graph(int graph) {
+  if (graph < 0 || size_t(graph) >= graphs_.size() || !graphs_[size_t(graph)]) return;
+  LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // it may still be running
+  cudaGraphExecDestroy(graphs_[size_t(graph)]);
+  graphs_[size_t(graph)] = nullptr;
+}
+
 uint64_t CudaBackend::available_bytes() const {
   size_t free_bytes = 0, total_bytes = 0;
   return cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess ? uint64_t(free_bytes) : 0;
@@ -85,7 +119,18 @@ void CudaBackend::silu_mul(const ops::SiluMulParams& p) { cuda::silu_mul(p, stre
 void CudaBackend::gather_rows(const ops::GatherRowsParams& p) { cuda::gather_rows(p, stream_); }
 void CudaBackend::rope(const ops::RopeParams& p) { cuda::rope(p, stream_); }
 void CudaBackend::kv_write(const ops::KvWriteParams& p) { cuda::kv_write(p, stream_); }
-void CudaBackend::attention(const ops::AttentionParams& p) { cuda::attention(p, stream_); }
+// The split-KV workspace grows to the largest (tokens, heads, dim) seen; past 64 tokens its size stops
+// growing (attention_workspace_bytes), so the first decode and prefill batches fix it in practice.
+void CudaBackend::attention(const ops::AttentionParams& p) {
+  const size_t want = attention_workspace_bytes(p.q.dim(0), p.q.dim(1), p.q.dim(2));
+  if (want > attention_workspace_.view.nbytes()) {
+    ++memory_epoch_;
+    LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old workspace may still be in use
+    attention_workspace_ = cuda::empty(DType::U8, {int64_t(want)});
+  }
+  cuda::attention(p, stream_,
+                  AttentionLaunch{.workspace = attention_workspace_.view.data, .workspace_bytes = attention_workspace_.view.nbytes()});
+}
 void CudaBackend::router_topk(const ops::RouterTopKParams& p) { cuda::router_topk(p, stream_); }
 
 void CudaBackend::moe(const ops::MoeParams& p) {
@@ -111,6 +156,7 @@ void CudaBackend::moe(const ops::MoeParams& p) {
       want.slots = std::max(want.slots, moe_->shape.slots);
       want.max_rank = std::max(want.max_rank, moe_->shape.max_rank);
     }
+    ++memory_epoch_;
     LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old workspace may still be in use
     moe_ = std::make_unique<MoeBlockState>();
     moe_->shape = want;
@@ -137,6 +183,7 @@ void CudaBackend::lora(const ops::LoraParams& p) {
   const int64_t tokens = p.x.dim(0), slots = p.w.a.dim(0), capacity_rank = p.w.a.dim(1);
   if (!lora_ || lora_->max_tokens < tokens || lora_->slots != slots || lora_->capacity_rank != capacity_rank) {
     const int64_t max_tokens = std::max(tokens, lora_ ? lora_->max_tokens : int64_t(0));
+    ++memory_epoch_;
     LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old scratch may still be in use
     lora_ = std::make_unique<LoraDenseScratch>(lora_dense_scratch(max_tokens, slots, capacity_rank));
   }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/linear.cuh"
@@ -49,12 +50,22 @@ class CudaBackend final : public ops::Backend {
   void lora(const ops::LoraParams& p) override;
   void sample(const ops::SamplingParams& p) override;
 
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override;
+  int end_capture() override;
+  void replay(int graph) override;
+  void release_graph(int graph) override;
+  uint64_t memory_epoch() const override { return memory_epoch_; }
+
  private:
   cudaStream_t stream_ = nullptr;
   ops::KernelConfigs kernel_configs_;
   LinearRunner linear_;
   std::unique_ptr<MoeBlockState> moe_;
   std::unique_ptr<LoraDenseScratch> lora_;
+  OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
+  uint64_t memory_epoch_ = 0;        // bumped when a workspace above is replaced
+  std::vector<cudaGraphExec_t> graphs_;  // by id; released ones are null
   cpu::CpuBackend host_;  // samples on the host (one thread: a few rows)
 };
 
