@@ -12,10 +12,11 @@ constexpr int kMaxTopLogprobs = 20;
 
 // Per row: temperature 0 = greedy (argmax, lowest id on ties). Otherwise softmax(logits / temperature),
 // keep the top_k most likely (0 = all), then the smallest prefix (by descending probability, ties: lower id
-// first) whose fp32 running sum reaches top_p times the kept mass, renormalize, and invert the CDF at
-// `uniform`. The running sums are sequential fp32 additions in that order: a backend must reproduce
-// them exactly to pick the same token at a CDF boundary (tokens below 2^-25 of the mass can be skipped:
-// once the sum passes 0.5 they cannot change it).
+// first) whose running sum reaches top_p times the kept mass, renormalize, and invert the CDF at
+// `uniform`. On the CPU the running sums are sequential fp32 additions in that order (tokens below 2^-25 of
+// the mass can be skipped: once the sum passes 0.5 they cannot change it); the CUDA backend sums exact
+// integer masses instead (backends/cuda/sampling.cuh): where uniform · mass lies within the CPU's rounding
+// of a CDF boundary, the two may pick different tokens.
 //
 // Logprobs (optional: out_logprob undefined = none). They are the model's *raw* logprobs — log_softmax of
 // the logits as given, before temperature, top-k and top-p (vLLM's default "raw_logprobs") — so they do

@@ -15,6 +15,7 @@
 #include "backends/cuda/moe_gemm.cuh"
 #include "backends/cuda/rope.cuh"
 #include "backends/cuda/routing.cuh"
+#include "backends/cuda/sampling.cuh"
 #include "backends/cuda/tune.h"
 
 namespace lmx::cuda {
@@ -122,6 +123,10 @@ void CudaBackend::kv_write(const ops::KvWriteParams& p) { cuda::kv_write(p, stre
 // The split-KV workspace grows to the largest (tokens, heads, dim) seen; past 64 tokens its size stops
 // growing (attention_workspace_bytes), so the first decode and prefill batches fix it in practice.
 void CudaBackend::attention(const ops::AttentionParams& p) {
+  if (!attention_split_kv_) {
+    cuda::attention(p, stream_);
+    return;
+  }
   const size_t want = attention_workspace_bytes(p.q.dim(0), p.q.dim(1), p.q.dim(2));
   if (want > attention_workspace_.view.nbytes()) {
     ++memory_epoch_;
@@ -190,9 +195,17 @@ void CudaBackend::lora(const ops::LoraParams& p) {
   lora_dense(p, *lora_, MoeLoraConfig{}, stream_);
 }
 
-// Host sampling: the logits and per-row parameters come back, the CPU oracle samples (and computes the
-// requested logprobs), the results go up. The GPU sampler replaces this with issue 5.
+// GPU sampling (sampling.cuh): one thread-block cluster per row reads the row once into shared memory; no
+// workspace, no host sync. Its first call sets the kernel's shared-memory attribute (eager: the engine's
+// first step of a shape never runs inside a capture). Vocabularies or top-N lists beyond the kernel's limits
+// (V above ~350k, N above 1024) fall back to the host path below: the logits come back and the CPU oracle
+// samples.
 void CudaBackend::sample(const ops::SamplingParams& p) {
+  const int64_t vocab = p.logits.dim(1), top_n = p.out_top_ids.defined() ? p.out_top_ids.dim(1) : 0;
+  if (sampling_fits(vocab, sampling_cluster_ctas(vocab), top_n)) {
+    cuda::sample(p, stream_);
+    return;
+  }
   auto to_host = [&](const Tensor& t) {
     OwnedTensor host = OwnedTensor::host_like(t, t.dtype);
     copy(host.view, t);

@@ -1,8 +1,8 @@
 // CudaBackend: the ops::Backend on one NVIDIA GPU (sm_90a) — every op of ops/*.h enqueued on the backend's
 // own stream with BF16 activations, KV cache and LoRA stacks. Owns the stream, the cuBLASLt runner and the
 // MoE workspace; the kernels live in the op-family files beside it. Who calls: engine/setup (`--device
-// cuda`), the CUDA model tests. Sampling still reads the logits back and samples on the host (the GPU
-// sampler is issue 5's), which is also where the engine reads sampled tokens.
+// cuda`), the CUDA model tests. Sampling runs on the GPU (sampling.cuh); the engine reads back only the
+// sampled tokens (and logprobs when asked).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -56,6 +56,9 @@ class CudaBackend final : public ops::Backend {
   void replay(int graph) override;
   void release_graph(int graph) override;
   uint64_t memory_epoch() const override { return memory_epoch_; }
+  // false: attention never splits a row's keys over CTAs (no workspace; the plain flash kernel). For
+  // comparisons in tests and benches; the default splits decode rows when that fills the GPU.
+  void set_attention_split_kv(bool on) { attention_split_kv_ = on; }
 
  private:
   cudaStream_t stream_ = nullptr;
@@ -64,9 +67,10 @@ class CudaBackend final : public ops::Backend {
   std::unique_ptr<MoeBlockState> moe_;
   std::unique_ptr<LoraDenseScratch> lora_;
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
+  bool attention_split_kv_ = true;
   uint64_t memory_epoch_ = 0;        // bumped when a workspace above is replaced
   std::vector<cudaGraphExec_t> graphs_;  // by id; released ones are null
-  cpu::CpuBackend host_;  // samples on the host (one thread: a few rows)
+  cpu::CpuBackend host_;  // samples on the host when the GPU sampler's limits are exceeded (one thread)
 };
 
 }  // namespace lmx::cuda
