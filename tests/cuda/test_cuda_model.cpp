@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../engine/engine_test_util.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "io/safetensors.h"
 #include "lora/adapter.h"
@@ -41,12 +42,62 @@ std::vector<std::string> fixture_cases() {
   return cases;
 }
 
-class CudaModel : public ::testing::TestWithParam<std::string> {};
+// How the steps run: decode graphs (the default), op by op (--enforce-eager), and op by op without the
+// split-KV attention (the plain flash kernel): the same answers are due from all three, and when one
+// breaks, which one says where to look.
+enum class Mode { kGraphs, kEager, kEagerNoSplitKv };
+const char* mode_name(Mode m) { return m == Mode::kGraphs ? "graphs" : m == Mode::kEager ? "eager" : "eager_no_split_kv"; }
+
+class CudaModel : public ::testing::TestWithParam<std::tuple<std::string, Mode>> {};
+
+// A router near tie: when a token's k-th and (k+1)-th router logits lie closer than bf16 activations can
+// resolve, the CUDA run may pick the other expert, and that token's MLP output (and every logit after it)
+// legitimately differs from an fp32 reference by far more than rounding. Such requests are found with the
+// fp32 cpu backend (which matches Hugging Face): each request alone, every router logit of every layer,
+// token and step, the margin between the k-th and (k+1)-th largest relative to max(1, |k-th|).
+constexpr double kRouterTieMargin = 0.01;  // bf16 hidden states: ~2^-8 relative on a router logit
+
+std::vector<double> routing_margins(const model::ModelWeights& weights, const fs::path& adapters_dir,
+                                    const std::vector<std::string>& adapter_names, const std::vector<Request>& requests) {
+  std::vector<double> margins(requests.size(), INFINITY);
+  if (!weights.config.is_moe()) return margins;
+  cpu::CpuBackend cpu(1);
+  EngineConfig config;
+  config.max_loras = int(adapter_names.size()) + 1;
+  config.max_lora_rank = 64;
+  config.scheduler.max_model_len = 64;
+  Result<std::unique_ptr<Engine>> engine = Engine::create(weights, cpu, config);
+  EXPECT_TRUE(engine.ok()) << engine.status().message();
+  const lora::BaseModelShapes shapes = lora_shapes(weights.config);
+  for (const std::string& name : adapter_names) {
+    Result<lora::Adapter> adapter =
+        lora::load_adapter((adapters_dir / name).string(), name, shapes, lora::AdapterLimits{.max_rank = 64});
+    EXPECT_TRUE(adapter.ok() && (*engine)->add_adapter(std::move(adapter).value()).ok()) << name;
+  }
+  const int k = weights.config.experts_per_token;
+  double* current = nullptr;
+  (*engine)->mutable_model().set_activation_dump([&](const std::string& what, int, const Tensor& t) {
+    if (what != "router_logits" || !current) return;
+    const int64_t tokens = t.dim(0), experts = t.dim(1);
+    for (int64_t row = 0; row < tokens; ++row) {
+      std::vector<float> logits(t.ptr<float>() + row * experts, t.ptr<float>() + (row + 1) * experts);
+      std::sort(logits.begin(), logits.end(), std::greater<>());
+      if (k < experts) *current = std::min(*current, double(logits[size_t(k) - 1] - logits[size_t(k)]) /
+                                                         std::max(1.0, std::fabs(double(logits[size_t(k) - 1]))));
+    }
+  });
+  for (size_t i = 0; i < requests.size(); ++i) {
+    current = &margins[i];
+    testing::run_all(**engine, {requests[i]});
+  }
+  return margins;
+}
 
 TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess) << "no CUDA device: Cuda* tests need a GPU";
-  const fs::path dir = fixtures_dir() / GetParam();
+  const auto& [name, mode] = GetParam();
+  const fs::path dir = fixtures_dir() / name;
   Result<std::string> text = io::read_text_file((dir / "expected.json").string());
   ASSERT_TRUE(text.ok()) << text.status().message();
   const nlohmann::json expected = nlohmann::json::parse(*text);
@@ -55,7 +106,9 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
 
   const std::vector<std::string> adapter_names = expected["adapters"].get<std::vector<std::string>>();
   cuda::CudaBackend backend;
+  backend.set_attention_split_kv(mode != Mode::kEagerNoSplitKv);
   EngineConfig config;
+  config.enforce_eager = mode != Mode::kGraphs;
   config.max_loras = std::max<int>(1, int(adapter_names.size()) - 1);  // one fewer slot than adapters: eviction
   config.max_lora_rank = 64;
   config.scheduler.max_num_batched_tokens = 40;  // chunked prefill beside decodes
@@ -82,11 +135,19 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
   }
   const std::vector<RunResult> results = testing::run_all(**engine, requests);
   ASSERT_EQ(results.size(), requests.size());
+  const std::vector<double> margins = routing_margins(*weights, dir / "adapters", adapter_names, requests);
+  int router_ties = 0;
   double worst = 0.0;
   int greedy_mismatches = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& ref = expected["results"][i];
-    const std::string what = GetParam() + " adapter " + (requests[i].adapter.empty() ? "<base>" : requests[i].adapter) +
+    if (margins[i] < kRouterTieMargin) {  // not comparable with an fp32 reference (see routing_margins)
+      ++router_ties;
+      std::printf("%s (%s) request %zu: router near tie (margin %.4g < %.3g): tokens and logits not compared\n",
+                  name.c_str(), mode_name(mode), i, margins[i], kRouterTieMargin);
+      continue;
+    }
+    const std::string what = name + " (" + mode_name(mode) + ") adapter " + (requests[i].adapter.empty() ? "<base>" : requests[i].adapter) +
                              " prompt " + std::to_string(ref["prompt"].get<int>());
     // Greedy tokens: equal, or they part at a near tie. Up to the first difference both runs saw the same
     // context, so this run's logits at that step are for Hugging Face's prefix too: the token Hugging
@@ -106,7 +167,8 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
       EXPECT_LE(chosen - theirs, gap_tol) << what << ": greedy tokens part at step " << split << " (here "
                                           << results[i].tokens[split] << " at " << chosen << ", Hugging Face "
                                           << greedy[split] << " at " << theirs << "): not a near tie";
-      std::printf("%s: near tie at step %zu, logit gap %.4g (tolerance %.4g)\n", what.c_str(), split, chosen - theirs, gap_tol);
+      std::printf("%s: greedy tokens part at step %zu, logit gap %.4g (near-tie tolerance %.4g)\n", what.c_str(), split,
+                  chosen - theirs, gap_tol);
     }
     const auto last = ref["last_logits"].get<std::vector<double>>();
     ASSERT_FALSE(results[i].logits.empty()) << what;
@@ -114,14 +176,21 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
     double sum_squares = 0.0;
     for (double v : last) sum_squares += v * v;
     const double rms = std::sqrt(sum_squares / double(last.size()));
+    double request_worst = 0.0;
+    size_t worst_v = 0;
     for (size_t v = 0; v < last.size(); ++v) {
-      const double diff = std::fabs(double(results[i].logits[0][v]) - last[v]);
-      worst = std::max(worst, diff / (std::fabs(last[v]) + rms));
-      ASSERT_LE(diff, kLogitTol * (std::fabs(last[v]) + rms)) << what << " vocab " << v;
+      const double scaled = std::fabs(double(results[i].logits[0][v]) - last[v]) / (std::fabs(last[v]) + rms);
+      if (scaled > request_worst) request_worst = scaled, worst_v = v;
     }
+    worst = std::max(worst, request_worst);
+    EXPECT_LE(request_worst, kLogitTol) << what << ": scaled logit error at vocab " << worst_v << " (here "
+                                        << results[i].logits[0][worst_v] << ", Hugging Face " << last[worst_v] << ")";
   }
-  std::printf("%s on cuda: %zu requests, %d greedy mismatches, worst scaled logit error %.3g\n", GetParam().c_str(),
-              results.size(), greedy_mismatches, worst);
+  // Most requests must be comparable, or the test would check nothing.
+  EXPECT_LE(2 * router_ties, int(results.size())) << name << ": too many router near ties to check anything";
+  std::printf("%s on cuda (%s): %zu requests (%d router near ties skipped), %d greedy mismatches, worst scaled "
+              "logit error %.3g\n", name.c_str(), mode_name(mode),
+              results.size(), router_ties, greedy_mismatches, worst);
 }
 
 // Decode steps through recorded graphs (the default on cuda) against the same engine run op by op
@@ -183,8 +252,12 @@ TEST(CudaGraphs, DecodeGraphsMatchEagerSteps) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CudaFixtures, CudaModel, ::testing::ValuesIn(fixture_cases()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(CudaFixtures, CudaModel,
+                         ::testing::Combine(::testing::ValuesIn(fixture_cases()),
+                                            ::testing::Values(Mode::kGraphs, Mode::kEager, Mode::kEagerNoSplitKv)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& info) {
+                           return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace lmx::engine
