@@ -114,5 +114,16 @@ TEST(KernelConfigs, LoadDirNamesTheFileOfABadEntry) {
   EXPECT_NE(loaded.status().message().find("knobs.b"), std::string::npos) << loaded.status().message();
 }
 
+// The built-in defaults the engine loads for --device cuda (configs/kernels, from `loramux tune` on the
+// H200) must stay loadable, and hold the yardstick's shape.
+TEST(KernelConfigs, CommittedDefaultsLoadAndCoverTheYardstickShape) {
+  Result<KernelConfigs> loaded = KernelConfigs::load_dir(std::string(LORAMUX_SOURCE_DIR) + "/configs/kernels");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  for (int64_t tokens : {1, 16, 256, 4096}) {
+    const KernelKnobs* knobs = loaded->find("moe_lora", "H=2880,I=2880,E=32,K=4,S=8,R=32", tokens);
+    ASSERT_NE(knobs, nullptr) << "T " << tokens;
+  }
+}
+
 }  // namespace
 }  // namespace lmx::ops
