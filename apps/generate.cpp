@@ -314,7 +314,13 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--max-model-len", opts->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")
       ->capture_default_str();
   cmd->add_option("--page-size", opts->engine.scheduler.page_size, "KV-cache page size (tokens)")->capture_default_str();
-  cmd->add_option("--num-kv-pages", opts->engine.num_kv_pages, "KV-cache pages (0 = enough for max-num-seqs)")
+  opts->engine.gpu_memory_utilization = 0.9;
+  cmd->add_option("--gpu-memory-utilization", opts->engine.gpu_memory_utilization,
+                  "Share of the GPU's memory to fill; the KV cache gets what weights, adapter slots and scratch leave "
+                  "(cuda; ignored with --num-kv-pages)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--num-kv-pages", opts->engine.num_kv_pages, "KV-cache pages (0 = from --gpu-memory-utilization on cuda, enough for max-num-seqs on cpu)")
       ->capture_default_str();
   cmd->add_option("--dump-activations", opts->dump_dir,
                   "Write every layer's named activations of each step to DIR/step<N>.safetensors");

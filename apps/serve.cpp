@@ -183,6 +183,7 @@ int run_serve(ServeOptions o) {
             << "  max-num-seqs            " << ec.scheduler.max_num_seqs << "\n"
             << "  max-num-batched-tokens  " << ec.scheduler.max_num_batched_tokens << "\n"
             << "  max-model-len           " << ec.scheduler.max_model_len << "\n"
+            << "  gpu-memory-utilization  " << ec.gpu_memory_utilization << "\n"
             << "  page-size / kv pages    " << ec.scheduler.page_size << " / " << ec.num_kv_pages << "\n"
             << "  max-pending-requests    " << o.server.max_pending_requests << "\n"
             << "  max-body-bytes          " << o.server.max_body_bytes << "\n"
@@ -242,7 +243,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--max-model-len", o->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")->capture_default_str();
   cmd->add_option("--page-size", o->engine.scheduler.page_size, "KV-cache page size (tokens)")->capture_default_str();
-  cmd->add_option("--num-kv-pages", o->engine.num_kv_pages, "KV-cache pages (0 = enough for max-num-seqs)")->capture_default_str();
+  o->engine.gpu_memory_utilization = 0.9;
+  cmd->add_option("--gpu-memory-utilization", o->engine.gpu_memory_utilization,
+                  "Share of the GPU's memory to fill; the KV cache gets what weights, adapter slots and scratch leave "
+                  "(cuda; ignored with --num-kv-pages)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--num-kv-pages", o->engine.num_kv_pages, "KV-cache pages (0 = from --gpu-memory-utilization on cuda, enough for max-num-seqs on cpu)")->capture_default_str();
   return [o, cmd]() { return cmd->parsed() ? run_serve(*o) : 0; };
 }
 

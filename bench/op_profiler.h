@@ -32,6 +32,7 @@ class OpProfiler final : public ops::Backend {
   DType lora_dtype() const override { return inner_.lora_dtype(); }
   Buffer allocate(size_t bytes) override { return inner_.allocate(bytes); }
   uint64_t available_bytes() const override { return inner_.available_bytes(); }
+  uint64_t total_bytes() const override { return inner_.total_bytes(); }
   void synchronize() override { timed("synchronize", [&] { inner_.synchronize(); }); }
   void copy(const Tensor& dst, const Tensor& src) override { timed("copy", [&] { inner_.copy(dst, src); }); }
   void fill_zero(const Tensor& dst) override { timed("fill_zero", [&] { inner_.fill_zero(dst); }); }

@@ -2,6 +2,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/rng.h"
 #include "kv/page_allocator.h"
@@ -74,7 +76,37 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
   if (config.num_kv_pages != 0 && config.num_kv_pages < per_seq)
     return invalid_argument("num_kv_pages " + std::to_string(config.num_kv_pages) + " cannot hold one sequence of max_model_len " +
                             std::to_string(lim.max_model_len) + " (needs " + std::to_string(per_seq) + " pages)");
-  return std::unique_ptr<Engine>(new Engine(weights, backend, config));
+  if (config.gpu_memory_utilization < 0.0 || config.gpu_memory_utilization > 1.0)
+    return invalid_argument("gpu_memory_utilization must be in (0, 1] (0 = off), got " +
+                            std::to_string(config.gpu_memory_utilization));
+  std::unique_ptr<Engine> engine(new Engine(weights, backend, config));
+  if (!engine->init_status_.ok()) return engine->init_status_;
+  return engine;
+}
+
+// Workspaces the backend grows on first use after start (MoE, attention split-KV, LoRA scratch, cuBLASLt):
+// kept out of the KV budget.
+constexpr uint64_t kKvHeadroomBytes = uint64_t(2) << 30;
+
+Result<int> Engine::kv_pages_from_memory(const model::ModelConfig& mc) const {
+  const uint64_t total = backend_.total_bytes(), free_now = backend_.available_bytes();
+  const uint64_t used = total > free_now ? total - free_now : 0;  // weights, slots, scratch (and anything else)
+  const double allowed = config_.gpu_memory_utilization * double(total);
+  const uint64_t page_bytes = uint64_t(mc.num_layers) * 2 * uint64_t(config_.scheduler.page_size) *
+                              uint64_t(mc.num_kv_heads) * uint64_t(mc.head_dim) * dtype_size(backend_.activation_dtype());
+  const double budget = allowed - double(used) - double(kKvHeadroomBytes);
+  const double pages = budget > 0 ? std::floor(budget / double(page_bytes)) : 0.0;
+  auto gib = [](double b) { return std::to_string(b / double(uint64_t(1) << 30)).substr(0, 6) + " GiB"; };
+  if (pages < max_pages_per_seq_) {
+    return invalid_argument("gpu_memory_utilization " + std::to_string(config_.gpu_memory_utilization).substr(0, 4) +
+                              " of " + gib(double(total)) + " leaves " + gib(std::max(budget, 0.0)) +
+                              " for the KV cache after " + gib(double(used)) + " in use and " +
+                              gib(double(kKvHeadroomBytes)) + " of workspace headroom: one sequence of max_model_len " +
+                              std::to_string(config_.scheduler.max_model_len) + " needs " +
+                              gib(double(max_pages_per_seq_) * double(page_bytes)) +
+                              " (raise --gpu-memory-utilization or lower --max-model-len)");
+  }
+  return int(std::min(pages, double(std::numeric_limits<int>::max() / 2)));
 }
 
 Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config)
@@ -82,11 +114,22 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   const SchedulerLimits& lim = config_.scheduler;
   const int T = lim.max_num_batched_tokens, B = lim.max_num_seqs;
   max_pages_per_seq_ = kv::pages_for_tokens(lim.max_model_len, lim.page_size);
-  if (config_.num_kv_pages == 0) config_.num_kv_pages = max_pages_per_seq_ * B;
   model_ = std::make_unique<model::Model>(weights, backend, model::ModelLimits{.max_tokens = T, .max_seqs = B});
-  cache_ = model::KvCache::allocate(backend, weights.config, config_.num_kv_pages, lim.page_size);
   adapters_ = std::make_unique<AdapterStore>(backend, lora_shapes(weights.config), config_.max_loras, config_.max_lora_rank,
                                              config_.max_cpu_loras);
+  if (config_.num_kv_pages == 0) {
+    config_.num_kv_pages = max_pages_per_seq_ * B;
+    if (config_.gpu_memory_utilization > 0.0 && backend.total_bytes() > 0) {
+      Result<int> pages = kv_pages_from_memory(weights.config);
+      if (!pages.ok()) {
+        init_status_ = pages.status();
+        config_.num_kv_pages = max_pages_per_seq_;  // enough to finish constructing; create() fails
+      } else {
+        config_.num_kv_pages = *pages;
+      }
+    }
+  }
+  cache_ = model::KvCache::allocate(backend, weights.config, config_.num_kv_pages, lim.page_size);
   scheduler_ = std::make_unique<Scheduler>(lim, config_.num_kv_pages, adapters_.get());
 
   auto stage = [&](DType dtype, std::initializer_list<int64_t> dims) {

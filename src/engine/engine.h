@@ -17,7 +17,12 @@ namespace lmx::engine {
 
 struct EngineConfig {
   SchedulerLimits scheduler;
-  int num_kv_pages = 0;  // 0 = enough for max_num_seqs sequences of max_model_len
+  int num_kv_pages = 0;  // 0 = from gpu_memory_utilization, else enough for max_num_seqs of max_model_len
+  // Share of the device's memory this engine may fill (weights, slots, scratch, then the KV cache takes
+  // what is left of it, less kKvHeadroomBytes for workspaces grown later); 0 = size the cache for
+  // max_num_seqs sequences of max_model_len. Used only on devices with a fixed memory (total_bytes() > 0)
+  // and when num_kv_pages is 0 (vLLM's --gpu-memory-utilization).
+  double gpu_memory_utilization = 0.0;
   int max_loras = 4;     // adapter slots on the device (--max-loras)
   int max_lora_rank = 64;
   int max_cpu_loras = 0; // parsed adapters kept on the host (--max-cpu-loras); 0 = all, else >= max_loras
@@ -79,6 +84,8 @@ class Engine {
 
  private:
   Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config);
+  // KV pages the memory budget allows (gpu_memory_utilization), or an error naming the shortfall.
+  Result<int> kv_pages_from_memory(const model::ModelConfig& mc) const;
   // `pad_to` > step.size(): rows past the real sequences are padding (base slot, no KV write, not read).
   void build_batch(const std::vector<ScheduledSeq>& step, int pad_to = 0);
   // The bucket a decode-only step is padded to, or 0 when the step runs eagerly as it is.
@@ -93,6 +100,7 @@ class Engine {
 
   EngineConfig config_;
   ops::Backend& backend_;
+  Status init_status_;  // a construction failure create() returns (e.g. no memory left for the KV cache)
   std::unique_ptr<model::Model> model_;
   model::KvCache cache_;
   std::unique_ptr<AdapterStore> adapters_;

@@ -31,6 +31,8 @@ class Backend {
   virtual void synchronize() = 0;
   // Bytes a new allocation may take now (host MemAvailable, device free memory); 0 when unknown.
   virtual uint64_t available_bytes() const = 0;
+  // The device's whole memory (for --gpu-memory-utilization); 0 when it has no fixed size (the host).
+  virtual uint64_t total_bytes() const { return 0; }
   // Generated (dummy) weights in place: `t` (BF16, this backend's memory) gets generate_weights_bf16's
   // values (core/rng.h) for (tensor_seed, stddev), bit for bit the same on every backend.
   virtual void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) = 0;

@@ -118,6 +118,51 @@ TEST(Engine, DecodePaddingToGraphBucketsChangesNothing) {
   EXPECT_EQ(reference->num_padding_rows(), 0u);
 }
 
+// A cpu backend that reports a fixed device memory, as a GPU does (total_bytes() > 0).
+class FixedMemoryBackend : public cpu::CpuBackend {
+ public:
+  FixedMemoryBackend(uint64_t total, uint64_t free_bytes) : cpu::CpuBackend(1), total_(total), free_(free_bytes) {}
+  uint64_t total_bytes() const override { return total_; }
+  uint64_t available_bytes() const override { return free_; }
+
+ private:
+  uint64_t total_, free_;
+};
+
+TEST(Engine, KvCacheIsSizedFromGpuMemoryUtilization) {
+  auto f = make_fixture(0);
+  const model::ModelConfig& c = f->weights.config;
+  const uint64_t gib = uint64_t(1) << 30;
+  EngineConfig config;
+  config.gpu_memory_utilization = 0.5;
+  config.scheduler.max_model_len = 64;
+  // 8 GiB device, 1 GiB in use: 0.5 * 8 - 1 - 2 (workspace headroom) = 1 GiB for pages of
+  // layers * 2 (k, v) * P * Hkv * D * 4 bytes (the cpu backend's f32).
+  FixedMemoryBackend roomy(8 * gib, 7 * gib);
+  Result<std::unique_ptr<Engine>> e = Engine::create(f->weights, roomy, config);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  const uint64_t page_bytes = uint64_t(c.num_layers) * 2 * uint64_t(config.scheduler.page_size) *
+                              uint64_t(c.num_kv_heads) * uint64_t(c.head_dim) * 4;
+  EXPECT_EQ(uint64_t((*e)->config().num_kv_pages), gib / page_bytes);
+  // An explicit page count wins; no fixed memory (the plain cpu backend) keeps the max_num_seqs sizing.
+  config.num_kv_pages = 40;
+  Result<std::unique_ptr<Engine>> explicit_pages = Engine::create(f->weights, roomy, config);
+  ASSERT_TRUE(explicit_pages.ok());
+  EXPECT_EQ((*explicit_pages)->config().num_kv_pages, 40);
+  config.num_kv_pages = 0;
+  Result<std::unique_ptr<Engine>> plain = Engine::create(f->weights, f->backend, config);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->config().num_kv_pages, 4 * config.scheduler.max_num_seqs);  // 64 tokens = 4 pages of 16
+  // Too little memory: an error naming the flag and what one sequence needs.
+  FixedMemoryBackend full(8 * gib, 2 * gib);
+  Result<std::unique_ptr<Engine>> refused = Engine::create(f->weights, full, config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("gpu_memory_utilization 0.50"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("max_model_len 64"), std::string::npos) << refused.status().message();
+  config.gpu_memory_utilization = 1.5;
+  EXPECT_FALSE(Engine::create(f->weights, roomy, config).ok());
+}
+
 TEST(Engine, ChunkedPrefillPreemptionAndSlotEvictionKeepResults) {
   auto f = make_fixture(3);
   EngineConfig roomy;

@@ -8,7 +8,7 @@
 
 namespace lmx::cpu {
 
-class CpuBackend final : public ops::Backend {
+class CpuBackend : public ops::Backend {
  public:
   // num_threads <= 0: one per hardware thread. Results are identical for every thread count.
   explicit CpuBackend(int num_threads = 0);

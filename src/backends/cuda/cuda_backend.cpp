@@ -103,6 +103,11 @@ void CudaBackend::release_graph(int graph) {
   graphs_[size_t(graph)] = nullptr;
 }
 
+uint64_t CudaBackend::total_bytes() const {
+  size_t free_bytes = 0, total = 0;
+  return cudaMemGetInfo(&free_bytes, &total) == cudaSuccess ? uint64_t(total) : 0;
+}
+
 uint64_t CudaBackend::available_bytes() const {
   size_t free_bytes = 0, total_bytes = 0;
   return cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess ? uint64_t(free_bytes) : 0;

@@ -34,6 +34,7 @@ class CudaBackend final : public ops::Backend {
   void fill_zero(const Tensor& dst) override;
   void synchronize() override;
   uint64_t available_bytes() const override;
+  uint64_t total_bytes() const override;
   void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
 
   void embedding(const ops::EmbeddingParams& p) override;
