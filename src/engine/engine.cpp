@@ -173,7 +173,9 @@ int Engine::decode_bucket(const std::vector<ScheduledSeq>& step) const {
 Tensor Engine::run_forward(int bucket) {
   const lora::SlotTable& slots = adapters_->slots();
   const model::LoraLookup lookup = [&](int layer, ops::LoraTarget target) { return slots.stack(layer, target); };
-  if (bucket == 0 || !backend_.supports_graphs() || config_.enforce_eager) return model_->forward(batch_, cache_, lookup);
+  // A dump reads activations back on the host mid-forward: never inside a recording.
+  if (bucket == 0 || !backend_.supports_graphs() || config_.enforce_eager || model_->has_activation_dump())
+    return model_->forward(batch_, cache_, lookup);
   if (backend_.memory_epoch() != graphs_epoch_) {  // a workspace moved: every recording points at old memory
     release_graphs();
     graphs_epoch_ = backend_.memory_epoch();

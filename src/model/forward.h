@@ -59,6 +59,7 @@ class Model {
   Tensor forward(const BatchView& batch, KvCache& cache, const LoraLookup& lora);
 
   void set_activation_dump(ActivationDump dump) { dump_ = std::move(dump); }
+  bool has_activation_dump() const { return bool(dump_); }
 
  private:
   void attention_block(int layer, const BatchView& batch, KvCache& cache, const LoraLookup& lora, int T);
