@@ -149,6 +149,14 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (block_m != cuda::kMoeGemmBlockMDecode) {  // the wgmma tiles' before/after: the mma.sync kernel
+    cuda::set_moe_gemm_wgmma(false);
+    block(0);  // kernel attributes, outside the timed graph
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    print_row("block (no LoRA), mma.sync", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+    cuda::set_moe_gemm_wgmma(true);
+  }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
             time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true), stream); }));

@@ -47,6 +47,9 @@ class OpProfiler final : public ops::Backend {
   void add(const ops::AddParams& p) override { timed("add", [&] { inner_.add(p); }); }
   void silu_mul(const ops::SiluMulParams& p) override { timed("silu_mul", [&] { inner_.silu_mul(p); }); }
   void gather_rows(const ops::GatherRowsParams& p) override { timed("gather_rows", [&] { inner_.gather_rows(p); }); }
+  void split_columns(const ops::SplitColumnsParams& p) override {
+    timed("split_columns", [&] { inner_.split_columns(p); });
+  }
   void rope(const ops::RopeParams& p) override { timed("rope", [&] { inner_.rope(p); }); }
   void kv_write(const ops::KvWriteParams& p) override { timed("kv_write", [&] { inner_.kv_write(p); }); }
   void attention(const ops::AttentionParams& p) override { timed("attention", [&] { inner_.attention(p); }); }

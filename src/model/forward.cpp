@@ -3,6 +3,7 @@
 // residual) → final norm and LM head on the sampled rows only.
 #include "model/forward.h"
 
+#include <array>
 #include <cmath>
 
 namespace lmx::model {
@@ -42,8 +43,9 @@ Model::Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimi
     up(device_weights_.final_norm);
     if (weights.lm_head.data == weights.embed.data) device_weights_.lm_head = device_weights_.embed;
     else up(device_weights_.lm_head);
+    fuse_qkv(weights);
     for (LayerWeights& lw : device_weights_.layers) {
-      for (Tensor* t : {&lw.input_norm, &lw.q, &lw.k, &lw.v, &lw.o, &lw.q_bias, &lw.k_bias, &lw.v_bias, &lw.o_bias,
+      for (Tensor* t : {&lw.input_norm, &lw.o, &lw.o_bias,
                         &lw.q_norm, &lw.k_norm, &lw.sinks, &lw.post_attention_norm, &lw.router, &lw.router_bias,
                         &lw.gate_up, &lw.gate_up_bias, &lw.down, &lw.down_bias, &lw.mlp_gate, &lw.mlp_up,
                         &lw.mlp_down})
@@ -66,6 +68,7 @@ Model::Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimi
   q_ = backend.empty(act, {T, config_.q_dim()});
   k_ = backend.empty(act, {T, config_.kv_dim()});
   v_ = backend.empty(act, {T, config_.kv_dim()});
+  if (!qkv_weight_.empty()) qkv_ = backend.empty(act, {T, config_.q_dim() + 2 * config_.kv_dim()});
   attn_out_ = backend.empty(act, {T, config_.q_dim()});
   block_out_ = backend.empty(act, {T, H});
   if (config_.is_moe()) {
@@ -80,6 +83,45 @@ Model::Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimi
   logits_ = backend.empty(DType::F32, {B, config_.vocab_size});
 }
 
+// One [Hq*D + 2*Hkv*D, H] weight (and bias) per layer on the device, q, k, v being its row blocks: one
+// product instead of three, where three small ones read their weights far below bandwidth (decode). Tensors
+// the preset generator already laid out back to back on the device are used in place; anything else (host
+// checkpoints, scattered device tensors) is copied into one new allocation. The q/k/v views of
+// device_weights_ then point into it, so nothing is uploaded twice.
+void Model::fuse_qkv(const ModelWeights& weights) {
+  const int64_t H = config_.hidden_size, q_dim = config_.q_dim(), kv_dim = config_.kv_dim();
+  const int64_t bounds[4] = {0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim};
+  auto fuse = [&](std::array<Tensor*, 3> parts, bool matrix) -> Tensor {
+    bool adjacent = true;
+    for (int i = 0; i < 3; ++i) {
+      adjacent = adjacent && parts[size_t(i)]->device == backend_.device();
+      if (i > 0) {
+        adjacent = adjacent && static_cast<char*>(parts[size_t(i) - 1]->data) + parts[size_t(i) - 1]->nbytes() ==
+                                   parts[size_t(i)]->data;
+      }
+    }
+    const int64_t rows = bounds[3];
+    Tensor fused;
+    if (adjacent) {
+      fused = matrix ? Tensor(parts[0]->data, parts[0]->dtype, {rows, H}, backend_.device())
+                     : Tensor(parts[0]->data, parts[0]->dtype, {rows}, backend_.device());
+    } else {
+      uploads_.push_back(matrix ? backend_.empty(parts[0]->dtype, {rows, H}) : backend_.empty(parts[0]->dtype, {rows}));
+      fused = uploads_.back().view;
+      for (int i = 0; i < 3; ++i) backend_.copy(fused.rows(bounds[i], bounds[i + 1]), *parts[size_t(i)]);
+    }
+    for (int i = 0; i < 3; ++i) *parts[size_t(i)] = fused.rows(bounds[i], bounds[i + 1]);
+    return fused;
+  };
+  for (size_t l = 0; l < device_weights_.layers.size(); ++l) {
+    LayerWeights& lw = device_weights_.layers[l];
+    const LayerWeights& host = weights.layers[l];
+    LMX_CHECK(host.q.defined() && host.k.defined() && host.v.defined());
+    qkv_weight_.push_back(fuse({&lw.q, &lw.k, &lw.v}, true));
+    qkv_bias_.push_back(lw.q_bias.defined() ? fuse({&lw.q_bias, &lw.k_bias, &lw.v_bias}, false) : Tensor{});
+  }
+}
+
 void Model::dump(const char* name, int layer, const Tensor& t) const {
   if (dump_) dump_(name, layer, t);
 }
@@ -88,6 +130,12 @@ void Model::dump(const char* name, int layer, const Tensor& t) const {
 void Model::linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, int layer, LoraTarget target,
                         const BatchView& batch, const LoraLookup& lora, const Tensor& out) {
   backend_.linear({.x = x, .weight = weight, .bias = bias, .out = out});
+  add_lora(x, layer, target, batch, lora, out);
+}
+
+// out += the adapter's LoRA of x for the tokens that have one (nothing when the batch or layer has none).
+void Model::add_lora(const Tensor& x, int layer, LoraTarget target, const BatchView& batch, const LoraLookup& lora,
+                     const Tensor& out) {
   if (!batch.any_lora) return;
   ops::LoraStack stack = lora(layer, target);
   if (!stack.defined()) return;
@@ -100,9 +148,18 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
   Tensor normed = normed_.view.rows(0, T);
   Tensor q = q_.view.rows(0, T), k = k_.view.rows(0, T), v = v_.view.rows(0, T);
 
-  linear_lora(normed, w.q, w.q_bias, layer, LoraTarget::kQ, batch, lora, q);
-  linear_lora(normed, w.k, w.k_bias, layer, LoraTarget::kK, batch, lora, k);
-  linear_lora(normed, w.v, w.v_bias, layer, LoraTarget::kV, batch, lora, v);
+  if (qkv_weight_.empty()) {
+    linear_lora(normed, w.q, w.q_bias, layer, LoraTarget::kQ, batch, lora, q);
+    linear_lora(normed, w.k, w.k_bias, layer, LoraTarget::kK, batch, lora, k);
+    linear_lora(normed, w.v, w.v_bias, layer, LoraTarget::kV, batch, lora, v);
+  } else {
+    Tensor qkv = qkv_.view.rows(0, T);
+    backend_.linear({.x = normed, .weight = qkv_weight_[size_t(layer)], .bias = qkv_bias_[size_t(layer)], .out = qkv});
+    backend_.split_columns({.x = qkv, .parts = {q, k, v}});
+    add_lora(normed, layer, LoraTarget::kQ, batch, lora, q);
+    add_lora(normed, layer, LoraTarget::kK, batch, lora, k);
+    add_lora(normed, layer, LoraTarget::kV, batch, lora, v);
+  }
   Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
   if (config_.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE
     Tensor qh = q.reshape({int64_t(T) * Hq, D}), kh = k.reshape({int64_t(T) * Hkv, D});

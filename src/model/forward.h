@@ -66,7 +66,10 @@ class Model {
   void mlp_block(int layer, const BatchView& batch, const LoraLookup& lora, int T);
   void linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, int layer, ops::LoraTarget target,
                    const BatchView& batch, const LoraLookup& lora, const Tensor& out);
+  void add_lora(const Tensor& x, int layer, ops::LoraTarget target, const BatchView& batch, const LoraLookup& lora,
+                const Tensor& out);
   void dump(const char* name, int layer, const Tensor& t) const;
+  void fuse_qkv(const ModelWeights& weights);
 
   ModelConfig config_;
   ModelLimits limits_;
@@ -79,6 +82,10 @@ class Model {
   OwnedTensor hidden_;        // [T, H] residual stream
   OwnedTensor normed_;        // [T, H]
   OwnedTensor q_, k_, v_;     // [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+  // Fused q|k|v projection (every backend but the cpu one): per layer the weights [Hq*D + 2*Hkv*D, H] and
+  // biases as one tensor (q, k, v of device_weights_ are row views of it), and the product's scratch.
+  std::vector<Tensor> qkv_weight_, qkv_bias_;
+  OwnedTensor qkv_;           // [T, Hq*D + 2*Hkv*D]
   OwnedTensor attn_out_;      // [T, Hq*D]
   OwnedTensor block_out_;     // [T, H] output of attention o-proj / MLP
   OwnedTensor router_logits_; // [T, E] f32

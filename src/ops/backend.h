@@ -43,6 +43,7 @@ class Backend {
   virtual void add(const AddParams& p) = 0;
   virtual void silu_mul(const SiluMulParams& p) = 0;
   virtual void gather_rows(const GatherRowsParams& p) = 0;
+  virtual void split_columns(const SplitColumnsParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;
   virtual void kv_write(const KvWriteParams& p) = 0;
   virtual void attention(const AttentionParams& p) = 0;

@@ -2,6 +2,7 @@
 // product of the dense MLP, and row gather (the sampled rows before the LM head).
 // Activations are the backend's activation dtype (F32 on cpu); weights BF16.
 #pragma once
+#include <array>
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -54,5 +55,13 @@ struct GatherRowsParams {
   Tensor out;    // [B, C]
 };
 Status check(const GatherRowsParams& p);
+
+// parts[i] = x[:, c_i : c_i + C_i] with c_0 = 0, c_{i+1} = c_i + C_i: the column blocks of one fused product
+// (q | k | v of a fused QKV projection) copied into their own contiguous tensors. Unused parts stay undefined.
+struct SplitColumnsParams {
+  Tensor x;                     // [T, C]
+  std::array<Tensor, 3> parts;  // [T, C_i] of x's dtype, sum of C_i == C; disjoint from x
+};
+Status check(const SplitColumnsParams& p);
 
 }  // namespace lmx::ops

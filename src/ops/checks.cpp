@@ -191,6 +191,30 @@ Status check(const GatherRowsParams& p) {
       {{"GatherRowsParams.x", &p.x}, {"GatherRowsParams.index", &p.index}, {"GatherRowsParams.out", &p.out}});
 }
 
+Status check(const SplitColumnsParams& p) {
+  LMX_RETURN_IF_ERROR(expect_activation(p.x, "SplitColumnsParams.x", {-1, -1}));
+  int64_t columns = 0;
+  bool ended = false;
+  for (size_t i = 0; i < p.parts.size(); ++i) {
+    const std::string name = "SplitColumnsParams.parts[" + std::to_string(i) + "]";
+    if (!p.parts[i].defined()) {
+      ended = true;
+      continue;
+    }
+    if (ended) return invalid_argument(name + ": defined after an undefined part");
+    LMX_RETURN_IF_ERROR(expect_activation(p.parts[i], name, {p.x.dim(0), -1}));
+    LMX_RETURN_IF_ERROR(expect_same_dtype(p.parts[i], name, p.x, "SplitColumnsParams.x"));
+    LMX_RETURN_IF_ERROR(expect_disjoint(p.parts[i], name, p.x, "SplitColumnsParams.x"));
+    LMX_RETURN_IF_ERROR(expect_one_device({{"SplitColumnsParams.x", &p.x}, {name.c_str(), &p.parts[i]}}));
+    columns += p.parts[i].dim(1);
+  }
+  if (columns != p.x.dim(1)) {
+    return invalid_argument("SplitColumnsParams.parts: expected columns summing to x's " + std::to_string(p.x.dim(1)) +
+                            ", found " + std::to_string(columns));
+  }
+  return Status::Ok();
+}
+
 // ---- rope.h ---------------------------------------------------------------------------------------------
 
 Status check(const RopeParams& p) {

@@ -54,6 +54,36 @@ TEST_F(CudaBasicOps, GatherRows) {
   }
 }
 
+// The fused q|k|v product's split: GPT-OSS (4096 | 512 | 512), Qwen3 widths, odd widths (scalar path), two
+// parts, an offset base (scalar path); bit-exact copies of the CPU oracle.
+TEST_F(CudaBasicOps, SplitColumns) {
+  struct Case { int64_t rows; std::vector<int64_t> widths; int64_t offset; };
+  for (const Case& c : {Case{16, {4096, 512, 512}, 0}, Case{1600, {4096, 512, 512}, 0}, Case{3, {4096, 512, 512}, 1},
+                        Case{7, {2048, 512, 512}, 0}, Case{5, {9, 3, 3}, 0}, Case{2, {64, 24}, 0}}) {
+    int64_t total = 0;
+    for (int64_t w : c.widths) total += w;
+    SCOPED_TRACE("T " + std::to_string(c.rows) + " C " + std::to_string(total) + " parts " +
+                 std::to_string(c.widths.size()) + " offset " + std::to_string(c.offset));
+    OwnedTensor x = random_bf16(rng(), {c.rows, total});
+    std::vector<OwnedTensor> want, got;
+    ops::SplitColumnsParams cpu_p{.x = widen(x)}, cuda_p{};
+    OwnedTensor d_x = upload_at_offset(x, c.offset);
+    cuda_p.x = d_x.view;
+    for (size_t i = 0; i < c.widths.size(); ++i) {
+      want.push_back(OwnedTensor::host(DType::F32, {c.rows, c.widths[i]}));
+      got.push_back(poisoned(DType::BF16, {c.rows, c.widths[i]}));
+      cpu_p.parts[i] = want.back().view;
+      cuda_p.parts[i] = got.back().view;
+    }
+    OwnedTensor x32 = widen(x);
+    cpu_p.x = x32.view;
+    cpu_.split_columns(cpu_p);
+    cuda::split_columns(cuda_p, stream_);
+    sync();
+    for (size_t i = 0; i < c.widths.size(); ++i) EXPECT_TRUE(bitwise_equal(cuda::download(got[i]), narrow(want[i])));
+  }
+}
+
 TEST_F(CudaBasicOps, RmsNorm) {
   enum class Out { kSeparate, kInPlace };
   struct Case { int64_t rows, cols; float eps, scale; Out out; int64_t offset; };

@@ -1,8 +1,9 @@
 // Parity of the CUDA dense projection (backends/cuda/linear.cuh, cuBLASLt) with the CPU oracle: bf16 and
 // f32 outputs (the router and LM head write f32 logits), with and without bias, decode and prefill row
-// counts, the GPT-OSS q/o shapes and the tiny presets' small dims; each through the default (cuBLASLt) and,
-// up to 16 rows, the forced skinny tensor-core kernel (`in` not a multiple of 32, `out` not of 16, T not
-// of 8). Outputs start poisoned.
+// counts, the GPT-OSS q/o/fused-qkv/router shapes and the tiny presets' small dims; each through the default
+// (skinny for few rows and narrow outputs, cuBLASLt otherwise), forced cuBLASLt and, up to 16 rows, the
+// forced skinny tensor-core kernel (`in` not a multiple of 32, `out`
+// not of 16, T not of 8). Outputs start poisoned.
 #include <cstdint>
 #include <vector>
 
@@ -34,15 +35,18 @@ TEST_F(CudaLinear, MatchesCpu) {
       {1, 64, 32, false, DType::BF16},     {3, 64, 256, true, DType::F32},      {16, 2880, 4096, true, DType::BF16},
       {16, 4096, 2880, true, DType::BF16}, {300, 2880, 32, true, DType::F32},   {257, 64, 1000, false, DType::F32},
       {5, 16, 8, true, DType::BF16},       {1024, 512, 384, false, DType::BF16}, {16, 2880, 5760, false, DType::BF16},
-      {8, 72, 40, true, DType::F32},       {2, 2880, 201088 / 64, false, DType::F32}, {11, 4104, 24, true, DType::BF16}};
+      {8, 72, 40, true, DType::F32},       {2, 2880, 201088 / 64, false, DType::F32}, {11, 4104, 24, true, DType::BF16},
+      {16, 2880, 5120, true, DType::BF16}, {1600, 2880, 5120, true, DType::BF16}, {16, 2880, 512, true, DType::BF16},
+      {16, 2880, 32, true, DType::F32},    {13, 2048, 128, false, DType::F32},  {16, 4096, 2880, false, DType::BF16}};
   cuda::LinearRunner runner;
-  for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kAuto})
+  for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kAuto, cuda::LinearPath::kCublasLt})
   for (const Case& c : cases) {
     if (path == cuda::LinearPath::kSkinny && c.tokens > 16) continue;  // the skinny kernel's limit
     runner.set_path(path);
     SCOPED_TRACE("T " + std::to_string(c.tokens) + " in " + std::to_string(c.in) + " out " + std::to_string(c.out) +
                  (c.bias ? " bias" : "") + (c.out_dtype == DType::F32 ? " f32" : " bf16") +
-                 (path == cuda::LinearPath::kSkinny ? " skinny (forced)" : " auto (cuBLASLt)"));
+                 (path == cuda::LinearPath::kSkinny ? " skinny (forced)"
+                  : path == cuda::LinearPath::kAuto ? " auto" : " cuBLASLt (forced)"));
     OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
     OwnedTensor w = random_bf16(rng(), {c.out, c.in}, 0.05f);
     OwnedTensor b = random_bf16(rng(), {c.out});

@@ -35,6 +35,7 @@ class Bf16HostBackend final : public ops::Backend {
   void add(const ops::AddParams&) override { std::abort(); }
   void silu_mul(const ops::SiluMulParams&) override { std::abort(); }
   void gather_rows(const ops::GatherRowsParams&) override { std::abort(); }
+  void split_columns(const ops::SplitColumnsParams&) override { std::abort(); }
   void rope(const ops::RopeParams&) override { std::abort(); }
   void kv_write(const ops::KvWriteParams&) override { std::abort(); }
   void attention(const ops::AttentionParams&) override { std::abort(); }

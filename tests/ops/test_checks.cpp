@@ -149,6 +149,18 @@ TEST(OpChecks, GatherRows) {
   EXPECT_REJECTS(valid, "GatherRowsParams.out", p.out = reshaped(p.x, {2, 4}));
 }
 
+TEST(OpChecks, SplitColumns) {
+  Holder m;
+  const ops::SplitColumnsParams valid{.x = m.f32({3, 10}), .parts = {m.f32({3, 6}), m.f32({3, 2}), m.f32({3, 2})}};
+  EXPECT_TRUE(check(valid).ok());
+  EXPECT_REJECTS(valid, "SplitColumnsParams.x", p.x = reshaped(p.x, {30}));
+  EXPECT_REJECTS(valid, "SplitColumnsParams.parts[1]", p.parts[1] = reshaped(p.parts[1], {2, 3}));
+  EXPECT_REJECTS(valid, "SplitColumnsParams.parts: expected columns summing to x's 10, found 8", p.parts[2] = Tensor{});
+  EXPECT_REJECTS(valid, "SplitColumnsParams.parts[2]: defined after", p.parts[1] = Tensor{});
+  EXPECT_REJECTS(valid, "SplitColumnsParams.parts[0]", p.parts[0] = retyped(p.parts[0], DType::I32));
+  EXPECT_REJECTS(valid, "SplitColumnsParams.parts[0]", p.parts[0] = Tensor(p.x.data, DType::F32, {3, 6}));
+}
+
 TEST(OpChecks, Rope) {
   Holder m;
   const ops::RopeParams valid{.q = m.f32({3, 4, 8}),

@@ -135,6 +135,33 @@ TEST(DenseOps, GatherRowsCopiesExactly) {
   }
 }
 
+TEST(DenseOps, SplitColumnsCopiesEachBlock) {
+  cpu::CpuBackend backend(1);
+  Rng rng(7);
+  for (const std::vector<int64_t>& widths : {std::vector<int64_t>{5, 2, 2}, {3, 4}, {9}}) {
+    int64_t total = 0;
+    for (int64_t w : widths) total += w;
+    OwnedTensor x = test::random_f32(rng, {4, total});
+    std::vector<OwnedTensor> parts;
+    ops::SplitColumnsParams p{.x = x};
+    for (size_t i = 0; i < widths.size(); ++i) {
+      parts.push_back(OwnedTensor::host(DType::F32, {4, widths[i]}));
+      poison(parts.back());
+      p.parts[i] = parts.back().view;
+    }
+    backend.split_columns(p);
+    int64_t first = 0;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      for (int64_t t = 0; t < 4; ++t) {
+        for (int64_t c = 0; c < widths[i]; ++c) {
+          ASSERT_EQ(parts[i].view.ptr<float>()[t * widths[i] + c], x.view.ptr<float>()[t * total + first + c]);
+        }
+      }
+      first += widths[i];
+    }
+  }
+}
+
 // Values inside tensors that break a contract abort with the op and the offending element.
 TEST(DenseOpsDeathTest, OutOfRangeIdsAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");

@@ -31,6 +31,7 @@ class CpuBackend : public ops::Backend {
   void add(const ops::AddParams& p) override;
   void silu_mul(const ops::SiluMulParams& p) override;
   void gather_rows(const ops::GatherRowsParams& p) override;
+  void split_columns(const ops::SplitColumnsParams& p) override;
   void rope(const ops::RopeParams& p) override;
   void kv_write(const ops::KvWriteParams& p) override;
   void attention(const ops::AttentionParams& p) override;

@@ -103,4 +103,21 @@ void CpuBackend::gather_rows(const ops::GatherRowsParams& p) {
   }
 }
 
+void CpuBackend::split_columns(const ops::SplitColumnsParams& p) {
+  ops::require(ops::check(p), "split_columns");
+  require_host_f32(p.x, "SplitColumnsParams.x", "split_columns");
+  const int64_t rows = p.x.dim(0), cols = p.x.dim(1);
+  const float* x = p.x.ptr<float>();  // [T, C] f32
+  int64_t first = 0;
+  for (const Tensor& part : p.parts) {
+    if (!part.defined()) break;
+    const int64_t width = part.dim(1);
+    float* out = part.ptr<float>();  // [T, C_i] f32
+    for (int64_t t = 0; t < rows && width > 0; ++t) {
+      std::memcpy(out + t * width, x + t * cols + first, size_t(width) * sizeof(float));
+    }
+    first += width;
+  }
+}
+
 }  // namespace lmx::cpu

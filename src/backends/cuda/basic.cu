@@ -39,6 +39,33 @@ __global__ static void copy_rows_kernel(const __grid_constant__ CopyRowsParams p
                      int64_t(gridDim.y) * blockDim.x);
 }
 
+struct SplitColumnsKernelParams {
+  const void* x;            // [T, C] bf16
+  void* parts[3];           // [T, C_i] bf16
+  int64_t units[3];         // C_i in Units (16-byte vectors or bf16 scalars); 0 for unused parts
+  int64_t units_per_row;    // C in Units
+};
+
+// parts[i][t, :] = x[t, c_i : c_i + C_i]. Grid: x = T rows, y = chunks of blockDim.x units of the row; a
+// thread copies one unit, finding its part by the running column offset (three compares).
+// PRECOND: Unit is uint4 only if every C_i * 2 % 16 == 0 and every base is 16-byte aligned; parts do not
+// overlap x.
+template <typename Unit>
+__global__ static void split_columns_kernel(const __grid_constant__ SplitColumnsKernelParams p) {
+  const int64_t row = blockIdx.x;
+  int64_t column = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (column >= p.units_per_row) return;
+  const Unit value = static_cast<const Unit*>(p.x)[row * p.units_per_row + column];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    if (column < p.units[i]) {
+      static_cast<Unit*>(p.parts[i])[row * p.units[i] + column] = value;
+      return;
+    }
+    column -= p.units[i];
+  }
+}
+
 struct RmsNormKernelParams {
   const __nv_bfloat16* x;       // [N, C] bf16
   const __nv_bfloat16* weight;  // [C] bf16
@@ -274,6 +301,30 @@ void gather_rows(const ops::GatherRowsParams& p, cudaStream_t stream) {
   detail::require_bf16_activation("gather_rows", "x", p.x);
   launch_copy_rows(p.x.data, device_ptr<int32_t>(p.index), p.out.data, p.out.dim(0),
                    p.out.dim(1) * int64_t(sizeof(__nv_bfloat16)), stream);
+}
+
+void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::split_columns");
+  detail::require_cuda("split_columns", {{"x", &p.x}, {"parts[0]", &p.parts[0]}});
+  detail::require_bf16_activation("split_columns", "x", p.x);
+  const int64_t rows = p.x.dim(0), cols = p.x.dim(1);
+  if (rows == 0 || cols == 0) return;
+  LMX_CHECK(rows <= 0x7fffffff);
+  bool vector = detail::aligned16(p.x.data) && cols % kBf16PerVector == 0;
+  for (const Tensor& part : p.parts) {
+    if (part.defined()) vector = vector && detail::aligned16(part.data) && part.dim(1) % kBf16PerVector == 0;
+  }
+  const int64_t per_unit = vector ? kBf16PerVector : 1;
+  SplitColumnsKernelParams params{.x = p.x.data, .parts = {}, .units = {}, .units_per_row = cols / per_unit};
+  for (size_t i = 0; i < p.parts.size(); ++i) {
+    if (!p.parts[i].defined()) continue;
+    params.parts[i] = p.parts[i].data;
+    params.units[i] = p.parts[i].dim(1) / per_unit;
+  }
+  const dim3 grid(unsigned(rows), detail::blocks_for(params.units_per_row, kCopyThreads));
+  if (vector) split_columns_kernel<uint4><<<grid, kCopyThreads, 0, stream>>>(params);
+  else split_columns_kernel<uint16_t><<<grid, kCopyThreads, 0, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
 }
 
 void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream) {

@@ -123,6 +123,7 @@ void CudaBackend::linear(const ops::LinearParams& p) { linear_.run(p, stream_); 
 void CudaBackend::add(const ops::AddParams& p) { cuda::add(p, stream_); }
 void CudaBackend::silu_mul(const ops::SiluMulParams& p) { cuda::silu_mul(p, stream_); }
 void CudaBackend::gather_rows(const ops::GatherRowsParams& p) { cuda::gather_rows(p, stream_); }
+void CudaBackend::split_columns(const ops::SplitColumnsParams& p) { cuda::split_columns(p, stream_); }
 void CudaBackend::rope(const ops::RopeParams& p) { cuda::rope(p, stream_); }
 void CudaBackend::kv_write(const ops::KvWriteParams& p) { cuda::kv_write(p, stream_); }
 // The split-KV workspace grows to the largest (tokens, heads, dim) seen; past 64 tokens its size stops

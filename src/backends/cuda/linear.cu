@@ -1,15 +1,18 @@
 // LinearRunner (linear.cuh): out = x·Wᵀ + b. Two paths:
-//  - few rows (T <= 16), only when forced (LinearPath::kSkinny; cuBLASLt measured faster): skinny_kernel, a
-//    weight-streaming GEMV on tensor cores. One mma.sync
+//  - few rows (T <= 16) and a narrow output (<= kSkinnyAutoMaxOut; any width when forced with
+//    LinearPath::kSkinny): skinny_kernel, a weight-streaming GEMV on tensor cores. One mma.sync
 //    m16n8k16 takes the (up to) 16 rows of x as A and 8 weight rows as B. Each lane loads 16 contiguous
 //    bytes of a weight row and of two x rows per 32-wide k chunk; because a dot product does not care about
 //    the order of k, the 8 values a lane holds are given to two mmas under one fixed permutation of k
 //    (the same for A and B), so no shuffles and only 16-byte loads. 8 warps split `in`, reduce in shared
 //    memory, add the bias, and store bf16 or f32. Rows >= T re-read row T-1 and are never stored.
+//  - at most kGemvMaxOut outputs (the router's 32) with few rows, in kAuto: gemv_kernel, a warp per output
+//    (the skinny kernel's 16 outputs per CTA leave such a product with 2 CTAs).
 //  - otherwise cuBLASLt. Row-major x [T, in] and W [out, in] are column-major xᵀ [in, T] and Wᵀ [in, out], so
 //    outᵀ [out, T] (= row-major out) = op(W)·x with op = T: the "TN" GEMM, both operands K-contiguous. The
 //    algorithm per (T, in, out, out dtype, alignments) comes from the heuristic once and is cached; the bias
-//    is a small kernel after it.
+//    is a small kernel after it. (cuBLASLt's BIAS epilogue was tried and reverted: it passed the standalone
+//    parity test but broke the GPT-OSS fixture's LoRA requests, docs/perf-log.md run 15.)
 #include "backends/cuda/linear.cuh"
 
 #include <cublasLt.h>
@@ -67,6 +70,7 @@ constexpr int kSkinnyWarps = 8;   // split `in`
 constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
 constexpr int kSkinnyUnroll = 4;  // 32-wide k chunks in flight per warp
 constexpr int kSkinnyOutPerCta = 8 * kSkinnyNTiles;
+constexpr int64_t kSkinnyAutoMaxOut = 1024;  // kAuto's skinny path: T <= 16 and at most this many outputs
 
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                  uint32_t b0, uint32_t b1) {
@@ -134,6 +138,68 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const 
   static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
 }
 
+// ---- few outputs (the router): one warp per output ----
+
+constexpr int kGemvMaxOut = 64;       // kAuto's warp-per-output path: T <= 16 rows and at most this many outputs
+constexpr int kGemvWarps = 4;         // outputs per CTA
+constexpr int kGemvChunkUnroll = 2;   // 16-byte chunks of the weight row in flight per lane
+
+// y[t, n] = x[t]·w[n] + bias[n] for the CTA's kGemvWarps outputs, one per warp: lanes stride over 16-byte
+// chunks of the weight row (read once), multiply each by the same chunk of every x row (L1/L2-resident: T
+// rows of `in` bf16), keep T fp32 sums, and reduce them over the warp. Grid: ceil(out / kGemvWarps).
+// PRECOND: 1 <= T <= kSkinnyMaxRows; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements.
+template <typename Out>
+__global__ static void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const __grid_constant__ SkinnyKernelParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n = blockIdx.x * kGemvWarps + warp;
+  if (n >= p.out) return;
+  const int chunks = p.in / 8;
+  const __nv_bfloat16* w = p.w + int64_t(n) * p.in;
+  float sum[kSkinnyMaxRows] = {};
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kGemvChunkUnroll) {
+    uint4 wv[kGemvChunkUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvChunkUnroll; ++u) {
+      const int c = min(c0 + 32 * u, chunks - 1);
+      wv[u] = *reinterpret_cast<const uint4*>(w + 8 * c);
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvChunkUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= chunks) break;
+      float wf[8];
+      const auto* wh = reinterpret_cast<const __nv_bfloat162*>(&wv[u]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(wh[i]);
+        wf[2 * i] = f.x;
+        wf[2 * i + 1] = f.y;
+      }
+#pragma unroll
+      for (int t = 0; t < kSkinnyMaxRows; ++t) {
+        if (t >= p.tokens) break;
+        const uint4 xv = *reinterpret_cast<const uint4*>(p.x + int64_t(t) * p.in + 8 * c);
+        const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(xh[i]);
+          sum[t] = fmaf(f.x, wf[2 * i], sum[t]);
+          sum[t] = fmaf(f.y, wf[2 * i + 1], sum[t]);
+        }
+      }
+    }
+  }
+  const float bias = p.bias != nullptr ? __bfloat162float(p.bias[n]) : 0.0f;
+#pragma unroll
+  for (int t = 0; t < kSkinnyMaxRows; ++t) {
+    if (t >= p.tokens) break;
+    float s = sum[t];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+    if (lane == 0) static_cast<Out*>(p.y)[int64_t(t) * p.out + n] = Out(s + bias);
+  }
+}
+
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB
 
 int alignment_of(const void* p) {
@@ -182,10 +248,12 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   if (path_ == LinearPath::kSkinny && !skinny_fits) {
     detail::contract_failure("linear", "x", p.x, "T <= 16 and in % 8 == 0 for the forced skinny path");
   }
-  // kAuto is cuBLASLt: measured on the H200 (docs/perf-log.md run 9) it reads the weights faster than the
-  // skinny kernel at every row count (qkv T = 16: 3.1 vs 2.5 TB/s); the skinny path stays as the forced
-  // comparison row of bench_cuda_ops until a GEMV beats it.
-  if (path_ == LinearPath::kSkinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {
+  // kAuto: cuBLASLt reads large weights faster than the skinny kernel (docs/perf-log.md run 9: qkv T = 16 3.1
+  // vs 2.5 TB/s), but narrow products (k/v 512 columns, the router's 32) cost it ~12 µs each (run 14's
+  // profile), far above their bytes: those take the skinny kernel.
+  const bool narrow = out <= kSkinnyAutoMaxOut;
+  const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
+  if (skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {
     LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
     const SkinnyKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
                                     .w = static_cast<const __nv_bfloat16*>(p.weight.data),
@@ -194,6 +262,13 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
                                     .tokens = int(tokens),
                                     .in = int(in),
                                     .out = int(out)};
+    if (path_ == LinearPath::kAuto && out <= kGemvMaxOut) {  // the router: a warp per output
+      const unsigned blocks = detail::blocks_for(out, kGemvWarps);
+      if (p.out.dtype == DType::F32) gemv_kernel<float><<<blocks, 32 * kGemvWarps, 0, stream>>>(params);
+      else gemv_kernel<__nv_bfloat16><<<blocks, 32 * kGemvWarps, 0, stream>>>(params);
+      LMX_CUDA_CHECK_LAUNCH();
+      return;
+    }
     const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
     if (p.out.dtype == DType::F32) skinny_kernel<float><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);
     else skinny_kernel<__nv_bfloat16><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);

@@ -14,8 +14,9 @@
 
 namespace lmx::cuda {
 
-// Which kernel runs: kAuto = cuBLASLt (measured fastest at every row count, docs/perf-log.md run 9); kSkinny
-// forces our few-row tensor-core GEMV (T <= 16), for tests and the benchmark's comparison row.
+// Which kernel runs: kAuto = for T <= 16 rows, a warp-per-output GEMV up to 64 outputs (the router) and our
+// tensor-core skinny GEMV up to 1024 (k, v), cuBLASLt otherwise (faster on wide weights, docs/perf-log.md run 9); kSkinny forces the GEMV
+// (T <= 16) and kCublasLt cuBLASLt, for tests and the benchmark's comparison rows.
 enum class LinearPath { kAuto, kSkinny, kCublasLt };
 
 class LinearRunner {

@@ -18,6 +18,9 @@
 //    as they are, halves weights are read with row map 2i -> i, 2i+1 -> I + i (free: rows load one by one).
 //    The fused epilogue rounds h to bf16 before the activation, exactly like the unfused path (h stored as
 //    bf16, then moe_activation), so a base token's output does not depend on whether its batch has LoRA.
+//  - Hopper (sm_90a), BLOCK_M 64/128 × BLOCK_N 128: grouped_gemm_wgmma_kernel keeps the loads, layout and
+//    epilogue and replaces ldmatrix + mma.sync by warpgroup MMAs (wgmma m64n128k16) reading both tiles from
+//    shared memory (the swizzle above is wgmma's 128-byte swizzle); compute-bound prefill runs there.
 #include "backends/cuda/moe_gemm.cuh"
 
 #include <cuda_bf16.h>
@@ -97,6 +100,35 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
 
 // Element offset of 16-byte chunk `chunk` of shared row `row` (rows of kBlockK bf16, XOR swizzle).
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) * 8); }
+
+// Both kernels' epilogue for one accumulator pair: row `pair`, columns `column` (even) and column + 1, plus
+// the bias, then either the fused activation (one output) or the two bf16 values. Columns past n are dropped.
+__device__ __forceinline__ void store_columns(const GemmKernelParams& p, int expert, int pair, int column, float v0,
+                                              float v1) {
+  if (column >= p.n) return;
+  const int64_t inter = p.n / 2;
+  const bool has_second = column + 1 < p.n;
+  if (p.bias != nullptr) {
+    const __nv_bfloat16* bias = p.bias + int64_t(expert) * p.n;
+    const int64_t row0 = p.halves ? column / 2 : column;
+    const int64_t row1 = p.halves ? inter + column / 2 : column + 1;
+    v0 += __bfloat162float(bias[row0]);
+    if (has_second) v1 += __bfloat162float(bias[row1]);
+  }
+  if (p.fuse_activation) {  // PRECOND n even, so has_second
+    // h rounded to bf16 first, as the unfused path stores it: a batch whose tokens have no adapter gives
+    // bit-identical results whether moe_block took the fused or the LoRA path.
+    const float gate = __bfloat162float(__float2bfloat16_rn(v0));
+    const float up = __bfloat162float(__float2bfloat16_rn(v1));
+    p.out[int64_t(pair) * inter + column / 2] =
+        __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
+  } else if (has_second && p.n % 2 == 0) {
+    *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(pair) * p.n + column) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    p.out[int64_t(pair) * p.n + column] = __float2bfloat16_rn(v0);
+    if (has_second) p.out[int64_t(pair) * p.n + column + 1] = __float2bfloat16_rn(v1);
+  }
+}
 
 // PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
 // in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
@@ -204,7 +236,6 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   }
 
   // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
-  const bool n_even = p.n % 2 == 0;
 #pragma unroll
   for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
@@ -214,30 +245,173 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
 #pragma unroll
       for (int nj = 0; nj < kNi; ++nj) {
         const int column = n0 + warp_n0 + nj * 8 + 2 * (lane % 4);  // even
-        if (column >= p.n) continue;
-        float v0 = acc[mi][nj][2 * half], v1 = acc[mi][nj][2 * half + 1];
-        const bool has_second = column + 1 < p.n;
-        if (p.bias != nullptr) {
-          const __nv_bfloat16* bias = p.bias + int64_t(expert) * p.n;
-          const int64_t row0 = p.halves ? column / 2 : column;
-          const int64_t row1 = p.halves ? inter + column / 2 : column + 1;
-          v0 += __bfloat162float(bias[row0]);
-          if (has_second) v1 += __bfloat162float(bias[row1]);
-        }
-        if (p.fuse_activation) {  // PRECOND n even, so has_second
-          // h rounded to bf16 first, as the unfused path stores it: a batch whose tokens have no adapter
-          // gives bit-identical results whether moe_block took the fused or the LoRA path.
-          const float gate = __bfloat162float(__float2bfloat16_rn(v0));
-          const float up = __bfloat162float(__float2bfloat16_rn(v1));
-          p.out[int64_t(pair) * inter + column / 2] =
-              __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
-        } else if (has_second && n_even) {
-          *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(pair) * p.n + column) = __floats2bfloat162_rn(v0, v1);
-        } else {
-          p.out[int64_t(pair) * p.n + column] = __float2bfloat16_rn(v0);
-          if (has_second) p.out[int64_t(pair) * p.n + column + 1] = __float2bfloat16_rn(v1);
-        }
+        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
       }
+    }
+  }
+}
+
+
+// ---- Hopper path (sm_90a): warpgroup MMA ----
+// The same tiles, gathered rows, cp.async ring and 128-byte XOR swizzle as grouped_gemm_kernel: a shared row
+// of 64 bf16 is 128 bytes and chunk c of row r sits at chunk c ^ (r % 8), which is exactly wgmma's
+// K-major SWIZZLE_128B layout (8-row atoms of 1024 bytes), so only the inner product changes: each warpgroup
+// (4 warps) issues m64n128k16 wgmmas on its 64 rows of the A tile and the whole 128-column B tile, both
+// read from shared memory through matrix descriptors, accumulating 64 fp32 per thread in registers.
+
+// Matrix descriptor of a K-major SWIZZLE_128B tile starting at `shared` (1024-byte aligned atoms; advancing
+// the start by 32 bytes steps k by 16 inside the atom, the hardware applies the swizzle to the address).
+// Fields: start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29; unused for swizzled K-major, 1),
+// stride byte offset >> 4 (32-45; 8 rows of 128 bytes), swizzle mode (62-63; 1 = 128 bytes).
+__device__ __forceinline__ uint64_t sw128_descriptor(const void* shared) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  return uint64_t((address & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Pins the accumulators in program order around the asynchronous MMAs (the asm statements that issue and
+// wait do not name them, so without this the compiler could move their uses across a wait).
+__device__ __forceinline__ void fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d[64] += A(64×16, descriptor)·B(128×16, descriptor)ᵀ, bf16 in, fp32 accumulate (scale-d = 1).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
+  const int scale_d = 1;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+#else
+  __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
+#endif
+}
+
+// BLOCK_M = 64·kWarpgroups rows × BLOCK_N 128 columns; 128·kWarpgroups threads, all of which issue the
+// cp.async copies (no producer warp: the gathered A rows need per-row addresses anyway). kStages shared
+// stages of (BLOCK_M + 128) × 64 bf16; tiles ahead = kStages - 2, so the stage being refilled was read by
+// the wgmmas two k-tiles back, which wgmma_wait<1> (one group in flight) plus the barrier have retired.
+// PRECOND: as grouped_gemm_kernel; dynamic shared memory = kStages·(BLOCK_M + 128)·64 bf16 + 1024 (the base
+// is rounded up to the 1024-byte swizzle atom); built for sm_90a.
+template <int kWarpgroups, int kStages, bool kEvenK>
+__global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 ? 2 : 1)
+    grouped_gemm_wgmma_kernel(const __grid_constant__ GemmKernelParams p) {
+  constexpr int kBlockM = 64 * kWarpgroups, kBlockN = 128, kThreads = 128 * kWarpgroups;
+  constexpr int kRowsPerLoadPass = kThreads / kChunksPerRow;
+  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
+  constexpr int kLoadsA = kBlockM / kRowsPerLoadPass, kLoadsB = kBlockN / kRowsPerLoadPass;
+  constexpr int kAhead = kStages - 2;
+  static_assert(kStages >= 3 && kBlockM % kRowsPerLoadPass == 0 && kBlockN % kRowsPerLoadPass == 0);
+
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  const int expert = p.tile_group[tile];
+  const int n0 = blockIdx.y * kBlockN;
+  extern __shared__ uint4 dynamic_shared[];
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
+  auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
+  __shared__ int tile_pairs[kBlockM];
+  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
+  __syncthreads();
+
+  const int chunk = threadIdx.x % kChunksPerRow, load_row = threadIdx.x / kChunksPerRow;
+  const __nv_bfloat16* a_src[kLoadsA];
+  bool a_valid[kLoadsA];
+#pragma unroll
+  for (int j = 0; j < kLoadsA; ++j) {
+    const int pair = tile_pairs[load_row + kRowsPerLoadPass * j];
+    a_valid[j] = pair < p.pairs;
+    a_src[j] = a_valid[j] ? p.x + int64_t(pair / p.row_div) * p.in + chunk * 8 : p.x;
+  }
+  const __nv_bfloat16* b_src[kLoadsB];
+  bool b_valid[kLoadsB];
+  const int64_t inter = p.n / 2;
+#pragma unroll
+  for (int j = 0; j < kLoadsB; ++j) {
+    const int column = n0 + load_row + kRowsPerLoadPass * j;
+    b_valid[j] = column < p.n;
+    const int64_t weight_row = p.halves ? (column % 2 == 0 ? column / 2 : inter + column / 2) : column;
+    b_src[j] = b_valid[j] ? p.weight + (int64_t(expert) * p.n + weight_row) * p.in + chunk * 8 : p.weight;
+  }
+  auto load_stage = [&](int stage, int k0) {
+    __nv_bfloat16* a_dst = stages + stage * kStageElems;
+    __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
+    const bool k_ok = kEvenK || k0 + chunk * 8 < p.in;
+#pragma unroll
+    for (int j = 0; j < kLoadsA; ++j) {
+      const bool ok = a_valid[j] && k_ok;
+      cp_async16(a_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? a_src[j] + k0 : p.x, ok);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadsB; ++j) {
+      const bool ok = b_valid[j] && k_ok;
+      cp_async16(b_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? b_src[j] + k0 : p.weight, ok);
+    }
+  };
+
+  const int warpgroup = threadIdx.x / 128;
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < k_tiles) load_stage(s, s * kBlockK);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kAhead - 1>();  // k-tile kt has landed (for this thread) ...
+    fence_proxy_async();          // ... is visible to the tensor cores' proxy ...
+    __syncthreads();              // ... for every thread; and wgmmas of kt - 2 retired in every warpgroup
+    const int next = kt + kAhead;
+    if (next < k_tiles) load_stage(next % kStages, next * kBlockK);
+    cp_async_commit();
+    const __nv_bfloat16* a_tile = stages + (kt % kStages) * kStageElems + warpgroup * 64 * kBlockK;
+    const __nv_bfloat16* b_tile = stages + (kt % kStages) * kStageElems + kBlockM * kBlockK;
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      wgmma_m64n128k16(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_operands(acc);
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+
+  // Accumulator layout of m64nN: warp w of the warpgroup holds rows 16w + lane/4 (+ 8), and per n8 block j
+  // acc[4j], acc[4j + 1] = columns 8j + 2·(lane % 4) + {0, 1} of the first row, acc[4j + 2, 4j + 3] of the second.
+  const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int pair = tile_pairs[warpgroup * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
+    if (pair >= p.pairs) continue;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
 }
@@ -391,6 +565,26 @@ PreparedKernel prepared_kernel(bool even_k) {
                 : prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, false>();
 }
 
+template <int kWarpgroups, int kStages, bool kEvenK>
+PreparedKernel prepared_wgmma_kernel() {
+  const size_t shared_bytes = size_t(kStages) * (64 * kWarpgroups + 128) * kBlockK * sizeof(__nv_bfloat16) + 1024;
+  GemmKernel kernel = grouped_gemm_wgmma_kernel<kWarpgroups, kStages, kEvenK>;
+  static const bool attribute_set = [&] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    return true;
+  }();
+  (void)attribute_set;
+  return {kernel, 128 * kWarpgroups, shared_bytes};
+}
+
+template <int kWarpgroups, int kStages>
+PreparedKernel prepared_wgmma_kernel(bool even_k) {
+  return even_k ? prepared_wgmma_kernel<kWarpgroups, kStages, true>()
+                : prepared_wgmma_kernel<kWarpgroups, kStages, false>();
+}
+
+bool use_wgmma = true;  // set_moe_gemm_wgmma
+
 // The one dispatch on tile configuration (BLOCK_N 0 = the default of the BLOCK_M):
 //  BLOCK_M 16: BLOCK_N 64 (default; 1×4 warps of 16×16, 6 stages, 60 KB, 3 CTAs per SM: twice the CTAs of
 //    BLOCK_N 128 for the few tiles of T = 1, and 50 KB in flight per CTA when there are only ~1.4 CTAs per
@@ -399,6 +593,8 @@ PreparedKernel prepared_kernel(bool even_k) {
 //    or 64 (2×2 warps of 32×32, 4 stages, 64 KB);
 //  BLOCK_M 128: BLOCK_N 128 only (8 warps, 2×4 of 64×32, 3 stages, 96 KB, 2 CTAs per SM): half the shared
 //    memory traffic per FLOP of 64×128, for compute-bound prefill.
+//  BLOCK_M 64 and 128 with BLOCK_N 128 run the wgmma kernel instead unless set_moe_gemm_wgmma(false): one
+//    warpgroup per 64 rows; BLOCK_M 64: 4 stages, 97 KB, 2 CTAs per SM; BLOCK_M 128: 5 stages, 161 KB, 1.
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64_t max_tiles, cudaStream_t stream) {
   if (block_n == 0) block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;  // the defaults, in one place
@@ -410,6 +606,8 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64
   PreparedKernel k{};
   if (block_m == kMoeGemmBlockMDecode) {
     k = block_n == 64 ? prepared_kernel<16, 64, 1, 4, 6>(even_k) : prepared_kernel<16, 128, 1, 4, 4>(even_k);
+  } else if (use_wgmma && block_n == 128) {
+    k = block_m == kMoeGemmBlockMPrefill ? prepared_wgmma_kernel<1, 4>(even_k) : prepared_wgmma_kernel<2, 5>(even_k);
   } else if (block_m == kMoeGemmBlockMPrefill) {
     k = block_n == 64 ? prepared_kernel<64, 64, 2, 2, 4>(even_k) : prepared_kernel<64, 128, 2, 2, 3>(even_k);
   } else {
@@ -428,6 +626,8 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 }
 
 }  // namespace
+
+void set_moe_gemm_wgmma(bool enabled) { use_wgmma = enabled; }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and

@@ -20,6 +20,10 @@ constexpr int kMoeGemmBlockMDecode = 16;   // few pairs per expert: 16-row tiles
 constexpr int kMoeGemmBlockMPrefill = 64;  // many pairs per expert: each weight tile feeds 64 rows
 constexpr int kMoeGemmBlockMLarge = 128;   // large prefill (compute-bound): 128 × 128 tiles, 8 warps
 
+// BLOCK_M 64/128 tiles with BLOCK_N 128 run on Hopper's warpgroup MMA (wgmma) by default; false selects the
+// mma.sync kernel instead, process-wide (the bench's before/after rows and the tests' comparison).
+void set_moe_gemm_wgmma(bool enabled);
+
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E (host numbers, no sync).
 int moe_gemm_block_m(int64_t pairs, int64_t experts);
 
