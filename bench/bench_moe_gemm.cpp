@@ -125,7 +125,8 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   cuda::moe_gate_up(gate_up(0, false), stream);
   cuda::moe_activation({.h = h, .activation = m.activation, .layout = m.layout, .a = a}, stream);
   cuda::moe_down(down(0), stream);
-  const std::vector<int> block_ns = block_m == cuda::kMoeGemmBlockMLarge ? std::vector<int>{128} : std::vector<int>{64, 128};
+  const std::vector<int> block_ns =
+      block_m == cuda::kMoeGemmBlockMLarge ? std::vector<int>{128, 256} : std::vector<int>{64, 128};
   for (int block_n : block_ns) {
     cuda::moe_gate_up(gate_up(0, true, block_n), stream);
     cuda::moe_down(down(0, block_n), stream);

@@ -36,6 +36,9 @@ class SlotTable {
   BaseModelShapes base_;
   int num_slots_;
   std::vector<std::array<Target, ops::kNumLoraTargets>> layers_;
+  // Host staging of one slot block in the slot's dtype (padding included), reused across targets and loads.
+  std::vector<float> staging_f32_[2];
+  std::vector<bf16> staging_bf16_[2];
 };
 
 }  // namespace lmx::lora

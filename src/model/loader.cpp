@@ -8,7 +8,7 @@
 
 #include "core/log.h"
 #include "io/safetensors.h"
-#include "model/host_parallel.h"
+#include "core/host_parallel.h"
 #include "model/mxfp4.h"
 #include "model/weights.h"
 

@@ -6,7 +6,7 @@
 #include <array>
 #include <cmath>
 
-#include "model/host_parallel.h"
+#include "core/host_parallel.h"
 
 namespace lmx::model {
 namespace {

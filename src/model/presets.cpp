@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "core/rng.h"
-#include "model/host_parallel.h"
+#include "core/host_parallel.h"
 
 namespace lmx::model {
 namespace {

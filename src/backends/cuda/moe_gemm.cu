@@ -274,11 +274,46 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// d[128] += A(64×16)·B(256×16)ᵀ: the same with a 256-column B tile (twice the FLOPs per byte of A and B read
+// from L2 per CTA as n128 at BLOCK_M 128).
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
+  const int scale_d = 1;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(scale_d));
+#else
+  __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
+#endif
+}
+
 // Pins the accumulators in program order around the asynchronous MMAs (the asm statements that issue and
 // wait do not name them, so without this the compiler could move their uses across a wait).
-__device__ __forceinline__ void fence_operands(float (&d)[64]) {
+template <int kCount>
+__device__ __forceinline__ void fence_operands(float (&d)[kCount]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 // cp.async writes shared memory through the generic proxy; wgmma reads it through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -308,16 +343,22 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
 #endif
 }
 
-// BLOCK_M = 64·kWarpgroups rows × BLOCK_N 128 columns; 128·kWarpgroups threads, all of which issue the
+template <int kBlockN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t a, uint64_t b) {
+  if constexpr (kBlockN == 256) wgmma_m64n256k16(d, a, b);
+  else wgmma_m64n128k16(d, a, b);
+}
+
+// BLOCK_M = 64·kWarpgroups rows × kBlockN (128 or 256) columns; 128·kWarpgroups threads, all of which issue the
 // cp.async copies (no producer warp: the gathered A rows need per-row addresses anyway). kStages shared
-// stages of (BLOCK_M + 128) × 64 bf16; tiles ahead = kStages - 2, so the stage being refilled was read by
+// stages of (BLOCK_M + kBlockN) × 64 bf16; tiles ahead = kStages - 2, so the stage being refilled was read by
 // the wgmmas two k-tiles back, which wgmma_wait<1> (one group in flight) plus the barrier have retired.
-// PRECOND: as grouped_gemm_kernel; dynamic shared memory = kStages·(BLOCK_M + 128)·64 bf16 + 1024 (the base
+// PRECOND: as grouped_gemm_kernel; dynamic shared memory = kStages·(BLOCK_M + kBlockN)·64 bf16 + 1024 (the base
 // is rounded up to the 1024-byte swizzle atom); built for sm_90a.
-template <int kWarpgroups, int kStages, bool kEvenK>
-__global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 ? 2 : 1)
+template <int kWarpgroups, int kBlockN, int kStages, bool kEvenK>
+__global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ GemmKernelParams p) {
-  constexpr int kBlockM = 64 * kWarpgroups, kBlockN = 128, kThreads = 128 * kWarpgroups;
+  constexpr int kBlockM = 64 * kWarpgroups, kThreads = 128 * kWarpgroups, kAcc = kBlockN / 2;
   constexpr int kRowsPerLoadPass = kThreads / kChunksPerRow;
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
   constexpr int kLoadsA = kBlockM / kRowsPerLoadPass, kLoadsB = kBlockN / kRowsPerLoadPass;
@@ -371,9 +412,9 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 ? 2
   };
 
   const int warpgroup = threadIdx.x / 128;
-  float acc[64];
+  float acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
   const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -393,7 +434,7 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 ? 2
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      wgmma_m64n128k16(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+      wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
     }
     wgmma_commit();
     wgmma_wait<1>();
@@ -410,7 +451,7 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 ? 2
     const int pair = tile_pairs[warpgroup * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
     if (pair >= p.pairs) continue;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlockN / 8; ++j) {
       store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
@@ -529,12 +570,17 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
   }
 }
 
+bool use_wgmma = true;  // set_moe_gemm_wgmma
+
 void check_block_n(const char* op, int block_n, int block_m) {
-  if (block_n != 0 && block_n != 64 && block_n != 128) {
-    fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64 or 128 (0 = default)");
+  if (block_n != 0 && block_n != 64 && block_n != 128 && block_n != 256) {
+    fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64, 128 or 256 (0 = default)");
   }
   if (block_m == kMoeGemmBlockMLarge && block_n == 64) {
-    fail(op, "block_n = 64 with tiles.block_m = 128: BLOCK_M 128 is built for BLOCK_N 128 only");
+    fail(op, "block_n = 64 with tiles.block_m = 128: BLOCK_M 128 is built for BLOCK_N 128 or 256 only");
+  }
+  if (block_n == 256 && (block_m != kMoeGemmBlockMLarge || !use_wgmma)) {
+    fail(op, "block_n = 256: built only for tiles.block_m = 128 on the wgmma kernel");
   }
 }
 
@@ -565,10 +611,10 @@ PreparedKernel prepared_kernel(bool even_k) {
                 : prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, false>();
 }
 
-template <int kWarpgroups, int kStages, bool kEvenK>
+template <int kWarpgroups, int kBlockN, int kStages, bool kEvenK>
 PreparedKernel prepared_wgmma_kernel() {
-  const size_t shared_bytes = size_t(kStages) * (64 * kWarpgroups + 128) * kBlockK * sizeof(__nv_bfloat16) + 1024;
-  GemmKernel kernel = grouped_gemm_wgmma_kernel<kWarpgroups, kStages, kEvenK>;
+  const size_t shared_bytes = size_t(kStages) * (64 * kWarpgroups + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
+  GemmKernel kernel = grouped_gemm_wgmma_kernel<kWarpgroups, kBlockN, kStages, kEvenK>;
   static const bool attribute_set = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
@@ -577,13 +623,11 @@ PreparedKernel prepared_wgmma_kernel() {
   return {kernel, 128 * kWarpgroups, shared_bytes};
 }
 
-template <int kWarpgroups, int kStages>
+template <int kWarpgroups, int kBlockN, int kStages>
 PreparedKernel prepared_wgmma_kernel(bool even_k) {
-  return even_k ? prepared_wgmma_kernel<kWarpgroups, kStages, true>()
-                : prepared_wgmma_kernel<kWarpgroups, kStages, false>();
+  return even_k ? prepared_wgmma_kernel<kWarpgroups, kBlockN, kStages, true>()
+                : prepared_wgmma_kernel<kWarpgroups, kBlockN, kStages, false>();
 }
-
-bool use_wgmma = true;  // set_moe_gemm_wgmma
 
 // The one dispatch on tile configuration (BLOCK_N 0 = the default of the BLOCK_M):
 //  BLOCK_M 16: BLOCK_N 64 (default; 1×4 warps of 16×16, 6 stages, 60 KB, 3 CTAs per SM: twice the CTAs of
@@ -593,11 +637,15 @@ bool use_wgmma = true;  // set_moe_gemm_wgmma
 //    or 64 (2×2 warps of 32×32, 4 stages, 64 KB);
 //  BLOCK_M 128: BLOCK_N 128 only (8 warps, 2×4 of 64×32, 3 stages, 96 KB, 2 CTAs per SM): half the shared
 //    memory traffic per FLOP of 64×128, for compute-bound prefill.
-//  BLOCK_M 64 and 128 with BLOCK_N 128 run the wgmma kernel instead unless set_moe_gemm_wgmma(false): one
-//    warpgroup per 64 rows; BLOCK_M 64: 4 stages, 97 KB, 2 CTAs per SM; BLOCK_M 128: 5 stages, 161 KB, 1.
+//  With wgmma (default; set_moe_gemm_wgmma(false) restores the above): one warpgroup per 64 rows. BLOCK_M
+//    64 × BLOCK_N 128: 4 stages, 97 KB, 2 CTAs per SM; BLOCK_M 128 × 128: 5 stages, 161 KB, 1 CTA per SM;
+//    BLOCK_M 128 × 256 (explicit block_n only): 4 stages, 193 KB — twice the FLOPs per byte read from L2,
+//    but measured 15–20% slower than 128 × 128 (perf-log run 16: one CTA of 184–198 registers per SM).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64_t max_tiles, cudaStream_t stream) {
-  if (block_n == 0) block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;  // the defaults, in one place
+  if (block_n == 0) {  // the defaults, in one place
+    block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;
+  }
   if (max_tiles == 0 || params.pairs == 0 || params.n == 0) return;
   const int64_t column_blocks = (params.n + block_n - 1) / block_n;
   LMX_CHECK(column_blocks <= 65535);
@@ -606,8 +654,11 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64
   PreparedKernel k{};
   if (block_m == kMoeGemmBlockMDecode) {
     k = block_n == 64 ? prepared_kernel<16, 64, 1, 4, 6>(even_k) : prepared_kernel<16, 128, 1, 4, 4>(even_k);
+  } else if (use_wgmma && block_n == 256) {
+    k = prepared_wgmma_kernel<2, 256, 4>(even_k);
   } else if (use_wgmma && block_n == 128) {
-    k = block_m == kMoeGemmBlockMPrefill ? prepared_wgmma_kernel<1, 4>(even_k) : prepared_wgmma_kernel<2, 5>(even_k);
+    k = block_m == kMoeGemmBlockMPrefill ? prepared_wgmma_kernel<1, 128, 4>(even_k)
+                                         : prepared_wgmma_kernel<2, 128, 5>(even_k);
   } else if (block_m == kMoeGemmBlockMPrefill) {
     k = block_n == 64 ? prepared_kernel<64, 64, 2, 2, 4>(even_k) : prepared_kernel<64, 128, 2, 2, 3>(even_k);
   } else {

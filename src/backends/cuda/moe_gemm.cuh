@@ -51,8 +51,8 @@ struct MoeGateUpParams {
   float swiglu_limit = 7.0f;
   Tensor h;             // [T*K, 2I] bf16 pre-activation, rows of the weight's layout; or undefined
   Tensor a;             // [T*K, I] bf16 activated; or undefined
-  int block_n = 0;      // output columns per CTA: 0 = the default for tiles.block_m; 64 or 128 (tests, bench;
-                        // BLOCK_M 128 has 128 only)
+  int block_n = 0;      // output columns per CTA: 0 = the default for tiles.block_m; 64, 128 or 256 (tests,
+                        // bench; BLOCK_M 128 has 128 and 256 (wgmma only), 256 nowhere else)
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 

@@ -1,13 +1,13 @@
 // parallel_for over host memory for load-time bulk work (dtype conversion, transposes, MXFP4
 // dequantization, preset weight generation). Spawns threads per call: meant for seconds-long work, never
-// the hot path. Who calls: model/loader.cpp, model/mxfp4.cpp, model/presets.cpp.
+// the hot path. Who calls: model/loader.cpp, model/mxfp4.cpp, model/presets.cpp, lora/slots.cpp.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
-namespace lmx::model {
+namespace lmx {
 
 // Calls fn(begin, end) over disjoint chunks covering [0, n), each at least `min_chunk` long (except the
 // last), on up to hardware_concurrency threads. fn must only touch its own chunk's outputs.
@@ -30,4 +30,4 @@ void parallel_for(int64_t n, int64_t min_chunk, Fn&& fn) {
   for (auto& t : threads) t.join();
 }
 
-}  // namespace lmx::model
+}  // namespace lmx
