@@ -6,8 +6,6 @@
 //    the order of k, the 8 values a lane holds are given to two mmas under one fixed permutation of k
 //    (the same for A and B), so no shuffles and only 16-byte loads. 8 warps split `in`, reduce in shared
 //    memory, add the bias, and store bf16 or f32. Rows >= T re-read row T-1 and are never stored.
-//  - at most kGemvMaxOut outputs (the router's 32) with few rows, in kAuto: gemv_kernel, a warp per output
-//    (the skinny kernel's 16 outputs per CTA leave such a product with 2 CTAs).
 //  - otherwise cuBLASLt. Row-major x [T, in] and W [out, in] are column-major xᵀ [in, T] and Wᵀ [in, out], so
 //    outᵀ [out, T] (= row-major out) = op(W)·x with op = T: the "TN" GEMM, both operands K-contiguous. The
 //    algorithm per (T, in, out, out dtype, alignments) comes from the heuristic once and is cached; the bias
@@ -138,68 +136,6 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const 
   static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
 }
 
-// ---- few outputs (the router): one warp per output ----
-
-constexpr int kGemvMaxOut = 64;       // kAuto's warp-per-output path: T <= 16 rows and at most this many outputs
-constexpr int kGemvWarps = 4;         // outputs per CTA
-constexpr int kGemvChunkUnroll = 2;   // 16-byte chunks of the weight row in flight per lane
-
-// y[t, n] = x[t]·w[n] + bias[n] for the CTA's kGemvWarps outputs, one per warp: lanes stride over 16-byte
-// chunks of the weight row (read once), multiply each by the same chunk of every x row (L1/L2-resident: T
-// rows of `in` bf16), keep T fp32 sums, and reduce them over the warp. Grid: ceil(out / kGemvWarps).
-// PRECOND: 1 <= T <= kSkinnyMaxRows; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements.
-template <typename Out>
-__global__ static void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const __grid_constant__ SkinnyKernelParams p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n = blockIdx.x * kGemvWarps + warp;
-  if (n >= p.out) return;
-  const int chunks = p.in / 8;
-  const __nv_bfloat16* w = p.w + int64_t(n) * p.in;
-  float sum[kSkinnyMaxRows] = {};
-  for (int c0 = lane; c0 < chunks; c0 += 32 * kGemvChunkUnroll) {
-    uint4 wv[kGemvChunkUnroll];
-#pragma unroll
-    for (int u = 0; u < kGemvChunkUnroll; ++u) {
-      const int c = min(c0 + 32 * u, chunks - 1);
-      wv[u] = *reinterpret_cast<const uint4*>(w + 8 * c);
-    }
-#pragma unroll
-    for (int u = 0; u < kGemvChunkUnroll; ++u) {
-      const int c = c0 + 32 * u;
-      if (c >= chunks) break;
-      float wf[8];
-      const auto* wh = reinterpret_cast<const __nv_bfloat162*>(&wv[u]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(wh[i]);
-        wf[2 * i] = f.x;
-        wf[2 * i + 1] = f.y;
-      }
-#pragma unroll
-      for (int t = 0; t < kSkinnyMaxRows; ++t) {
-        if (t >= p.tokens) break;
-        const uint4 xv = *reinterpret_cast<const uint4*>(p.x + int64_t(t) * p.in + 8 * c);
-        const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(xh[i]);
-          sum[t] = fmaf(f.x, wf[2 * i], sum[t]);
-          sum[t] = fmaf(f.y, wf[2 * i + 1], sum[t]);
-        }
-      }
-    }
-  }
-  const float bias = p.bias != nullptr ? __bfloat162float(p.bias[n]) : 0.0f;
-#pragma unroll
-  for (int t = 0; t < kSkinnyMaxRows; ++t) {
-    if (t >= p.tokens) break;
-    float s = sum[t];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-    if (lane == 0) static_cast<Out*>(p.y)[int64_t(t) * p.out + n] = Out(s + bias);
-  }
-}
-
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB
 
 int alignment_of(const void* p) {
@@ -262,13 +198,6 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
                                     .tokens = int(tokens),
                                     .in = int(in),
                                     .out = int(out)};
-    if (path_ == LinearPath::kAuto && out <= kGemvMaxOut) {  // the router: a warp per output
-      const unsigned blocks = detail::blocks_for(out, kGemvWarps);
-      if (p.out.dtype == DType::F32) gemv_kernel<float><<<blocks, 32 * kGemvWarps, 0, stream>>>(params);
-      else gemv_kernel<__nv_bfloat16><<<blocks, 32 * kGemvWarps, 0, stream>>>(params);
-      LMX_CUDA_CHECK_LAUNCH();
-      return;
-    }
     const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
     if (p.out.dtype == DType::F32) skinny_kernel<float><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);
     else skinny_kernel<__nv_bfloat16><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);

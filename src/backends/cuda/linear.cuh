@@ -14,8 +14,8 @@
 
 namespace lmx::cuda {
 
-// Which kernel runs: kAuto = for T <= 16 rows, a warp-per-output GEMV up to 64 outputs (the router) and our
-// tensor-core skinny GEMV up to 1024 (k, v), cuBLASLt otherwise (faster on wide weights, docs/perf-log.md run 9); kSkinny forces the GEMV
+// Which kernel runs: kAuto = for T <= 16 rows and at most 1024 outputs (k, v, the router) our tensor-core
+// skinny GEMV, cuBLASLt otherwise (faster on wide weights, docs/perf-log.md run 9); kSkinny forces the GEMV
 // (T <= 16) and kCublasLt cuBLASLt, for tests and the benchmark's comparison rows.
 enum class LinearPath { kAuto, kSkinny, kCublasLt };
 
