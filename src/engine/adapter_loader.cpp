@@ -46,9 +46,14 @@ void AdapterLoader::run() {
     LoadFn load = load_;
     lock.unlock();
     Result<lora::Adapter> adapter = load(job.name, job.source);
+    Result<lora::SlotImage> image = invalid_argument("not prepared");
+    if (adapter.ok()) {
+      image = prepare_(*adapter);
+      adapter->layers.clear();  // the f32 tensors: the image is what the host tier keeps
+    }
     lock.lock();
     --running_;
-    done_.push_back({job.ticket, std::move(job.name), std::move(adapter)});
+    done_.push_back({job.ticket, std::move(job.name), std::move(adapter), std::move(image)});
   }
 }
 

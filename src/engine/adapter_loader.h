@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lora/adapter.h"
+#include "lora/slots.h"
 
 namespace lmx::engine {
 
@@ -29,13 +30,16 @@ class AdapterLoader {
  public:
   // Runs on the worker thread; must not touch engine state.
   using LoadFn = std::function<Result<lora::Adapter>(const std::string& name, const AdapterSource& source)>;
+  // Also on the worker, after a successful read: lays the adapter out for a slot (SlotTable::prepare).
+  using PrepareFn = std::function<Result<lora::SlotImage>(const lora::Adapter& adapter)>;
   struct Done {
     uint64_t ticket = 0;
     std::string name;
-    Result<lora::Adapter> adapter;
+    Result<lora::Adapter> adapter;  // its tensors are released once `image` is made
+    Result<lora::SlotImage> image = invalid_argument("not prepared");  // meaningful when `adapter` is ok
   };
 
-  explicit AdapterLoader(LoadFn load) : load_(std::move(load)) {}
+  AdapterLoader(LoadFn load, PrepareFn prepare) : load_(std::move(load)), prepare_(std::move(prepare)) {}
   ~AdapterLoader();  // waits for the job in progress, drops queued ones
   AdapterLoader(const AdapterLoader&) = delete;
   AdapterLoader& operator=(const AdapterLoader&) = delete;
@@ -56,6 +60,7 @@ class AdapterLoader {
   void run();
 
   LoadFn load_;
+  PrepareFn prepare_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Job> queue_;

@@ -1,5 +1,5 @@
-// AdapterStore implementation: the registry, the host tier (LRU of parsed adapters), reads from the
-// worker, and LRU slot assignment.
+// AdapterStore implementation: the registry, the host tier (LRU of slot images), reads (and slot layout)
+// on the worker, and LRU slot assignment.
 #include "engine/adapter_store.h"
 
 #include "core/log.h"
@@ -13,7 +13,8 @@ AdapterStore::AdapterStore(ops::Backend& backend, const lora::BaseModelShapes& b
       max_host_(max_host_adapters),
       slots_(backend, base, num_slots, max_rank),
       slot_state_(size_t(num_slots)),
-      loader_([this](const std::string& name, const AdapterSource& source) { return read_source(name, source); }) {
+      loader_([this](const std::string& name, const AdapterSource& source) { return read_source(name, source); },
+              [this](const lora::Adapter& adapter) { return slots_.prepare(adapter); }) {
   LMX_CHECK(max_host_adapters == 0 || max_host_adapters >= num_slots);  // Engine::create validates it
 }
 
@@ -63,7 +64,8 @@ Status AdapterStore::add(lora::Adapter adapter, AdapterOptions options) {
   if (entry.pinned && num_pinned() + 1 > int(slot_state_.size()))
     return invalid_argument("cannot pin adapter '" + name + "': all " + std::to_string(slot_state_.size()) +
                             " adapter slots (--max-loras) are pinned already");
-  entry.host = std::make_unique<lora::Adapter>(std::move(adapter));
+  LMX_ASSIGN_OR_RETURN(lora::SlotImage image, slots_.prepare(adapter));
+  entry.host = std::make_unique<lora::SlotImage>(std::move(image));
   entry.host_last_used = ++clock_;
   Entry& e = entries_.emplace(name, std::move(entry)).first->second;
   if (e.pinned) {
@@ -230,7 +232,12 @@ void AdapterStore::collect_loads() {
       log_warn(e.failure.message());
       continue;
     }
-    e.host = std::make_unique<lora::Adapter>(std::move(done.adapter).value());
+    if (!done.image.ok()) {
+      e.failure = done.image.status().with_context("preparing adapter '" + done.name + "' for a slot");
+      log_warn(e.failure.message());
+      continue;
+    }
+    e.host = std::make_unique<lora::SlotImage>(std::move(done.image).value());
     e.host_last_used = ++clock_;
     ++disk_loads_;
     evict_host_beyond_limit(done.name);
@@ -254,9 +261,10 @@ Result<int> AdapterStore::acquire(const std::string& name) {
     if (slot < 0) return out_of_range("all " + std::to_string(slot_state_.size()) + " adapter slots are in use or pinned");
     SlotState& st = slot_state_[size_t(slot)];
     if (!st.name.empty()) entries_.at(st.name).slot = -1;
-    // The seam for overlapping copies: SlotTable::load issues the host-to-device copies through the
-    // backend (a plain copy on the cpu); a CUDA backend can put them on a copy stream that the next
-    // forward waits on, since nothing reads the slot before that step's forward.
+    // Only copies here (the image was laid out when it entered the host tier). The seam for overlapping
+    // them: SlotTable::load issues the host-to-device copies through the backend (a plain copy on the
+    // cpu); a CUDA backend can put them on a copy stream that the next forward waits on, since nothing
+    // reads the slot before that step's forward.
     Status loaded = slots_.load(slot, *e.host);
     if (!loaded.ok()) {  // the victim's old contents may be half overwritten: leave the slot empty
       slots_.clear(slot);

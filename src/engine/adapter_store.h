@@ -1,5 +1,5 @@
-// AdapterStore: the adapter tiers of design.md §5 — device slots (--max-loras) ← host tier of parsed
-// adapters (--max-cpu-loras, LRU) ← disk. Every registered adapter has a name, an identity (content
+// AdapterStore: the adapter tiers of design.md §5 — device slots (--max-loras) ← host tier of adapters laid
+// out as slot images in the LoRA dtype (--max-cpu-loras, LRU) ← disk. Every registered adapter has a name, an identity (content
 // hash, fixed at registration), a source to re-read it from, and maybe a pin. Reads from disk run on an
 // AdapterLoader worker; slots are reused least-recently-used first, never while a running sequence holds
 // them, never when pinned. Who calls: the engine (registration) and the scheduler (prepare/acquire/release
@@ -86,7 +86,8 @@ class AdapterStore {
     AdapterSource source;
     bool pinned = false;
     std::string identity;                 // content hash at registration; a re-read must match it
-    std::unique_ptr<lora::Adapter> host;  // parsed copy while in the host tier
+    std::unique_ptr<lora::SlotImage> host;  // slot-layout copy while in the host tier (prepared off-loop
+                                            // for reads; a slot load only copies it)
     uint64_t host_last_used = 0;
     uint64_t load_ticket = 0;             // != 0 while a read is queued or running
     Status failure;                       // the last read's error, until collect_loads() forgets it

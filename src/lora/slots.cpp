@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 #include "core/host_parallel.h"
 
@@ -61,14 +60,17 @@ SlotTable::SlotTable(ops::Backend& backend, const BaseModelShapes& base, int num
   }
 }
 
-Status SlotTable::load(int slot, const Adapter& adapter) {
-  if (slot < 0 || slot >= num_slots_)
-    return out_of_range("slot " + std::to_string(slot) + " is out of range: the table has " + std::to_string(num_slots_) +
-                        " slots");
+size_t SlotImage::bytes() const {
+  size_t n = 0;
+  for (const auto& layer : layers)
+    for (const Block& block : layer) n += block.a.view.nbytes() + block.b.view.nbytes();
+  return n;
+}
+
+Result<SlotImage> SlotTable::prepare(const Adapter& adapter) const {
   if (adapter.layers.size() != layers_.size())
     return invalid_argument("adapter '" + adapter.name + "' has " + std::to_string(adapter.layers.size()) +
                             " layers, the base model " + std::to_string(layers_.size()));
-  // Validate everything before touching the slot, so a refused adapter leaves the slot as it was.
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int t = 0; t < ops::kNumLoraTargets; ++t) {
       const auto& pair = adapter.layers[l][size_t(t)];
@@ -97,61 +99,102 @@ Status SlotTable::load(int slot, const Adapter& adapter) {
                                 ", b " + b.shape_str());
     }
   }
+  // Each block in the slot's dtype, padding zeroed, experts converted in parallel: a GPT-OSS-20B rank-32
+  // adapter is ~576M slot elements, which one thread converting through f32 staging took ~1.8 s for, on
+  // the engine thread (perf-log run 16); prepared on the loader's worker it costs the engine nothing.
   const DType dtype = backend_.lora_dtype();
+  LMX_CHECK(dtype == DType::F32 || dtype == DType::BF16);  // the two lora dtypes a backend declares
+  SlotImage image;
+  image.layers.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int t = 0; t < ops::kNumLoraTargets; ++t) {
+      const auto& pair = adapter.layers[l][size_t(t)];
+      const Target& dst = layers_[l][size_t(t)];
+      if (!pair || dst.capacity == 0) continue;
+      SlotImage::Block& block = image.layers[l][size_t(t)];
+      const Tensor slot_a = dst.a.view.row(0), slot_b = dst.b.view.row(0);  // shapes of one slot
+      block.a = OwnedTensor::host_like(slot_a, dtype);
+      block.b = OwnedTensor::host_like(slot_b, dtype);
+      block.rank = pair->rank;
+      const int64_t experts = detail::is_moe_target(LoraTarget(t)) ? base_.num_experts : 1;
+      const int64_t R = dst.capacity, r = pair->rank;
+      const int64_t in = base_.in_features[size_t(t)], out = base_.out_features[size_t(t)];
+      const float* a_src = pair->a.view.ptr<float>();  // [E, r, in] f32
+      const float* b_src = pair->b.view.ptr<float>();  // [E, out, r] f32
+      auto stage = [&](auto* a_dst, auto* b_dst, auto convert) {  // a_dst [E, R, in], b_dst [E, out, R]
+        const auto zero = convert(0.0f);
+        parallel_for(experts, 1, [&](int64_t e_begin, int64_t e_end) {
+          for (int64_t e = e_begin; e < e_end; ++e) {
+            auto* a = a_dst + e * R * in;
+            const float* a_in = a_src + e * r * in;
+            for (int64_t i = 0; i < r * in; ++i) a[i] = convert(a_in[i]);
+            std::fill(a + r * in, a + R * in, zero);
+            for (int64_t o = 0; o < out; ++o) {
+              auto* b = b_dst + (e * out + o) * R;
+              const float* b_in = b_src + (e * out + o) * r;
+              for (int64_t j = 0; j < r; ++j) b[j] = convert(b_in[j]);
+              std::fill(b + r, b + R, zero);
+            }
+          }
+        });
+      };
+      if (dtype == DType::F32) {
+        stage(block.a.view.ptr<float>(), block.b.view.ptr<float>(), [](float v) { return v; });
+      } else {
+        stage(block.a.view.ptr<bf16>(), block.b.view.ptr<bf16>(), [](float v) { return f32_to_bf16(v); });
+      }
+    }
+  }
+  return image;
+}
+
+Status SlotTable::load(int slot, const Adapter& adapter) {
+  LMX_ASSIGN_OR_RETURN(SlotImage image, prepare(adapter));
+  return load(slot, image);
+}
+
+Status SlotTable::load(int slot, const SlotImage& image) {
+  if (slot < 0 || slot >= num_slots_)
+    return out_of_range("slot " + std::to_string(slot) + " is out of range: the table has " + std::to_string(num_slots_) +
+                        " slots");
+  if (image.layers.size() != layers_.size())
+    return invalid_argument("slot image has " + std::to_string(image.layers.size()) + " layers, the table " +
+                            std::to_string(layers_.size()));
+  // Check every block against the slot before touching it, so a refused image leaves the slot as it was.
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int t = 0; t < ops::kNumLoraTargets; ++t) {
+      const SlotImage::Block& block = image.layers[l][size_t(t)];
+      if (!block.a.view.defined()) continue;
+      const Target& dst = layers_[l][size_t(t)];
+      const bool fits = dst.capacity > 0 && block.rank >= 1 && block.rank <= dst.capacity &&
+                        block.a.view.dtype == dst.a.view.dtype && block.b.view.dtype == dst.b.view.dtype &&
+                        block.a.view.same_shape(dst.a.view.row(slot)) && block.b.view.same_shape(dst.b.view.row(slot));
+      if (!fits)
+        return invalid_argument("slot image layer " + std::to_string(l) + " " +
+                                std::string(ops::lora_target_name(LoraTarget(t))) + ": a " + block.a.view.shape_str() +
+                                " / b " + block.b.view.shape_str() + " rank " + std::to_string(block.rank) +
+                                " was not prepared for this table (slot a " + dst.a.view.row(slot).shape_str() + ")");
+    }
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int t = 0; t < ops::kNumLoraTargets; ++t) {
       Target& dst = layers_[l][size_t(t)];
       if (dst.capacity == 0) continue;
-      const auto& pair = adapter.layers[l][size_t(t)];
+      const SlotImage::Block& block = image.layers[l][size_t(t)];
       const Tensor slot_a = dst.a.view.row(slot);  // [E, R, in] or [R, in]
       const Tensor slot_b = dst.b.view.row(slot);  // [E, out, R] or [out, R]
-      if (!pair) {
+      const bool present = block.a.view.defined();
+      if (!present) {
         if (dst.host_rank[size_t(slot)] != 0) {
           backend_.fill_zero(slot_a);
           backend_.fill_zero(slot_b);
         }
       } else {
-        // Stage the whole slot block on the host in the slot's dtype (padding zeroed) and copy it in one
-        // transfer each. Experts are converted in parallel: a GPT-OSS-20B rank-32 adapter is ~576M slot
-        // elements, which one thread converting through f32 staging took ~1.8 s per load (perf-log run 16).
-        const int64_t experts = detail::is_moe_target(LoraTarget(t)) ? base_.num_experts : 1;
-        const int64_t R = dst.capacity, r = pair->rank;
-        const int64_t in = base_.in_features[size_t(t)], out = base_.out_features[size_t(t)];
-        const float* a_src = pair->a.view.ptr<float>();  // [E, r, in] f32
-        const float* b_src = pair->b.view.ptr<float>();  // [E, out, r] f32
-        auto stage = [&](auto& a_buf, auto& b_buf, auto convert) {
-          using Elem = typename std::decay_t<decltype(a_buf)>::value_type;
-          a_buf.resize(std::max(a_buf.size(), size_t(experts * R * in)));
-          b_buf.resize(std::max(b_buf.size(), size_t(experts * out * R)));
-          Elem* a_dst = a_buf.data();  // [E, R, in]
-          Elem* b_dst = b_buf.data();  // [E, out, R]
-          const Elem zero = convert(0.0f);
-          parallel_for(experts, 1, [&](int64_t e_begin, int64_t e_end) {
-            for (int64_t e = e_begin; e < e_end; ++e) {
-              Elem* a = a_dst + e * R * in;
-              const float* a_in = a_src + e * r * in;
-              for (int64_t i = 0; i < r * in; ++i) a[i] = convert(a_in[i]);
-              std::fill(a + r * in, a + R * in, zero);
-              for (int64_t o = 0; o < out; ++o) {
-                Elem* b = b_dst + (e * out + o) * R;
-                const float* b_in = b_src + (e * out + o) * r;
-                for (int64_t j = 0; j < r; ++j) b[j] = convert(b_in[j]);
-                std::fill(b + r, b + R, zero);
-              }
-            }
-          });
-          backend_.copy(slot_a, Tensor::with_shape(a_dst, dtype, slot_a.shape, slot_a.ndim));
-          backend_.copy(slot_b, Tensor::with_shape(b_dst, dtype, slot_b.shape, slot_b.ndim));
-        };
-        if (dtype == DType::F32) {
-          stage(staging_f32_[0], staging_f32_[1], [](float v) { return v; });
-        } else {
-          LMX_CHECK(dtype == DType::BF16);  // the two lora dtypes a backend declares
-          stage(staging_bf16_[0], staging_bf16_[1], [](float v) { return f32_to_bf16(v); });
-        }
+        backend_.copy(slot_a, block.a.view);
+        backend_.copy(slot_b, block.b.view);
       }
-      const int32_t rank = pair ? pair->rank : 0;
-      if (dst.host_rank[size_t(slot)] != rank || pair) {
+      const int32_t rank = present ? block.rank : 0;
+      if (dst.host_rank[size_t(slot)] != rank || present) {
         dst.host_rank[size_t(slot)] = rank;
         backend_.copy(dst.rank.view.rows(slot, slot + 1), Tensor(&dst.host_rank[size_t(slot)], DType::I32, {1}));
       }

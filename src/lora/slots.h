@@ -11,6 +11,18 @@
 
 namespace lmx::lora {
 
+// An adapter laid out exactly as one slot of a SlotTable: per (layer, target) the A and B blocks in the
+// table's LoRA dtype, padded with zeros to the slot capacity, on the host. SlotTable::prepare builds it on
+// any thread (the adapter loader's worker); SlotTable::load then only copies it into a slot.
+struct SlotImage {
+  struct Block {
+    OwnedTensor a, b;  // [E, R, in] / [E, out, R] or [R, in] / [out, R]; undefined: no LoRA on this target
+    int32_t rank = 0;
+  };
+  std::vector<std::array<Block, ops::kNumLoraTargets>> layers;
+  size_t bytes() const;
+};
+
 class SlotTable {
  public:
   // Allocates stacks for every target the model has. Capacity per target: max_rank, except the MoE
@@ -18,7 +30,12 @@ class SlotTable {
   SlotTable(ops::Backend& backend, const BaseModelShapes& base, int num_slots, int max_rank);
 
   int num_slots() const { return num_slots_; }
-  // Copy the adapter into `slot` (replacing what was there). Fails if a rank exceeds the capacity.
+  // Validate `adapter` against the table (targets, shapes, rank within the capacity) and lay it out as a
+  // slot image. Reads only what never changes after construction, so any thread may call it.
+  Result<SlotImage> prepare(const Adapter& adapter) const;
+  // Copy a prepared image into `slot` (replacing what was there): host-to-device copies only.
+  Status load(int slot, const SlotImage& image);
+  // prepare + load.
   Status load(int slot, const Adapter& adapter);
   // Mark `slot` empty (rank 0 on every target).
   void clear(int slot);
@@ -36,9 +53,6 @@ class SlotTable {
   BaseModelShapes base_;
   int num_slots_;
   std::vector<std::array<Target, ops::kNumLoraTargets>> layers_;
-  // Host staging of one slot block in the slot's dtype (padding included), reused across targets and loads.
-  std::vector<float> staging_f32_[2];
-  std::vector<bf16> staging_bf16_[2];
 };
 
 }  // namespace lmx::lora

@@ -197,6 +197,32 @@ TEST(SlotTable, Bf16StacksAndRefusals) {
   EXPECT_EQ(table.load(2, a).code(), StatusCode::kOutOfRange);
 }
 
+// prepare() lays an adapter out once (any thread); load() of the image only copies, and refuses an image
+// laid out for another table (here: a larger rank capacity) before touching the slot.
+TEST(SlotTable, PreparedImageLoadsAndForeignImageIsRefused) {
+  Bf16HostBackend backend;
+  BaseModelShapes base = moe_shapes("gpt_oss", 2, 3, 8, 3);
+  SlotTable table(backend, base, 2, 2), wider(backend, base, 1, 4);
+  Adapter a = make_dummy_adapter("a", base, 2, 7);
+  Result<SlotImage> image = table.prepare(a);
+  ASSERT_TRUE(image.ok()) << image.status().message();
+  EXPECT_GT(image->bytes(), 0u);
+  ASSERT_TRUE(table.load(1, *image).ok());
+  for (int t = 0; t < ops::kNumLoraTargets; ++t) {
+    if (!a.layers[1][size_t(t)]) continue;
+    const ops::LoraStack st = table.stack(1, LoraTarget(t));
+    expect_slot_holds(st, 1, &*a.layers[1][size_t(t)], t == int(LoraTarget::kMoeGateUp) || t == int(LoraTarget::kMoeDown), "image");
+  }
+  Result<SlotImage> foreign = wider.prepare(a);
+  ASSERT_TRUE(foreign.ok());
+  const int copies_before = backend.copies;
+  Status s = table.load(0, *foreign);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("was not prepared for this table"), std::string::npos) << s.message();
+  EXPECT_EQ(backend.copies, copies_before);
+  EXPECT_EQ(table.stack(0, LoraTarget::kQ).rank.ptr<int32_t>()[0], 0);
+}
+
 TEST(DummyAdapter, SeededNonzeroAndDistinct) {
   BaseModelShapes base = moe_shapes("gpt_oss", 2, 3, 8, 3);
   Adapter a = make_dummy_adapter("a", base, 4, 42), b = make_dummy_adapter("b", base, 4, 42);
