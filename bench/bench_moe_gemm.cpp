@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -182,8 +184,14 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
 }  // namespace
 }  // namespace lmx
 
-int main() {
+// Usage: bench_moe_gemm [MODEL [T ...]] — MODEL a prefix of a shape's name ("GPT", "Qwen"), T token counts:
+// only those rows (a profiler run, e.g. ncu on the T 4096 prefill GEMM, wants few launches).
+int main(int argc, char** argv) {
   using namespace lmx;
+  const std::string only_model = argc > 1 ? argv[1] : "";
+  std::vector<int64_t> token_counts;
+  for (int i = 2; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
+  if (token_counts.empty()) token_counts = {1, 16, 64, 256, 1600, 4096};
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   Rng rng(20261203);
@@ -192,6 +200,7 @@ int main() {
       {"Qwen3-30B-A3B", 2048, 768, 128, 8, ops::MoeActivation::kSiluGated, ops::GateUpLayout::kHalves, false}};
   std::printf("bench_moe_gemm: base MoE layer, bf16, floor = max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s)\n");
   for (const Model& m : models) {
+    if (std::string(m.name).rfind(only_model, 0) != 0) continue;
     std::vector<Layer> layers;
     for (int l = 0; l < kCopies; ++l) {
       Layer layer{random_device_bf16(rng, {m.experts, 2 * m.inter, m.hidden}), {},
@@ -205,7 +214,7 @@ int main() {
     std::printf("%s: H %lld, I %lld, E %lld, K %lld, %d weight copies of %.2f GB\n", m.name, (long long)m.hidden,
                 (long long)m.inter, (long long)m.experts, (long long)m.top_k, kCopies,
                 double(layers[0].gate_up.view.nbytes() + layers[0].down.view.nbytes()) / 1e9);
-    for (int64_t tokens : {1, 16, 64, 256, 1600, 4096}) bench_tokens(m, tokens, layers, stream, rng);
+    for (int64_t tokens : token_counts) bench_tokens(m, tokens, layers, stream, rng);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;
