@@ -130,57 +130,41 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
   }
 }
 
-// PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
-// in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
-// fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
-// Minimum CTAs per SM in the bounds: 3 of 4 warps (≤ 168 registers: 64×128 would take 174 and fit only 2),
-// 2 of 8 warps (≤ 128 registers).
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
-__global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarpsN == 8 ? 2 : 3)
-    grouped_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
-  constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  constexpr int kRowsPerLoadPass = kThreads / kChunksPerRow;  // rows one pass of the block's copies covers
-  constexpr int kWarpM = kBlockM / kWarpsM;  // rows of one warp's tile
-  constexpr int kWarpN = kBlockN / kWarpsN;  // columns of one warp's tile
-  constexpr int kMi = kWarpM / 16, kNi = kWarpN / 8;
-  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
-  constexpr int kLoadsA = kBlockM / kRowsPerLoadPass, kLoadsB = kBlockN / kRowsPerLoadPass;
-  static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockM % kRowsPerLoadPass == 0 &&
-                kBlockN % kRowsPerLoadPass == 0 && kBlockN % (16 * kWarpsN) == 0 && kThreads >= kBlockM);
-
-  const int tile = blockIdx.x;
-  if (tile >= *p.num_tiles) return;
-  const int expert = p.tile_group[tile];
-  const int n0 = blockIdx.y * kBlockN;
-  extern __shared__ uint4 dynamic_shared[];
-  auto* stages = reinterpret_cast<__nv_bfloat16*>(dynamic_shared);  // [kStages][kBlockM + kBlockN][kBlockK]
-  __shared__ int tile_pairs[kBlockM];
-  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
-  __syncthreads();
-
-  // This thread's copies: chunk `chunk` of rows load_row + kRowsPerLoadPass·j of the A tile and the B tile.
-  const int chunk = threadIdx.x % kChunksPerRow, load_row = threadIdx.x / kChunksPerRow;
+// One thread's share of a tile's global -> shared copies, for both GEMM kernels: 16-byte chunk `chunk` of
+// rows load_row + kRowsPerLoadPass·j of the A tile (gathered x rows: pair / row_div; sentinel pairs
+// zero-filled) and of the B tile (weight rows of the tile's expert; halves-layout columns mapped 2i -> i,
+// 2i+1 -> I + i; columns past n zero-filled). load() issues one k-tile into a stage's swizzled rows.
+template <int kBlockM, int kBlockN, int kThreads, bool kEvenK>
+struct TileLoader {
+  static constexpr int kRowsPerLoadPass = kThreads / kChunksPerRow;  // rows one pass of the block's copies covers
+  static constexpr int kLoadsA = kBlockM / kRowsPerLoadPass, kLoadsB = kBlockN / kRowsPerLoadPass;
+  static_assert(kBlockM % kRowsPerLoadPass == 0 && kBlockN % kRowsPerLoadPass == 0);
+  const GemmKernelParams& p;
+  int chunk, load_row;
   const __nv_bfloat16* a_src[kLoadsA];
-  bool a_valid[kLoadsA];
-#pragma unroll
-  for (int j = 0; j < kLoadsA; ++j) {
-    const int pair = tile_pairs[load_row + kRowsPerLoadPass * j];
-    a_valid[j] = pair < p.pairs;
-    a_src[j] = a_valid[j] ? p.x + int64_t(pair / p.row_div) * p.in + chunk * 8 : p.x;
-  }
   const __nv_bfloat16* b_src[kLoadsB];
-  bool b_valid[kLoadsB];
-  const int64_t inter = p.n / 2;
+  bool a_valid[kLoadsA], b_valid[kLoadsB];
+
+  __device__ TileLoader(const GemmKernelParams& params, const int* tile_pairs, int expert, int n0)
+      : p(params), chunk(threadIdx.x % kChunksPerRow), load_row(threadIdx.x / kChunksPerRow) {
 #pragma unroll
-  for (int j = 0; j < kLoadsB; ++j) {
-    const int column = n0 + load_row + kRowsPerLoadPass * j;
-    b_valid[j] = column < p.n;
-    const int64_t weight_row = p.halves ? (column % 2 == 0 ? column / 2 : inter + column / 2) : column;
-    b_src[j] = b_valid[j] ? p.weight + (int64_t(expert) * p.n + weight_row) * p.in + chunk * 8 : p.weight;
+    for (int j = 0; j < kLoadsA; ++j) {
+      const int pair = tile_pairs[load_row + kRowsPerLoadPass * j];
+      a_valid[j] = pair < p.pairs;
+      a_src[j] = a_valid[j] ? p.x + int64_t(pair / p.row_div) * p.in + chunk * 8 : p.x;
+    }
+    const int64_t inter = p.n / 2;
+#pragma unroll
+    for (int j = 0; j < kLoadsB; ++j) {
+      const int column = n0 + load_row + kRowsPerLoadPass * j;
+      b_valid[j] = column < p.n;
+      const int64_t weight_row = p.halves ? (column % 2 == 0 ? column / 2 : inter + column / 2) : column;
+      b_src[j] = b_valid[j] ? p.weight + (int64_t(expert) * p.n + weight_row) * p.in + chunk * 8 : p.weight;
+    }
   }
-  auto load_stage = [&](int stage, int k0) {
-    __nv_bfloat16* a_dst = stages + stage * kStageElems;
-    __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
+
+  // The k-tile at k0 into a_dst [kBlockM][kBlockK] and b_dst [kBlockN][kBlockK] (swizzled), one cp.async each.
+  __device__ __forceinline__ void load(__nv_bfloat16* a_dst, __nv_bfloat16* b_dst, int k0) const {
     const bool k_ok = kEvenK || k0 + chunk * 8 < p.in;
 #pragma unroll
     for (int j = 0; j < kLoadsA; ++j) {
@@ -192,6 +176,38 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
       const bool ok = b_valid[j] && k_ok;
       cp_async16(b_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? b_src[j] + k0 : p.weight, ok);
     }
+  }
+};
+
+// PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
+// in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
+// fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
+// Minimum CTAs per SM in the bounds: 3 of 4 warps (≤ 168 registers: 64×128 would take 174 and fit only 2),
+// 2 of 8 warps (≤ 128 registers).
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
+__global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarpsN == 8 ? 2 : 3)
+    grouped_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
+  constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  constexpr int kWarpM = kBlockM / kWarpsM;  // rows of one warp's tile
+  constexpr int kWarpN = kBlockN / kWarpsN;  // columns of one warp's tile
+  constexpr int kMi = kWarpM / 16, kNi = kWarpN / 8;
+  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
+  static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockN % (16 * kWarpsN) == 0 && kThreads >= kBlockM);
+
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  const int expert = p.tile_group[tile];
+  const int n0 = blockIdx.y * kBlockN;
+  extern __shared__ uint4 dynamic_shared[];
+  auto* stages = reinterpret_cast<__nv_bfloat16*>(dynamic_shared);  // [kStages][kBlockM + kBlockN][kBlockK]
+  __shared__ int tile_pairs[kBlockM];
+  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
+  __syncthreads();
+
+  const TileLoader<kBlockM, kBlockN, kThreads, kEvenK> loader(p, tile_pairs, expert, n0);
+  auto load_stage = [&](int stage, int k0) {
+    __nv_bfloat16* a_dst = stages + stage * kStageElems;
+    loader.load(a_dst, a_dst + kBlockM * kBlockK, k0);
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -359,11 +375,9 @@ template <int kWarpgroups, int kBlockN, int kStages, bool kEvenK>
 __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_wgmma_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kWarpgroups, kThreads = 128 * kWarpgroups, kAcc = kBlockN / 2;
-  constexpr int kRowsPerLoadPass = kThreads / kChunksPerRow;
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
-  constexpr int kLoadsA = kBlockM / kRowsPerLoadPass, kLoadsB = kBlockN / kRowsPerLoadPass;
   constexpr int kAhead = kStages - 2;
-  static_assert(kStages >= 3 && kBlockM % kRowsPerLoadPass == 0 && kBlockN % kRowsPerLoadPass == 0);
+  static_assert(kStages >= 3 && kThreads >= kBlockM);
 
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) return;
@@ -376,39 +390,10 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
   if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
   __syncthreads();
 
-  const int chunk = threadIdx.x % kChunksPerRow, load_row = threadIdx.x / kChunksPerRow;
-  const __nv_bfloat16* a_src[kLoadsA];
-  bool a_valid[kLoadsA];
-#pragma unroll
-  for (int j = 0; j < kLoadsA; ++j) {
-    const int pair = tile_pairs[load_row + kRowsPerLoadPass * j];
-    a_valid[j] = pair < p.pairs;
-    a_src[j] = a_valid[j] ? p.x + int64_t(pair / p.row_div) * p.in + chunk * 8 : p.x;
-  }
-  const __nv_bfloat16* b_src[kLoadsB];
-  bool b_valid[kLoadsB];
-  const int64_t inter = p.n / 2;
-#pragma unroll
-  for (int j = 0; j < kLoadsB; ++j) {
-    const int column = n0 + load_row + kRowsPerLoadPass * j;
-    b_valid[j] = column < p.n;
-    const int64_t weight_row = p.halves ? (column % 2 == 0 ? column / 2 : inter + column / 2) : column;
-    b_src[j] = b_valid[j] ? p.weight + (int64_t(expert) * p.n + weight_row) * p.in + chunk * 8 : p.weight;
-  }
+  const TileLoader<kBlockM, kBlockN, kThreads, kEvenK> loader(p, tile_pairs, expert, n0);
   auto load_stage = [&](int stage, int k0) {
     __nv_bfloat16* a_dst = stages + stage * kStageElems;
-    __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
-    const bool k_ok = kEvenK || k0 + chunk * 8 < p.in;
-#pragma unroll
-    for (int j = 0; j < kLoadsA; ++j) {
-      const bool ok = a_valid[j] && k_ok;
-      cp_async16(a_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? a_src[j] + k0 : p.x, ok);
-    }
-#pragma unroll
-    for (int j = 0; j < kLoadsB; ++j) {
-      const bool ok = b_valid[j] && k_ok;
-      cp_async16(b_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? b_src[j] + k0 : p.weight, ok);
-    }
+    loader.load(a_dst, a_dst + kBlockM * kBlockK, k0);
   };
 
   const int warpgroup = threadIdx.x / 128;
