@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/moe_align.cuh"
@@ -357,12 +357,18 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       };
       const OwnedTensor want_h = as_f32(h_ref, pairs, 2 * I), want_d = as_f32(d_ref, pairs, H);
 
-      for (const auto& [block_m, block_n] : std::vector<std::pair<int, int>>{
-               {cuda::kMoeGemmBlockMDecode, 0}, {cuda::kMoeGemmBlockMDecode, 128},
-               {cuda::kMoeGemmBlockMPrefill, 0}, {cuda::kMoeGemmBlockMPrefill, 64}, {cuda::kMoeGemmBlockMLarge, 0}}) {
+      // (BLOCK_M, BLOCK_N, wgmma): every kernel instantiation family — mma.sync at 16 and, with wgmma off or
+      // BLOCK_N 64, at 64/128; wgmma at 64/128 with BLOCK_N 128 (default) and 256.
+      for (const auto& [block_m, block_n, wgmma] : std::vector<std::tuple<int, int, bool>>{
+               {cuda::kMoeGemmBlockMDecode, 0, true}, {cuda::kMoeGemmBlockMDecode, 128, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, true}, {cuda::kMoeGemmBlockMPrefill, 0, false},
+               {cuda::kMoeGemmBlockMPrefill, 64, true}, {cuda::kMoeGemmBlockMLarge, 0, true},
+               {cuda::kMoeGemmBlockMLarge, 0, false}, {cuda::kMoeGemmBlockMLarge, 256, true}}) {
+        cuda::set_moe_gemm_wgmma(wgmma);
         SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
                      std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
-                     std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : ""));
+                     std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : "") +
+                     (wgmma ? "" : " mma.sync"));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
         const Tensor gu_bias = biases ? d_gu_bias.view : Tensor(), dn_bias = biases ? d_d_bias.view : Tensor();
         // gate_up, pre-activation h
@@ -414,6 +420,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         sync();
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
       }
+      cuda::set_moe_gemm_wgmma(true);  // the default, for the tests after this one
     }
   }
 }
