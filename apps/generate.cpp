@@ -302,7 +302,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--max-loras", opts->engine.max_loras, "Adapter slots on the device")->capture_default_str();
   cmd->add_option("--max-lora-rank", opts->engine.max_lora_rank, "Largest adapter rank accepted")->capture_default_str();
   cmd->add_option("--max-cpu-loras", opts->engine.max_cpu_loras,
-                  "Parsed adapters kept on the host; 0 = max(--max-loras, number of adapters)")->capture_default_str();
+                  "Adapters kept on the host, laid out for a slot; 0 = max(--max-loras, number of adapters)")->capture_default_str();
   cmd->add_option("--pin-lora", opts->pinned_loras, "Keep this adapter in its slot and on the host; repeatable");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts->engine.scheduler.enable_prefix_caching,
                 "Share KV pages of identical prefixes under the same adapter content (default on)");

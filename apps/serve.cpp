@@ -231,7 +231,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-loras", o->engine.max_loras, "Adapter slots on the device")->capture_default_str();
   cmd->add_option("--max-lora-rank", o->engine.max_lora_rank, "Largest adapter rank accepted")->capture_default_str();
   cmd->add_option("--max-cpu-loras", o->engine.max_cpu_loras,
-                  "Parsed adapters kept on the host (LRU; evicted ones are read from disk again); 0 = max(--max-loras, "
+                  "Adapters kept on the host, laid out for a slot (LRU; evicted ones are read from disk again); 0 = max(--max-loras, "
                   "number of start-up adapters)")->capture_default_str();
   cmd->add_option("--pin-lora", o->pinned_loras,
                   "Keep this start-up adapter (a --lora or --dummy-loras name) in its slot and on the host; repeatable");
