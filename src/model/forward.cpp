@@ -238,16 +238,29 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache, const LoraLookup& 
   Tensor hidden = hidden_.view.rows(0, T), normed = normed_.view.rows(0, T), block_out = block_out_.view.rows(0, T);
   backend_.embedding({.table = device_weights_.embed, .token_ids = batch.token_ids, .out = hidden});
   dump("embedding", -1, hidden);
+  // Each block's output joins the residual stream inside the next norm (RmsNormParams.residual: one pass
+  // instead of add + norm), except with an activation dump, which wants the stream after every layer.
+  const bool fuse_residual = !has_activation_dump();
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LayerWeights& w = device_weights_.layers[size_t(layer)];
-    backend_.rms_norm({.x = hidden, .weight = w.input_norm, .eps = config_.rms_norm_eps, .out = normed});
+    const bool pending = fuse_residual && layer > 0;  // the previous MLP's output is not yet in hidden
+    backend_.rms_norm({.x = hidden, .weight = w.input_norm, .eps = config_.rms_norm_eps, .out = normed,
+                       .residual = pending ? block_out : Tensor{}});
     attention_block(layer, batch, cache, lora, T);
-    backend_.add({.x = block_out, .y = hidden});
-    backend_.rms_norm({.x = hidden, .weight = w.post_attention_norm, .eps = config_.rms_norm_eps, .out = normed});
+    if (fuse_residual) {
+      backend_.rms_norm({.x = hidden, .weight = w.post_attention_norm, .eps = config_.rms_norm_eps, .out = normed,
+                         .residual = block_out});
+    } else {
+      backend_.add({.x = block_out, .y = hidden});
+      backend_.rms_norm({.x = hidden, .weight = w.post_attention_norm, .eps = config_.rms_norm_eps, .out = normed});
+    }
     mlp_block(layer, batch, lora, T);
-    backend_.add({.x = block_out, .y = hidden});
-    dump("residual", layer, hidden);
+    if (!fuse_residual) {
+      backend_.add({.x = block_out, .y = hidden});
+      dump("residual", layer, hidden);
+    }
   }
+  if (fuse_residual) backend_.add({.x = block_out, .y = hidden});  // the last MLP's output
   const int S = batch.num_samples;
   if (S == 0) return logits_.view.rows(0, 0);
   Tensor sampled = sampled_.view.rows(0, S);

@@ -16,11 +16,14 @@ struct EmbeddingParams {
 Status check(const EmbeddingParams& p);
 
 // out[n] = x[n] / sqrt(mean(x[n]^2) + eps) * weight. Used per token ([T, H]) and per head ([T*heads, D]).
+// With `residual` defined, first x += residual (stored in x's dtype, exactly AddParams{residual, x}) and the
+// norm reads that sum: the residual stream's add fused with the next norm (one pass instead of two).
 struct RmsNormParams {
-  Tensor x;       // [N, C]
-  Tensor weight;  // [C] bf16
+  Tensor x;         // [N, C]; written (the sum) when residual is defined
+  Tensor weight;    // [C] bf16
   float eps = 1e-6f;
-  Tensor out;     // [N, C], may alias x
+  Tensor out;       // [N, C], may alias x
+  Tensor residual;  // [N, C], optional; disjoint from x and out
 };
 Status check(const RmsNormParams& p);
 

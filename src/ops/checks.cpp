@@ -138,6 +138,14 @@ Status check(const RmsNormParams& p) {
   if (!(p.eps >= 0.0f) || !std::isfinite(p.eps)) {
     return invalid_argument("RmsNormParams.eps: expected a finite number >= 0, found " + std::to_string(p.eps));
   }
+  if (p.residual.defined()) {
+    LMX_RETURN_IF_ERROR(expect_activation(p.residual, "RmsNormParams.residual", {rows, cols}));
+    LMX_RETURN_IF_ERROR(expect_same_dtype(p.residual, "RmsNormParams.residual", p.x, "RmsNormParams.x"));
+    LMX_RETURN_IF_ERROR(expect_disjoint(p.residual, "RmsNormParams.residual", p.x, "RmsNormParams.x"));
+    LMX_RETURN_IF_ERROR(expect_disjoint(p.residual, "RmsNormParams.residual", p.out, "RmsNormParams.out"));
+    return expect_one_device({{"RmsNormParams.x", &p.x}, {"RmsNormParams.weight", &p.weight},
+                              {"RmsNormParams.out", &p.out}, {"RmsNormParams.residual", &p.residual}});
+  }
   return expect_one_device(
       {{"RmsNormParams.x", &p.x}, {"RmsNormParams.weight", &p.weight}, {"RmsNormParams.out", &p.out}});
 }

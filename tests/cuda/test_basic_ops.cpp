@@ -115,6 +115,36 @@ TEST_F(CudaBasicOps, RmsNorm) {
   }
 }
 
+// RmsNormParams.residual: hidden += residual, then the norm of the sum, on every kernel path (resident,
+// vector loop, scalar loop, misaligned); the sum and the output bit for bit as cuda::add then rms_norm,
+// and the output against the CPU oracle.
+TEST_F(CudaBasicOps, RmsNormWithResidual) {
+  struct Case { int64_t rows, cols; int64_t offset; };
+  for (const Case& c : {Case{16, 2880, 0}, Case{130, 2880, 0}, Case{4, 64, 0}, Case{3, 40000, 0}, Case{5, 7, 0},
+                        Case{6, 2880, 1}, Case{0, 2880, 0}}) {
+    SCOPED_TRACE("N " + std::to_string(c.rows) + " C " + std::to_string(c.cols) + " offset " +
+                 std::to_string(c.offset));
+    OwnedTensor x = random_bf16(rng(), {c.rows, c.cols}, 3.0f), residual = random_bf16(rng(), {c.rows, c.cols});
+    OwnedTensor weight = random_bf16(rng(), {c.cols});
+    OwnedTensor want_sum = widen(x), want = OwnedTensor::host(DType::F32, {c.rows, c.cols});
+    cpu_.rms_norm({.x = want_sum, .weight = weight, .eps = 1e-5f, .out = want, .residual = widen(residual)});
+
+    OwnedTensor d_weight = cuda::upload(weight);
+    OwnedTensor d_x = upload_at_offset(x, c.offset), d_residual = upload_at_offset(residual, c.offset);
+    OwnedTensor d_out = poisoned(DType::BF16, {c.rows, c.cols});
+    cuda::rms_norm({.x = d_x, .weight = d_weight, .eps = 1e-5f, .out = d_out, .residual = d_residual}, stream_);
+    OwnedTensor d_x2 = upload_at_offset(x, c.offset), d_out2 = poisoned(DType::BF16, {c.rows, c.cols});
+    cuda::add({.x = d_residual, .y = d_x2}, stream_);
+    cuda::rms_norm({.x = d_x2, .weight = d_weight, .eps = 1e-5f, .out = d_out2}, stream_);
+    sync();
+    const OwnedTensor got_sum = cuda::download(d_x), got = cuda::download(d_out);
+    EXPECT_TRUE(bitwise_equal(got_sum, cuda::download(d_x2))) << "x + residual";
+    EXPECT_TRUE(bitwise_equal(got, cuda::download(d_out2))) << "norm of the sum";
+    EXPECT_TRUE(all_close(got_sum, want_sum, kTolBf16Out));
+    EXPECT_TRUE(all_close(got, want, kTolBf16Out));
+  }
+}
+
 TEST_F(CudaBasicOps, Add) {
   struct Case { int64_t rows, cols; bool y_is_x; int64_t offset; };
   for (Case c : {Case{16, 2880, false, 0}, Case{2048, 2880, false, 0}, Case{7, 13, false, 0},

@@ -88,6 +88,14 @@ TEST(OpChecks, RmsNorm) {
   EXPECT_REJECTS(valid, "RmsNormParams.eps", p.eps = -1.0f);
   EXPECT_REJECTS(valid, "RmsNormParams.eps", p.eps = NAN);
   EXPECT_REJECTS(valid, "RmsNormParams.weight", p.weight = on_cuda(p.weight));
+  auto fused = valid;
+  fused.residual = m.f32({4, 16});
+  EXPECT_TRUE(check(fused).ok()) << check(fused).message();
+  EXPECT_REJECTS(fused, "RmsNormParams.residual", p.residual = reshaped(p.residual, {16, 4}));
+  EXPECT_REJECTS(fused, "RmsNormParams.residual", p.residual = retyped(p.residual, DType::BF16));
+  EXPECT_REJECTS(fused, "RmsNormParams.residual", p.residual = p.x);
+  EXPECT_REJECTS(fused, "RmsNormParams.residual", p.residual = p.out);
+  EXPECT_REJECTS(fused, "RmsNormParams.residual", p.residual = on_cuda(p.residual));
 }
 
 TEST(OpChecks, Linear) {

@@ -60,6 +60,37 @@ TEST(DenseOps, RmsNormMatchesFormula) {
   }
 }
 
+// RmsNormParams.residual: x becomes x + residual (the exact fp32 sum) and out the norm of that sum.
+TEST(DenseOps, RmsNormWithResidualAddsThenNorms) {
+  cpu::CpuBackend backend(2);
+  for (auto [rows, cols, in_place] : {std::tuple{1, 64, false}, {7, 13, true}, {33, 1000, false}}) {
+    SCOPED_TRACE("N=" + std::to_string(rows) + " C=" + std::to_string(cols) + (in_place ? " in place" : ""));
+    Rng rng(rows * 7 + cols);
+    OwnedTensor x = test::random_f32(rng, {rows, cols}, 3.0f), residual = test::random_f32(rng, {rows, cols});
+    OwnedTensor weight = test::random_bf16(rng, {cols});
+    std::vector<double> want_sum(rows * cols), want(rows * cols);
+    for (int n = 0; n < rows; ++n) {
+      double mean_square = 0.0;
+      for (int c = 0; c < cols; ++c) {
+        const int i = n * cols + c;
+        want_sum[i] = double(float(test::value_at(x, i)) + float(test::value_at(residual, i)));
+        mean_square += want_sum[i] * want_sum[i];
+      }
+      mean_square /= cols;
+      for (int c = 0; c < cols; ++c) {
+        want[n * cols + c] = want_sum[n * cols + c] / std::sqrt(mean_square + 1e-5) * test::value_at(weight, c);
+      }
+    }
+    OwnedTensor out = in_place ? x : OwnedTensor::host(DType::F32, {rows, cols});
+    if (!in_place) poison(out);
+    backend.rms_norm({.x = x, .weight = weight, .eps = 1e-5f, .out = out, .residual = residual});
+    EXPECT_TRUE(all_close(out, want, test::kTolReduction));
+    if (!in_place) {
+      for (int i = 0; i < rows * cols; ++i) ASSERT_EQ(test::value_at(x, i), want_sum[i]) << i;
+    }
+  }
+}
+
 TEST(DenseOps, LinearMatchesFormula) {
   cpu::CpuBackend backend(3);
   // (T, in, out): T = 1 decode, in not a multiple of 8 (the dot's lane tail), more rows than a token block.

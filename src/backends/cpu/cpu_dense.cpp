@@ -31,11 +31,15 @@ void CpuBackend::rms_norm(const ops::RmsNormParams& p) {
   ops::require(ops::check(p), "rms_norm");
   require_host_f32(p.x, "RmsNormParams.x", "rms_norm");
   const int64_t rows = p.x.dim(0), cols = p.x.dim(1);
-  const float* x = p.x.ptr<float>();          // [N, C] f32
-  const bf16* weight = p.weight.ptr<bf16>();  // [C] bf16
-  float* out = p.out.ptr<float>();            // [N, C] f32, may be x
+  float* x = static_cast<float*>(p.x.data);                 // [N, C] f32 (the sum, with a residual)
+  const float* residual = optional_ptr<float>(p.residual);  // [N, C] f32
+  const bf16* weight = p.weight.ptr<bf16>();                // [C] bf16
+  float* out = p.out.ptr<float>();                          // [N, C] f32, may be x
   pool_.parallel_for(rows, 3 * cols, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
+      if (residual) {  // x += residual, as CpuBackend::add
+        for (int64_t c = 0; c < cols; ++c) x[n * cols + c] += residual[n * cols + c];
+      }
       const float* x_row = x + n * cols;
       float* out_row = out + n * cols;
       const float mean_square = dot(x_row, x_row, cols) / float(cols);

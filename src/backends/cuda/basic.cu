@@ -67,12 +67,23 @@ __global__ static void split_columns_kernel(const __grid_constant__ SplitColumns
 }
 
 struct RmsNormKernelParams {
-  const __nv_bfloat16* x;       // [N, C] bf16
-  const __nv_bfloat16* weight;  // [C] bf16
-  __nv_bfloat16* out;           // [N, C] bf16, may be x itself
-  int cols;                     // C
+  __nv_bfloat16* x;               // [N, C] bf16; written (x + residual) when residual is set
+  const __nv_bfloat16* residual;  // [N, C] bf16, or null
+  const __nv_bfloat16* weight;    // [C] bf16
+  __nv_bfloat16* out;             // [N, C] bf16, may be x itself
+  int cols;                       // C
   float eps;
 };
+
+// x + residual rounded to bf16 (elementwise_kernel's add: the same sum, the same rounding), written back
+// to x; the norm then reads these rounded values, so add + rms_norm and the fused op agree bit for bit.
+__device__ __forceinline__ void add_residual8(float (&f)[8], __nv_bfloat16* x, const __nv_bfloat16* residual) {
+  float r[8];
+  detail::load8(residual, r);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) f[k] = __bfloat162float(__float2bfloat16_rn(f[k] + r[k]));
+  detail::store8(x, f);
+}
 
 // One block per row, threads looping over it: sum of squares in fp32, then out = x * rsqrt(mean + eps) *
 // weight, rounded once to bf16. The second pass re-reads x (L1/L2-resident: one row is a few KB). For rows
@@ -82,7 +93,8 @@ struct RmsNormKernelParams {
 template <bool kVector>
 __global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelParams p) {
   const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
-  const __nv_bfloat16* x = p.x + row_offset;
+  __nv_bfloat16* x = p.x + row_offset;
+  const __nv_bfloat16* residual = p.residual != nullptr ? p.residual + row_offset : nullptr;
   __nv_bfloat16* out = p.out + row_offset;
   float sum_squares = 0.0f;
   if constexpr (kVector) {
@@ -90,12 +102,18 @@ __global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelPara
     for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
       float f[8];
       detail::load8(x + i * kBf16PerVector, f);
+      if (residual != nullptr) add_residual8(f, x + i * kBf16PerVector, residual + i * kBf16PerVector);
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum_squares += f[j] * f[j];
     }
   } else {
     for (int i = threadIdx.x; i < p.cols; i += blockDim.x) {
-      const float f = __bfloat162float(x[i]);
+      float f = __bfloat162float(x[i]);
+      if (residual != nullptr) {
+        const __nv_bfloat16 sum = __float2bfloat16_rn(f + __bfloat162float(residual[i]));
+        x[i] = sum;
+        f = __bfloat162float(sum);
+      }
       sum_squares += f * f;
     }
   }
@@ -125,7 +143,8 @@ __global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelPara
 template <int kVectors>
 __global__ static void rms_norm_resident_kernel(const __grid_constant__ RmsNormKernelParams p) {
   const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
-  const __nv_bfloat16* x = p.x + row_offset;
+  __nv_bfloat16* x = p.x + row_offset;
+  const __nv_bfloat16* residual = p.residual != nullptr ? p.residual + row_offset : nullptr;
   __nv_bfloat16* out = p.out + row_offset;
   const int vectors = p.cols / kBf16PerVector;
   float f[kVectors][8], w[kVectors][8];
@@ -136,6 +155,19 @@ __global__ static void rms_norm_resident_kernel(const __grid_constant__ RmsNormK
     const int i = min(int(threadIdx.x + j * blockDim.x), vectors - 1);
     detail::load8(x + i * kBf16PerVector, f[j]);
     detail::load8(p.weight + i * kBf16PerVector, w[j]);
+    if (residual != nullptr) {  // the sum as add_residual8 rounds it; stored below by the vector's owner only
+      float r[8];
+      detail::load8(residual + i * kBf16PerVector, r);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[j][k] = __bfloat162float(__float2bfloat16_rn(f[j][k] + r[k]));
+    }
+  }
+  if (residual != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      const int i = threadIdx.x + j * blockDim.x;
+      if (i < vectors) detail::store8(x + i * kBf16PerVector, f[j]);
+    }
   }
   float sum_squares = 0.0f;
 #pragma unroll
@@ -330,14 +362,17 @@ void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream) {
 void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream) {
   ops::require(ops::check(p), "cuda::rms_norm");
   detail::require_cuda("rms_norm", {{"x", &p.x}, {"weight", &p.weight}, {"out", &p.out}});
+  if (p.residual.defined()) detail::require_cuda("rms_norm", {{"residual", &p.residual}});
   detail::require_bf16_activation("rms_norm", "x", p.x);
   const int64_t rows = p.x.dim(0), cols = p.x.dim(1);
   if (rows == 0 || cols == 0) return;
   LMX_CHECK(rows <= 0x7fffffff && cols <= 0x7fffffff);
   const bool vector = cols % kBf16PerVector == 0 && detail::aligned16(p.x.data) &&
-                      detail::aligned16(p.weight.data) && detail::aligned16(p.out.data);
+                      detail::aligned16(p.weight.data) && detail::aligned16(p.out.data) &&
+                      (!p.residual.defined() || detail::aligned16(p.residual.data));
   const int64_t units = vector ? cols / kBf16PerVector : cols;
-  const RmsNormKernelParams params{.x = device_ptr<__nv_bfloat16>(p.x),
+  const RmsNormKernelParams params{.x = device_mut_ptr<__nv_bfloat16>(p.x),
+                                   .residual = p.residual.defined() ? device_ptr<__nv_bfloat16>(p.residual) : nullptr,
                                    .weight = device_ptr<__nv_bfloat16>(p.weight),
                                    .out = device_mut_ptr<__nv_bfloat16>(p.out),
                                    .cols = int(cols),
