@@ -89,7 +89,10 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   OwnedTensor h = cuda::empty(DType::BF16, {pairs, 2 * I}), a = cuda::empty(DType::BF16, {pairs, I});
   OwnedTensor d = random_device_bf16(rng, {pairs, H}), out = cuda::empty(DType::BF16, {tokens, H});
 
-  const int block_m = cuda::moe_gemm_block_m(pairs, E);
+  // BENCH_BLOCK_M (16, 64 or 128) overrides the tile height of the component rows (gate_up, down: a
+  // threshold check); the "block" rows keep moe_block's own choice.
+  const char* forced_block_m = std::getenv("BENCH_BLOCK_M");
+  const int block_m = forced_block_m != nullptr ? std::atoi(forced_block_m) : cuda::moe_gemm_block_m(pairs, E);
   const int64_t capacity = cuda::moe_align_capacity(pairs, E, block_m);
   OwnedTensor sorted = cuda::empty(DType::I32, {capacity}), tile_group = cuda::empty(DType::I32, {capacity / block_m});
   OwnedTensor offsets = cuda::empty(DType::I32, {E + 1}), num_tiles = cuda::empty(DType::I32, {1});
@@ -102,16 +105,16 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   const cuda::MoeWorkspaceShape shape{.max_tokens = tokens, .top_k = K, .experts = E, .hidden = H, .inter = I};
   OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
 
-  auto gate_up = [&](int layer, bool fused, int block_n = 0) {
+  auto gate_up = [&](int layer, bool fused, int block_n = 0, int cta_group = 0) {
     cuda::MoeGateUpParams p{.x = x, .weight = layers[layer].gate_up, .bias = layers[layer].gate_up_bias,
                             .top_k = K, .tiles = tiles, .activation = m.activation, .layout = m.layout,
-                            .block_n = block_n};
+                            .cta_group = cta_group, .block_n = block_n};
     (fused ? p.a : p.h) = fused ? a.view : h.view;
     return p;
   };
-  auto down = [&](int layer, int block_n = 0) {
+  auto down = [&](int layer, int block_n = 0, int cta_group = 0) {
     return cuda::MoeDownParams{.a = a, .weight = layers[layer].down, .bias = layers[layer].down_bias,
-                               .tiles = tiles, .d = d, .block_n = block_n};
+                               .tiles = tiles, .d = d, .block_n = block_n, .cta_group = cta_group};
   };
   auto block = [&](int layer) {
     const ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = layers[layer].gate_up,
@@ -126,6 +129,8 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   cuda::moe_gate_up(gate_up(0, false), stream);
   cuda::moe_activation({.h = h, .activation = m.activation, .layout = m.layout, .a = a}, stream);
   cuda::moe_down(down(0), stream);
+  // Both BLOCK_N built at this BLOCK_M on the default kernels (BLOCK_M 64: 64 is the mma.sync kernel), to
+  // check the default.
   const std::vector<int> block_ns =
       block_m == cuda::kMoeGemmBlockMLarge ? std::vector<int>{128, 256} : std::vector<int>{64, 128};
   for (int block_n : block_ns) {
@@ -144,20 +149,24 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   const double combine_bytes = p * H * 2 + p * 4 + t * H * 2;
   const double align_bytes = p * 4 * 3;
   const double gate_up_flops = 2.0 * p * 2 * I * H, down_flops = 2.0 * p * H * I;
-  std::printf("-- %s T %lld: %lld pairs, %.0f experts touched, BLOCK_M %d\n", m.name, (long long)tokens,
-              (long long)pairs, experts_touched, block_m);
+  std::printf("-- %s T %lld: %lld pairs, %.0f experts touched, BLOCK_M %d%s\n", m.name, (long long)tokens,
+              (long long)pairs, experts_touched, block_m, forced_block_m != nullptr ? " (BENCH_BLOCK_M)" : "");
   auto time = [&](const std::function<void(int)>& launch) {
     return bench::seconds_per_launch(stream, kIterations, kReplays, launch);
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-  if (block_m != cuda::kMoeGemmBlockMDecode) {  // the wgmma tiles' before/after: the mma.sync kernel
-    cuda::set_moe_gemm_wgmma(false);
-    block(0);  // kernel attributes, outside the timed graph
-    BENCH_CUDA(cudaStreamSynchronize(stream));
-    print_row("block (no LoRA), mma.sync", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
-              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-    cuda::set_moe_gemm_wgmma(true);
+  if (block_m != cuda::kMoeGemmBlockMDecode) {  // before/after for the BLOCK_M 64/128 tiles: the other kernels
+    for (const auto& [kernel, name] :
+         {std::pair{cuda::MoeGemmKernel::kWgmmaWarpSpecialized, "block (no LoRA), wgmma warp-spec."},
+          std::pair{cuda::MoeGemmKernel::kMmaSync, "block (no LoRA), mma.sync"}}) {
+      cuda::set_moe_gemm_kernel(kernel);
+      block(0);  // kernel attributes, outside the timed graph
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      print_row(name, tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                time([&](int i) { block(i % kCopies); }));
+    }
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
@@ -174,6 +183,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true, block_n), stream); }));
     print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down(i % kCopies, block_n), stream); }));
+  }
+  if (block_m != cuda::kMoeGemmBlockMDecode) {  // the grouped CTA order (L2 reuse of x) against the plain one
+    print_row("  gate_up fused, CTA groups 8", tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true, 0, 8), stream); }));
+    print_row("  down, CTA groups 8", tokens, down_bytes, down_flops,
+              time([&](int i) { cuda::moe_down(down(i % kCopies, 0, 8), stream); }));
   }
   print_row("  combine", tokens, combine_bytes, 0, time([&](int) {
               cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);

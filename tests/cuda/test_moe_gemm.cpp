@@ -225,11 +225,15 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
   for (const BlockCase& c : cases) {
     SCOPED_TRACE(describe(c));
     const BlockData b = make_block_data(rng(), c);
-    cuda::set_moe_gemm_wgmma(false);
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kMmaSync);
     const OwnedTensor mma = run_block(c, b, true, stream_);
-    cuda::set_moe_gemm_wgmma(true);
-    const OwnedTensor wgmma = run_block(c, b, true, stream_);
-    EXPECT_TRUE(all_close(wgmma, widen(mma), 1.0 / 64.0));
+    for (cuda::MoeGemmKernel kernel : {cuda::MoeGemmKernel::kWgmma, cuda::MoeGemmKernel::kWgmmaWarpSpecialized}) {
+      SCOPED_TRACE(kernel == cuda::MoeGemmKernel::kWgmma ? "wgmma ring" : "wgmma warp-specialized");
+      cuda::set_moe_gemm_kernel(kernel);
+      const OwnedTensor wgmma = run_block(c, b, true, stream_);
+      EXPECT_TRUE(all_close(wgmma, widen(mma), 1.0 / 64.0));
+    }
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
   }
 }
 
@@ -357,24 +361,33 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       };
       const OwnedTensor want_h = as_f32(h_ref, pairs, 2 * I), want_d = as_f32(d_ref, pairs, H);
 
-      // (BLOCK_M, BLOCK_N, wgmma): every kernel instantiation family — mma.sync at 16 and, with wgmma off or
-      // BLOCK_N 64, at 64/128; wgmma at 64/128 with BLOCK_N 128 (default) and 256.
-      for (const auto& [block_m, block_n, wgmma] : std::vector<std::tuple<int, int, bool>>{
-               {cuda::kMoeGemmBlockMDecode, 0, true}, {cuda::kMoeGemmBlockMDecode, 128, true},
-               {cuda::kMoeGemmBlockMPrefill, 0, true}, {cuda::kMoeGemmBlockMPrefill, 0, false},
-               {cuda::kMoeGemmBlockMPrefill, 64, true}, {cuda::kMoeGemmBlockMLarge, 0, true},
-               {cuda::kMoeGemmBlockMLarge, 0, false}, {cuda::kMoeGemmBlockMLarge, 256, true}}) {
-        cuda::set_moe_gemm_wgmma(wgmma);
+      // (BLOCK_M, BLOCK_N, kernel, CTA group): every kernel instantiation family — mma.sync at 16 and at
+      // 64/128 (as chosen, or the ring's BLOCK_N 64); the wgmma ring (default) at 64/128 (BLOCK_N 128, and
+      // 256 at 128); the warp-specialized wgmma at 64/128 with BLOCK_N 128 and 256; the grouped CTA order
+      // (groups of 3 tiles: a partial last group) on both wgmma kernels.
+      using cuda::MoeGemmKernel;
+      constexpr MoeGemmKernel kMma = MoeGemmKernel::kMmaSync, kRing = MoeGemmKernel::kWgmma,
+                              kWs = MoeGemmKernel::kWgmmaWarpSpecialized;
+      for (const auto& [block_m, block_n, kernel, cta_group] : std::vector<std::tuple<int, int, MoeGemmKernel, int>>{
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0}, {cuda::kMoeGemmBlockMDecode, 128, kRing, 0},
+               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0}, {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3},
+               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0}, {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3},
+               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0}, {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3}, {cuda::kMoeGemmBlockMLarge, 256, kWs, 0},
+               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0}, {cuda::kMoeGemmBlockMLarge, 256, kRing, 3},
+               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0}}) {
+        cuda::set_moe_gemm_kernel(kernel);
         SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
                      std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
                      std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : "") +
-                     (wgmma ? "" : " mma.sync"));
+                     (kernel == kMma ? " mma.sync" : kernel == kRing ? " wgmma ring" : " wgmma warp-specialized") +
+                     " CTA group " + std::to_string(cta_group));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
         const Tensor gu_bias = biases ? d_gu_bias.view : Tensor(), dn_bias = biases ? d_d_bias.view : Tensor();
         // gate_up, pre-activation h
         OwnedTensor h = poisoned(DType::BF16, {pairs, 2 * I});
         cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k, .tiles = tiles.view,
-                           .h = h, .block_n = block_n},
+                           .h = h, .cta_group = cta_group, .block_n = block_n},
                           stream_);
         sync();
         const OwnedTensor got_h = cuda::download(h);
@@ -391,7 +404,8 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
             OwnedTensor a_fused = poisoned(DType::BF16, {pairs, I});
             cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k,
                                .tiles = tiles.view, .activation = activation, .layout = layout,
-                               .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_fused, .block_n = block_n},
+                               .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_fused, .cta_group = cta_group,
+                               .block_n = block_n},
                               stream_);
             sync();
             OwnedTensor want_from_h = OwnedTensor::host(DType::F32, {pairs, I});  // act of the GPU's bf16 h
@@ -415,12 +429,43 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         // down
         OwnedTensor d = poisoned(DType::BF16, {pairs, H});
         cuda::moe_down({.a = d_a_in, .weight = d_down, .bias = dn_bias, .tiles = tiles.view, .d = d,
-                        .block_n = block_n},
+                        .block_n = block_n, .cta_group = cta_group},
                        stream_);
         sync();
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
       }
-      cuda::set_moe_gemm_wgmma(true);  // the default, for the tests after this one
+      cuda::set_moe_gemm_kernel(kRing);  // the default, for the tests after this one
+    }
+  }
+}
+
+// moe_activation alone on both kernels: I % 8 == 0 (8 outputs per thread, 16-byte vectors) and I = 12 or
+// a misaligned h (one output per thread), every activation × layout, against the formula on h.
+TEST_F(CudaMoeGemm, ActivationMatchesReference) {
+  struct Case { int64_t rows, inter, offset; };
+  for (const Case& c : {Case{37, 2880, 0}, Case{5, 64, 0}, Case{9, 12, 0}, Case{6, 64, 1}, Case{0, 64, 0}}) {
+    for (MoeActivation activation : {kSilu, kGptOss}) {
+      for (GateUpLayout layout : {kHalves, kInterleaved}) {
+        SCOPED_TRACE("P " + std::to_string(c.rows) + " I " + std::to_string(c.inter) + " offset " +
+                     std::to_string(c.offset) + (activation == kSilu ? " silu" : " gpt-oss") +
+                     (layout == kHalves ? " halves" : " interleaved"));
+        const int64_t I = c.inter;
+        OwnedTensor h = random_bf16(rng(), {c.rows, 2 * I}, 4.0f);  // beyond the ±7 clamp now and then
+        OwnedTensor want = OwnedTensor::host(DType::F32, {c.rows, I});
+        for (int64_t r = 0; r < c.rows; ++r) {
+          for (int64_t i = 0; i < I; ++i) {
+            const int64_t g = layout == kHalves ? i : 2 * i, u = layout == kHalves ? I + i : 2 * i + 1;
+            want.view.ptr<float>()[r * I + i] = float(act_ref(bf16_to_f32(h.view.ptr<bf16>()[r * 2 * I + g]),
+                                                              bf16_to_f32(h.view.ptr<bf16>()[r * 2 * I + u]), activation));
+          }
+        }
+        OwnedTensor d_h = upload_at_offset(h, c.offset), a = poisoned(DType::BF16, {c.rows, I});
+        cuda::moe_activation({.h = d_h, .activation = activation, .layout = layout, .swiglu_alpha = 1.702f,
+                              .swiglu_limit = 7.0f, .a = a},
+                             stream_);
+        sync();
+        EXPECT_TRUE(all_close(cuda::download(a), want, kTolBf16Out));
+      }
     }
   }
 }

@@ -62,7 +62,22 @@ struct GemmKernelParams {
   bool gpt_oss;                 // kGptOssClamped, else kSiluGated
   float swiglu_alpha;
   float swiglu_limit;
+  int cta_group;                // > 0: CTAs ordered in groups of this many tiles × every column block
 };
+
+// The (tile, first column) of this CTA. Launch order is blockIdx.x fastest; with cta_group > 0 the linear
+// CTA id is re-mapped so consecutive CTAs sweep every column block of a group of cta_group tiles, and the
+// CTAs resident together share x tiles (and an expert's weight slices) in L2 instead of each wave touching
+// every tile's x rows (perf-log run 17: 64% L2 hits at T 4096 in plain order).
+__device__ __forceinline__ int2 cta_tile(const GemmKernelParams& p, int block_n) {
+  if (p.cta_group <= 0) return {int(blockIdx.x), int(blockIdx.y) * block_n};
+  const int tiles = gridDim.x, column_blocks = gridDim.y;
+  const int id = blockIdx.y * tiles + blockIdx.x;
+  const int group_first = id / (p.cta_group * column_blocks) * p.cta_group;
+  const int group_tiles = min(p.cta_group, tiles - group_first);
+  const int in_group = id - group_first * column_blocks;
+  return {group_first + in_group % group_tiles, in_group / group_tiles * block_n};
+}
 
 // Same formulas and order as the CPU oracle (cpu_moe.cpp, cpu_util.h sigmoid/silu).
 __device__ __forceinline__ float activate(float gate, float up, bool gpt_oss, float alpha, float limit) {
@@ -379,10 +394,10 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
   constexpr int kAhead = kStages - 2;
   static_assert(kStages >= 3 && kThreads >= kBlockM);
 
-  const int tile = blockIdx.x;
+  const int2 tile_n0 = cta_tile(p, kBlockN);
+  const int tile = tile_n0.x, n0 = tile_n0.y;
   if (tile >= *p.num_tiles) return;
   const int expert = p.tile_group[tile];
-  const int n0 = blockIdx.y * kBlockN;
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
@@ -442,6 +457,165 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
   }
 }
 
+// ---- Hopper path, warp-specialized: a producer warpgroup feeds consumer warpgroups through mbarriers ----
+// The ring kernel above stalls every warp on one barrier per k-tile and on its own cp.async latency
+// (ncu, perf-log run 17: 1 CTA of 8 warps per SM, 0.49 eligible warps per scheduler, tensor pipe 38%).
+// Here warpgroup 0 only copies (16-byte cp.async; gathered A rows from a per-tile row table, weight rows
+// at a constant stride) and signals each stage's arrival with cp.async.mbarrier.arrive.noinc on the
+// stage's `full` barrier; warpgroups 1..kConsumers only wait on `full`, issue the wgmmas on their 64 rows,
+// and release the stage on its `empty` barrier once those wgmmas retired. No CTA-wide barrier in the loop.
+// Registers move to the consumers (setmaxnreg) when there are two of them (128 fp32 accumulators each at
+// BLOCK_N 256). Measured 10–40% SLOWER than the ring kernel (perf-log run 18): one warpgroup of 16-byte
+// cp.async (with per-load address arithmetic) cannot issue a stage as fast as the consumers eat it; the
+// copies of the weight tile belong on TMA (one thread per stage) before this kernel can win.
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+// Blocks until the barrier's phase with this parity has completed (a fresh barrier counts parity 1 done).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued so far has landed (counted in the init count).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
+// PRECOND: as grouped_gemm_wgmma_kernel; blockDim.x == 128·(kConsumers + 1); dynamic shared memory =
+// kStages·(64·kConsumers + kBlockN)·64 bf16 + 1024; built for sm_90a.
+template <int kConsumers, int kBlockN, int kStages, bool kEvenK>
+__global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
+    grouped_gemm_ws_kernel(const __grid_constant__ GemmKernelParams p) {
+  constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
+  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
+  constexpr int kRowsPerPass = 128 / kChunksPerRow;  // 16 rows per pass of the producer's 128 threads
+
+  const int2 tile_n0 = cta_tile(p, kBlockN);
+  const int tile = tile_n0.x, n0 = tile_n0.y;
+  if (tile >= *p.num_tiles) return;
+  const int expert = p.tile_group[tile];
+
+  extern __shared__ uint4 dynamic_shared[];
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
+  auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
+  __shared__ int tile_pairs[kBlockM];   // pair of each tile row (T*K on padding)
+  __shared__ int64_t a_offsets[kBlockM];  // element offset of each row's x (or a) row, -1 on padding
+  __shared__ uint64_t full[kStages], empty[kStages];
+  if (threadIdx.x < kBlockM) {
+    const int pair = p.sorted_pairs[tile * kBlockM + threadIdx.x];
+    tile_pairs[threadIdx.x] = pair;
+    a_offsets[threadIdx.x] = pair < p.pairs ? int64_t(pair / p.row_div) * p.in : -1;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 128);               // every producer thread's cp.async arrival
+      mbarrier_init(&empty[s], 4 * kConsumers);   // one arrival per consumer warp
+    }
+  }
+  __syncthreads();
+  const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
+
+  if (threadIdx.x < 128) {  // producer warpgroup
+    if constexpr (kConsumers == 2) release_registers<56>();  // 168 at launch (384 threads)
+    const int chunk = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
+    // Weight rows of this thread: column n0 + row0 + 16j. Interleaved (or unfused) weights: row = column;
+    // halves: column 2i -> i, 2i+1 -> I + i, so with n0 and 16j even the row is a fixed start + 8j.
+    const int64_t inter = p.n / 2;
+    const int first_column = n0 + row0;
+    const int64_t first_row = p.halves ? (first_column % 2 == 0 ? first_column / 2 : inter + first_column / 2)
+                                       : first_column;
+    const __nv_bfloat16* b_src = p.weight + (int64_t(expert) * p.n + first_row) * p.in + chunk * 8;
+    const int64_t b_step = int64_t(p.halves ? kRowsPerPass / 2 : kRowsPerPass) * p.in;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int stage = kt % kStages;
+      mbarrier_wait(&empty[stage], ((kt / kStages) & 1) ^ 1);
+      __nv_bfloat16* a_dst = stages + stage * kStageElems;
+      __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
+      const int k = kt * kBlockK + chunk * 8;
+      const bool k_ok = kEvenK || k < p.in;
+#pragma unroll
+      for (int j = 0; j < kBlockM / kRowsPerPass; ++j) {
+        const int row = row0 + kRowsPerPass * j;
+        const int64_t offset = a_offsets[row];
+        const bool ok = offset >= 0 && k_ok;
+        cp_async16(a_dst + swizzled(row, chunk), ok ? p.x + offset + k : p.x, ok);
+      }
+#pragma unroll
+      for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+        const bool ok = first_column + kRowsPerPass * j < p.n && k_ok;
+        cp_async16(b_dst + swizzled(row0 + kRowsPerPass * j, chunk), ok ? b_src + b_step * j + kt * kBlockK : p.weight,
+                   ok);
+      }
+      cp_async_arrive_noinc(&full[stage]);
+    }
+    cp_async_wait<0>();  // leave no copy in flight behind an exited thread
+    return;
+  }
+
+  // consumer warpgroups
+  if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
+  const int consumer = threadIdx.x / 128 - 1;
+  const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int stage = kt % kStages;
+    mbarrier_wait(&full[stage], (kt / kStages) & 1);
+    __syncwarp();         // converged again for the .aligned wgmma instructions
+    fence_proxy_async();  // the copies' generic-proxy writes, now visible here, ordered before the wgmma reads
+    const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
+    const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the wgmmas of k-tile kt - 1 retired: their stage may be refilled
+    fence_operands(acc);
+    if (kt > 0 && lane == 0) mbarrier_arrive(&empty[(kt - 1) % kStages]);
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int pair = tile_pairs[consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
+    if (pair >= p.pairs) continue;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
 struct ActivationKernelParams {
   const __nv_bfloat16* h;  // [P, 2I] bf16
   __nv_bfloat16* a;        // [P, I] bf16
@@ -453,7 +627,35 @@ struct ActivationKernelParams {
   float swiglu_limit;
 };
 
-// One thread per output element. PRECOND: grid covers rows·inter.
+// One thread per 8 consecutive outputs of a row: 16-byte loads of the 8 gates and 8 ups (halves: two
+// vectors; interleaved: the 16 values g0 u0 g1 u1 ... as two vectors) and one 16-byte store.
+// PRECOND: I % 8 == 0, h and a 16-byte aligned; grid covers rows·inter / 8.
+__global__ static void activation8_kernel(const __grid_constant__ ActivationKernelParams p) {
+  const int64_t per_row = p.inter / 8;
+  const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= p.rows * per_row) return;
+  const int64_t row = index / per_row, i0 = (index % per_row) * 8;
+  const __nv_bfloat16* h = p.h + row * 2 * p.inter;
+  float gate[8], up[8], out[8];
+  if (p.halves) {
+    detail::load8(h + i0, gate);
+    detail::load8(h + p.inter + i0, up);
+  } else {
+    float lo[8], hi[8];
+    detail::load8(h + 2 * i0, lo);
+    detail::load8(h + 2 * i0 + 8, hi);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      gate[j] = lo[2 * j], up[j] = lo[2 * j + 1];
+      gate[4 + j] = hi[2 * j], up[4 + j] = hi[2 * j + 1];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = activate(gate[j], up[j], p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
+  detail::store8(p.a + row * p.inter + i0, out);
+}
+
+// One thread per output element (any I or alignment). PRECOND: grid covers rows·inter.
 __global__ static void activation_kernel(const __grid_constant__ ActivationKernelParams p) {
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= p.rows * p.inter) return;
@@ -555,7 +757,7 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
   }
 }
 
-bool use_wgmma = true;  // set_moe_gemm_wgmma
+MoeGemmKernel gemm_kernel = MoeGemmKernel::kWgmma;  // set_moe_gemm_kernel
 
 void check_block_n(const char* op, int block_n, int block_m) {
   if (block_n != 0 && block_n != 64 && block_n != 128 && block_n != 256) {
@@ -564,8 +766,14 @@ void check_block_n(const char* op, int block_n, int block_m) {
   if (block_m == kMoeGemmBlockMLarge && block_n == 64) {
     fail(op, "block_n = 64 with tiles.block_m = 128: BLOCK_M 128 is built for BLOCK_N 128 or 256 only");
   }
-  if (block_n == 256 && (block_m != kMoeGemmBlockMLarge || !use_wgmma)) {
-    fail(op, "block_n = 256: built only for tiles.block_m = 128 on the wgmma kernel");
+  if (block_n == 256 && !(block_m == kMoeGemmBlockMLarge && gemm_kernel == MoeGemmKernel::kWgmma) &&
+      !(block_m != kMoeGemmBlockMDecode && gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized)) {
+    fail(op, "block_n = 256: built only for tiles.block_m 64 and 128 on the warp-specialized wgmma kernel and "
+             "tiles.block_m 128 on the wgmma ring kernel");
+  }
+  if (block_n == 64 && block_m != kMoeGemmBlockMDecode && gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
+    fail(op, "block_n = 64: the warp-specialized wgmma kernel (tiles.block_m 64/128) is built for BLOCK_N 128 or "
+             "256 only");
   }
 }
 
@@ -608,6 +816,24 @@ PreparedKernel prepared_wgmma_kernel() {
   return {kernel, 128 * kWarpgroups, shared_bytes};
 }
 
+template <int kConsumers, int kBlockN, int kStages, bool kEvenK>
+PreparedKernel prepared_ws_kernel() {
+  const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
+  GemmKernel kernel = grouped_gemm_ws_kernel<kConsumers, kBlockN, kStages, kEvenK>;
+  static const bool attribute_set = [&] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    return true;
+  }();
+  (void)attribute_set;
+  return {kernel, 128 * (kConsumers + 1), shared_bytes};
+}
+
+template <int kConsumers, int kBlockN, int kStages>
+PreparedKernel prepared_ws_kernel(bool even_k) {
+  return even_k ? prepared_ws_kernel<kConsumers, kBlockN, kStages, true>()
+                : prepared_ws_kernel<kConsumers, kBlockN, kStages, false>();
+}
+
 template <int kWarpgroups, int kBlockN, int kStages>
 PreparedKernel prepared_wgmma_kernel(bool even_k) {
   return even_k ? prepared_wgmma_kernel<kWarpgroups, kBlockN, kStages, true>()
@@ -622,10 +848,14 @@ PreparedKernel prepared_wgmma_kernel(bool even_k) {
 //    or 64 (2×2 warps of 32×32, 4 stages, 64 KB);
 //  BLOCK_M 128: BLOCK_N 128 only (8 warps, 2×4 of 64×32, 3 stages, 96 KB, 2 CTAs per SM): half the shared
 //    memory traffic per FLOP of 64×128, for compute-bound prefill.
-//  With wgmma (default; set_moe_gemm_wgmma(false) restores the above): one warpgroup per 64 rows. BLOCK_M
+//  The above with MoeGemmKernel::kMmaSync. kWgmma (the ring): one warpgroup per 64 rows. BLOCK_M
 //    64 × BLOCK_N 128: 4 stages, 97 KB, 2 CTAs per SM; BLOCK_M 128 × 128: 5 stages, 161 KB, 1 CTA per SM;
 //    BLOCK_M 128 × 256 (explicit block_n only): 4 stages, 193 KB — twice the FLOPs per byte read from L2,
 //    but measured 15–20% slower than 128 × 128 (perf-log run 16: one CTA of 184–198 registers per SM).
+//  kWgmmaWarpSpecialized (default): a producer warpgroup + one consumer warpgroup per 64 rows. BLOCK_M 64:
+//    BLOCK_N 128 (default; 4 stages, 97 KB, 2 CTAs per SM) or 256 (5 stages, 201 KB); BLOCK_M 128: BLOCK_N
+//    128 (default; 6 stages, 193 KB) or 256 (4 stages, 193 KB; 128 accumulators per consumer thread, which
+//    setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64_t max_tiles, cudaStream_t stream) {
   if (block_n == 0) {  // the defaults, in one place
@@ -637,8 +867,15 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64
   const dim3 grid{unsigned(max_tiles), unsigned(column_blocks), 1};
   const bool even_k = params.in % kBlockK == 0;
   PreparedKernel k{};
+  const bool use_wgmma = gemm_kernel == MoeGemmKernel::kWgmma;
   if (block_m == kMoeGemmBlockMDecode) {
     k = block_n == 64 ? prepared_kernel<16, 64, 1, 4, 6>(even_k) : prepared_kernel<16, 128, 1, 4, 4>(even_k);
+  } else if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
+    if (block_m == kMoeGemmBlockMPrefill) {
+      k = block_n == 256 ? prepared_ws_kernel<1, 256, 5>(even_k) : prepared_ws_kernel<1, 128, 4>(even_k);
+    } else {
+      k = block_n == 256 ? prepared_ws_kernel<2, 256, 4>(even_k) : prepared_ws_kernel<2, 128, 6>(even_k);
+    }
   } else if (use_wgmma && block_n == 256) {
     k = prepared_wgmma_kernel<2, 256, 4>(even_k);
   } else if (use_wgmma && block_n == 128) {
@@ -663,7 +900,7 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 
 }  // namespace
 
-void set_moe_gemm_wgmma(bool enabled) { use_wgmma = enabled; }
+void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
@@ -714,7 +951,8 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .halves = fuse && p.layout == ops::GateUpLayout::kHalves,
                           .gpt_oss = p.activation == ops::MoeActivation::kGptOssClamped,
                           .swiglu_alpha = p.swiglu_alpha,
-                          .swiglu_limit = p.swiglu_limit};
+                          .swiglu_limit = p.swiglu_limit,
+                          .cta_group = p.cta_group};
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
 }
 
@@ -736,7 +974,11 @@ void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
                                       .swiglu_alpha = p.swiglu_alpha,
                                       .swiglu_limit = p.swiglu_limit};
   constexpr int kThreads = 256;
-  activation_kernel<<<detail::blocks_for(rows * inter, kThreads), kThreads, 0, stream>>>(params);
+  if (inter % 8 == 0 && detail::aligned16(p.h.data) && detail::aligned16(p.a.data)) {
+    activation8_kernel<<<detail::blocks_for(rows * inter / 8, kThreads), kThreads, 0, stream>>>(params);
+  } else {
+    activation_kernel<<<detail::blocks_for(rows * inter, kThreads), kThreads, 0, stream>>>(params);
+  }
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -771,7 +1013,8 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .halves = false,
                           .gpt_oss = false,
                           .swiglu_alpha = 0.0f,
-                          .swiglu_limit = 0.0f};
+                          .swiglu_limit = 0.0f,
+                          .cta_group = p.cta_group};
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
 }
 
@@ -972,10 +1215,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     moe_lora_expand(lp, stream);
   };
 
-  // 3. gate_up: fused activation unless the LoRA must add into h first.
+  // 3. gate_up: fused activation unless the LoRA must add into h first. 128-row tiles (large prefill) run
+  // in groups of 8 tiles × every column block: GPT-OSS-20B T 4096 gate_up 1866 → 1787 µs, down 1053 → 915
+  // (perf-log run 19); at 64-row tiles the figures were within the run's noise, so plain order stays.
+  const int cta_group = block_m == kMoeGemmBlockMLarge ? 8 : 0;
   MoeGateUpParams gate_up{.x = p.x, .weight = p.gate_up, .bias = p.gate_up_bias, .top_k = top_k, .tiles = tiles,
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
-                          .swiglu_limit = p.swiglu_limit};
+                          .swiglu_limit = p.swiglu_limit, .cta_group = cta_group};
   if (lora_gu) {
     const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
     gate_up.h = h;
@@ -990,7 +1236,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   }
 
   // 4. down (+ LoRA into d), 5. combine.
-  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d}, stream);
+  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d, .cta_group = cta_group}, stream);
   if (lora_down) apply_lora(p.lora_down, a, d);
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);
 }

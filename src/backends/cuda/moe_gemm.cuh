@@ -20,9 +20,14 @@ constexpr int kMoeGemmBlockMDecode = 16;   // few pairs per expert: 16-row tiles
 constexpr int kMoeGemmBlockMPrefill = 64;  // many pairs per expert: each weight tile feeds 64 rows
 constexpr int kMoeGemmBlockMLarge = 128;   // large prefill (compute-bound): 128 × 128 tiles, 8 warps
 
-// BLOCK_M 64/128 tiles with BLOCK_N 128 run on Hopper's warpgroup MMA (wgmma) by default; false selects the
-// mma.sync kernel instead, process-wide (the bench's before/after rows and the tests' comparison).
-void set_moe_gemm_wgmma(bool enabled);
+// Which kernel runs BLOCK_M 64/128 tiles, process-wide (the bench's before/after rows and the tests'
+// comparisons); BLOCK_M 16 always runs the mma.sync kernel.
+enum class MoeGemmKernel {
+  kMmaSync,               // ldmatrix + mma.sync, every thread copies (sm_80 instructions)
+  kWgmma,                 // warpgroup MMA, every thread copies, one CTA barrier per k-tile (the default)
+  kWgmmaWarpSpecialized,  // warpgroup MMA fed by a producer warpgroup through mbarriers (slower so far)
+};
+void set_moe_gemm_kernel(MoeGemmKernel kernel);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E (host numbers, no sync).
 int moe_gemm_block_m(int64_t pairs, int64_t experts);
@@ -51,8 +56,11 @@ struct MoeGateUpParams {
   float swiglu_limit = 7.0f;
   Tensor h;             // [T*K, 2I] bf16 pre-activation, rows of the weight's layout; or undefined
   Tensor a;             // [T*K, I] bf16 activated; or undefined
+  int cta_group = 0;    // BLOCK_M 64/128 (wgmma kernels): > 0 orders CTAs in groups of this many tiles ×
+                        // every column block (L2 reuse of x); 0 = column block slowest (tests, bench)
   int block_n = 0;      // output columns per CTA: 0 = the default for tiles.block_m; 64, 128 or 256 (tests,
-                        // bench; BLOCK_M 128 has 128 and 256 (wgmma only), 256 nowhere else)
+                        // bench): BLOCK_M 16 has 64 and 128; 64/128 on the warp-specialized kernel 128 and 256;
+                        // on the ring kernels 64 and 128 (BLOCK_M 64) or 128 and 256 (BLOCK_M 128, wgmma)
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -75,6 +83,7 @@ struct MoeDownParams {
   MoeExpertTiles tiles;
   Tensor d;       // [T*K, H] bf16
   int block_n = 0;  // as MoeGateUpParams::block_n
+  int cta_group = 0;  // as MoeGateUpParams::cta_group
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 
