@@ -2,7 +2,8 @@
 // K 4) and Qwen3-30B-A3B (H 2048, I 768, E 128, K 8) shapes, T = 1, 16, 64, 256, 1600, 4096, random routing
 // (K distinct experts per token). Rows: moe_block (align + gate_up with fused activation + down + combine),
 // then each kernel alone (align, gate_up fused, gate_up to h + moe_activation, down, combine; gate_up and
-// down also at both BLOCK_N, to check the default of the BLOCK_M in use), each with
+// down also at both BLOCK_N, to check the default of the BLOCK_M in use, and for 64/128-row tiles in the
+// grouped CTA order; the block again on the other kernels: warp-specialized wgmma, mma.sync), each with
 // µs, the bytes that must move (touched experts' weights once, plus activations in and out), the FLOPs,
 // and the share of the H200 floor max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_moe_lora:
 // many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
@@ -199,7 +200,8 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
 }  // namespace lmx
 
 // Usage: bench_moe_gemm [MODEL [T ...]] — MODEL a prefix of a shape's name ("GPT", "Qwen"), T token counts:
-// only those rows (a profiler run, e.g. ncu on the T 4096 prefill GEMM, wants few launches).
+// only those rows (a profiler run, e.g. ncu on the T 4096 prefill GEMM, wants few launches). Environment:
+// BENCH_BLOCK_M=16|64|128 pins the component rows' tile height (the block rows keep moe_block's choice).
 int main(int argc, char** argv) {
   using namespace lmx;
   const std::string only_model = argc > 1 ? argv[1] : "";
