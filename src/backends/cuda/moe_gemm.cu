@@ -23,6 +23,8 @@
 //    shared memory (the swizzle above is wgmma's 128-byte swizzle); compute-bound prefill runs there.
 #include "backends/cuda/moe_gemm.cuh"
 
+#include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime's driver entry point)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -63,6 +65,9 @@ struct GemmKernelParams {
   float swiglu_alpha;
   float swiglu_limit;
   int cta_group;                // > 0: CTAs ordered in groups of this many tiles × every column block
+  int64_t weight_rows;          // E·n, the weight's rows as one matrix
+  bool weight_by_tma;           // warp-specialized kernel: weight tiles come through weight_map
+  CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
 };
 
 // The (tile, first column) of this CTA. Launch order is blockIdx.x fastest; with cta_group > 0 the linear
@@ -489,6 +494,20 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
 }
+// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase can complete.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+// The box at (column `inner`, row `outer`) of a 2-D tensor map into shared memory; its bytes count down the
+// barrier's expected transaction count when they land.
+__device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map, int inner, int outer, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(shared_address(shared)), "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer),
+      "r"(shared_address(bar))
+      : "memory");
+}
 // One arrival on `bar` once every cp.async this thread issued so far has landed (counted in the init count).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
@@ -533,7 +552,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 128);               // every producer thread's cp.async arrival
+      mbarrier_init(&full[s], 128 + (p.weight_by_tma ? 1 : 0));  // every producer thread's cp.async arrival
+                                                                 // (+ the TMA issuer's expect_tx arrival)
       mbarrier_init(&empty[s], 4 * kConsumers);   // one arrival per consumer warp
     }
   }
@@ -565,11 +585,19 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         const bool ok = offset >= 0 && k_ok;
         cp_async16(a_dst + swizzled(row, chunk), ok ? p.x + offset + k : p.x, ok);
       }
+      if (p.weight_by_tma) {  // uniform: one thread moves the whole weight tile (rows past E·n and k past `in`
+                              // land as zeros; rows of the next expert are columns past n, never stored)
+        if (threadIdx.x == 0) {
+          mbarrier_arrive_expect_tx(&full[stage], kBlockN * kBlockK * sizeof(__nv_bfloat16));
+          tma_load_2d(b_dst, &p.weight_map, kt * kBlockK, expert * p.n + n0, &full[stage]);
+        }
+      } else {
 #pragma unroll
-      for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-        const bool ok = first_column + kRowsPerPass * j < p.n && k_ok;
-        cp_async16(b_dst + swizzled(row0 + kRowsPerPass * j, chunk), ok ? b_src + b_step * j + kt * kBlockK : p.weight,
-                   ok);
+        for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+          const bool ok = first_column + kRowsPerPass * j < p.n && k_ok;
+          cp_async16(b_dst + swizzled(row0 + kRowsPerPass * j, chunk),
+                     ok ? b_src + b_step * j + kt * kBlockK : p.weight, ok);
+        }
       }
       cp_async_arrive_noinc(&full[stage]);
     }
@@ -840,6 +868,35 @@ PreparedKernel prepared_wgmma_kernel(bool even_k) {
                 : prepared_wgmma_kernel<kWarpgroups, kBlockN, kStages, false>();
 }
 
+// The weight [E, n, in] as a 2-D tensor map [E·n rows, in] for the warp-specialized kernel's TMA: boxes of
+// block_n rows × 64 k, 128-byte swizzle (the layout the wgmma descriptors expect), zeros out of bounds.
+// Encoded per launch on the host (a pure function of the pointer and shape; no device work), so graphs
+// capture it as a kernel parameter. The halves layout (rows 2i -> i, 2i+1 -> I + i) is not one box: it keeps
+// the cp.async copies.
+CUtensorMap weight_tensor_map(const GemmKernelParams& p, int block_n) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    LMX_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    LMX_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(p.in), cuuint64_t(p.weight_rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(p.in) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(block_n)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.weight), dims,
+                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for the weight [" +
+                         std::to_string(p.weight_rows) + ", " + std::to_string(p.in) + "]");
+  }
+  return map;
+}
+
 // The one dispatch on tile configuration (BLOCK_N 0 = the default of the BLOCK_M):
 //  BLOCK_M 16: BLOCK_N 64 (default; 1×4 warps of 16×16, 6 stages, 60 KB, 3 CTAs per SM: twice the CTAs of
 //    BLOCK_N 128 for the few tiles of T = 1, and 50 KB in flight per CTA when there are only ~1.4 CTAs per
@@ -887,7 +944,14 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64
     LMX_CHECK(block_m == kMoeGemmBlockMLarge && block_n == 128);
     k = prepared_kernel<128, 128, 2, 4, 3>(even_k);
   }
-  k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(params);
+  if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode && !params.halves) {
+    GemmKernelParams with_map = params;
+    with_map.weight_by_tma = true;
+    with_map.weight_map = weight_tensor_map(params, block_n);
+    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_map);
+  } else {
+    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(params);
+  }
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -952,7 +1016,10 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .gpt_oss = p.activation == ops::MoeActivation::kGptOssClamped,
                           .swiglu_alpha = p.swiglu_alpha,
                           .swiglu_limit = p.swiglu_limit,
-                          .cta_group = p.cta_group};
+                          .cta_group = p.cta_group,
+                          .weight_rows = p.weight.dim(0) * rows2,
+                          .weight_by_tma = false,
+                          .weight_map = {}};
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
 }
 
@@ -1014,7 +1081,10 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .gpt_oss = false,
                           .swiglu_alpha = 0.0f,
                           .swiglu_limit = 0.0f,
-                          .cta_group = p.cta_group};
+                          .cta_group = p.cta_group,
+                          .weight_rows = p.weight.dim(0) * hidden,
+                          .weight_by_tma = false,
+                          .weight_map = {}};
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
 }
 
