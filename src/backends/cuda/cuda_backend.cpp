@@ -58,9 +58,18 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
     std::memmove(dst.data, src.data, dst.nbytes());
     return;
   }
-  // Ordered after the work already on the stream (a device-to-host copy reads finished results) and
-  // finished before returning (the host side may be reused at once): the engine's staging contract.
+  // Ordered after the work already on the stream (a device-to-host copy reads finished results), and the
+  // host side may be reused as soon as this returns: the engine's staging contract. From pageable host
+  // memory to the device the runtime has already copied the source into its staging buffer when
+  // cudaMemcpyAsync returns (CUDA runtime API, "API synchronization behavior"), so those uploads (the
+  // engine's per-step batch and sampling parameters) no longer wait for the GPU; everything else (pinned
+  // sources, reads back to the host) still synchronizes.
   LMX_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault, stream_));
+  if (dst.device == Device::kCuda && src.device == Device::kCpu) {
+    cudaPointerAttributes attributes{};
+    LMX_CUDA_CHECK(cudaPointerGetAttributes(&attributes, src.data));
+    if (attributes.type == cudaMemoryTypeUnregistered) return;
+  }
   LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
