@@ -106,23 +106,24 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   const cuda::MoeWorkspaceShape shape{.max_tokens = tokens, .top_k = K, .experts = E, .hidden = H, .inter = I};
   OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
 
-  auto gate_up = [&](int layer, bool fused, int block_n = 0, int cta_group = 0) {
+  auto gate_up = [&](int layer, bool fused, int block_n = 0, int cta_group = 0, int decode_stages = 0) {
     cuda::MoeGateUpParams p{.x = x, .weight = layers[layer].gate_up, .bias = layers[layer].gate_up_bias,
                             .top_k = K, .tiles = tiles, .activation = m.activation, .layout = m.layout,
-                            .cta_group = cta_group, .block_n = block_n};
+                            .cta_group = cta_group, .block_n = block_n, .decode_stages = decode_stages};
     (fused ? p.a : p.h) = fused ? a.view : h.view;
     return p;
   };
-  auto down = [&](int layer, int block_n = 0, int cta_group = 0) {
+  auto down = [&](int layer, int block_n = 0, int cta_group = 0, int decode_stages = 0) {
     return cuda::MoeDownParams{.a = a, .weight = layers[layer].down, .bias = layers[layer].down_bias,
-                               .tiles = tiles, .d = d, .block_n = block_n, .cta_group = cta_group};
+                               .tiles = tiles, .d = d, .block_n = block_n, .cta_group = cta_group,
+                               .decode_stages = decode_stages};
   };
-  auto block = [&](int layer) {
+  auto block = [&](int layer, bool gemm_pdl = true) {
     const ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = layers[layer].gate_up,
                            .gate_up_bias = layers[layer].gate_up_bias, .down = layers[layer].down,
                            .down_bias = layers[layer].down_bias, .activation = m.activation, .layout = m.layout,
                            .out = out};
-    cuda::moe_block(p, {.shape = shape, .memory = workspace}, stream);
+    cuda::moe_block(p, {.shape = shape, .memory = workspace}, stream, {.gemm_pdl = gemm_pdl});
   };
   // Untimed first calls: kernel attributes are set once, outside any graph capture.
   cuda::moe_align(align, stream);
@@ -137,6 +138,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   for (int block_n : block_ns) {
     cuda::moe_gate_up(gate_up(0, true, block_n), stream);
     cuda::moe_down(down(0, block_n), stream);
+  }
+  const std::vector<int> decode_stages =
+      block_m == cuda::kMoeGemmBlockMDecode ? std::vector<int>{4, 5} : std::vector<int>{};
+  for (int stages : decode_stages) {
+    cuda::moe_gate_up(gate_up(0, true, 64, 0, stages), stream);
+    cuda::moe_down(down(0, 64, 0, stages), stream);
   }
   cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);
   block(0);
@@ -157,6 +164,10 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (block_m == cuda::kMoeGemmBlockMDecode) {  // before/after of gate_up and down as programmatic dependents
+    print_row("block (no LoRA), GEMMs without PDL", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, false); }));
+  }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before/after for the BLOCK_M 64/128 tiles: the other kernels
     for (const auto& [kernel, name] :
          {std::pair{cuda::MoeGemmKernel::kWgmmaWarpSpecialized, "block (no LoRA), wgmma warp-spec."},
@@ -184,6 +195,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true, block_n), stream); }));
     print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down(i % kCopies, block_n), stream); }));
+  }
+  for (int stages : decode_stages) {  // BLOCK_M 16: fewer stages, more CTAs per SM (the default has 6)
+    const std::string suffix = " BLOCK_N 64, " + std::to_string(stages) + " stages";
+    print_row(("  gate_up fused" + suffix).c_str(), tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true, 64, 0, stages), stream); }));
+    print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,
+              time([&](int i) { cuda::moe_down(down(i % kCopies, 64, 0, stages), stream); }));
   }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // the grouped CTA order (L2 reuse of x) against the plain one
     print_row("  gate_up fused, CTA groups 8", tokens, gate_up_bytes, gate_up_flops,

@@ -58,6 +58,9 @@ class OpProfiler final : public ops::Backend {
     timed(p.lora_gate_up.defined() || p.lora_down.defined() ? "moe (+lora)" : "moe", [&] { inner_.moe(p); });
   }
   void lora(const ops::LoraParams& p) override { timed("lora", [&] { inner_.lora(p); }); }
+  void lora_group(std::span<const ops::LoraParams> parts) override {
+    timed("lora_group", [&] { inner_.lora_group(parts); });
+  }
   void sample(const ops::SamplingParams& p) override { timed("sample", [&] { inner_.sample(p); }); }
 
   // Graphs only while not profiling (the engine then runs op by op, so every op is seen).

@@ -156,9 +156,13 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
     Tensor qkv = qkv_.view.rows(0, T);
     backend_.linear({.x = normed, .weight = qkv_weight_[size_t(layer)], .bias = qkv_bias_[size_t(layer)], .out = qkv});
     backend_.split_columns({.x = qkv, .parts = {q, k, v}});
-    add_lora(normed, layer, LoraTarget::kQ, batch, lora, q);
-    add_lora(normed, layer, LoraTarget::kK, batch, lora, k);
-    add_lora(normed, layer, LoraTarget::kV, batch, lora, v);
+    if (batch.any_lora) {  // q, k and v read the same x: one group (one launch pair on cuda)
+      const Tensor slots = batch.token_slot.rows(0, T);
+      const ops::LoraParams parts[3] = {{.x = normed, .token_slot = slots, .w = lora(layer, LoraTarget::kQ), .y = q},
+                                        {.x = normed, .token_slot = slots, .w = lora(layer, LoraTarget::kK), .y = k},
+                                        {.x = normed, .token_slot = slots, .w = lora(layer, LoraTarget::kV), .y = v}};
+      backend_.lora_group(parts);
+    }
   }
   Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
   if (config_.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 
 #include "core/tensor.h"
 #include "ops/attention.h"
@@ -50,6 +51,12 @@ class Backend {
   virtual void router_topk(const RouterTopKParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
   virtual void lora(const LoraParams& p) = 0;
+  // Several LoRA targets of the same x and token_slot (a layer's q, k and v) in one call, so a backend may
+  // run them together (cuda: one launch pair instead of one per target). PRECOND: every part's x and
+  // token_slot are the same tensors; at most 3 parts. Default: lora() per part.
+  virtual void lora_group(std::span<const LoraParams> parts) {
+    for (const LoraParams& p : parts) lora(p);
+  }
   virtual void sample(const SamplingParams& p) = 0;
 
   // Recorded op sequences (CUDA graphs): between begin_capture() and end_capture() the ops are recorded,

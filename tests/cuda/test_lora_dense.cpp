@@ -2,7 +2,8 @@
 // {1, 7, 64, 300, 1500 (align's sort path)}, mixed true ranks (0 = disabled, 8/16/32/64, odd), rank capacity 72 and 128
 // (the kernels' rank cap 128) with ranks 8/72/128/97/64, tokens with slot -1, NaN in the padding ranks of A and B, `in`
 // with and without the 64-input EVEN_K fast path, GPT-OSS q_proj and o_proj shapes, several knob settings, repeated
-// calls on one scratch (its z must stay zero), and a batch without adapters that must leave y bit-identical.
+// calls on one scratch (its z must stay zero), a batch without adapters that must leave y bit-identical, and
+// groups of q / k / v parts (lora_dense_group) against one CPU call per part.
 #include <limits>
 #include <string>
 #include <vector>
@@ -129,6 +130,92 @@ void CudaLoraDense::run_case(const Case& c) {
     int64_t nonzero_readers = 0;
     for (int64_t i = 0; i < readers.view.numel(); ++i) nonzero_readers += readers.view.ptr<int32_t>()[i] != 0;
     EXPECT_EQ(nonzero_readers, 0) << "scratch z_readers must be all zero after the call";
+  }
+}
+
+// lora_dense_group: q, k, v of one layer (GPT-OSS shapes: in 2880, out 4096 / 512 / 512; and Qwen3-like
+// 2048 → 4096 / 512 / 512 with R 64) against one CpuBackend::lora per part, on the direct path (one launch
+// pair for the group) and the tiled one, with a part whose stack is undefined (k: no adapter targets it),
+// slots of mixed true ranks (0 included) that differ per part, tokens without adapter, NaN in padding
+// ranks, and the scratch's z / z_readers zero after every call.
+TEST_F(CudaLoraDense, GroupMatchesCpu) {
+  struct GroupCase {
+    int64_t tokens, slots, capacity_rank, in;
+    std::vector<int64_t> outs;
+    bool skip_second;  // the second part has no stack
+  };
+  const std::vector<GroupCase> cases = {{1, 8, 32, 2880, {4096, 512, 512}, false},
+                                        {16, 8, 32, 2880, {4096, 512, 512}, false},
+                                        {16, 8, 32, 2880, {4096, 512, 512}, true},
+                                        {64, 5, 64, 2048, {4096, 512, 512}, false},
+                                        {7, 3, 16, 264, {130, 8, 2}, false},
+                                        {300, 8, 32, 2880, {4096, 512, 512}, false}};  // tiled: one call per part
+  for (const GroupCase& c : cases) {
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " S " + std::to_string(c.slots) + " R " +
+                 std::to_string(c.capacity_rank) + " in " + std::to_string(c.in) +
+                 (c.skip_second ? " second part undefined" : ""));
+    const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
+    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
+    OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
+    OwnedTensor d_slot = cuda::upload(token_slot), d_x = cuda::upload(x);
+    std::vector<OwnedTensor> a, b, rank, y0, want, d_a, d_b, d_rank;
+    for (int64_t i = 0; i < parts; ++i) {
+      const int64_t out = c.outs[size_t(i)];
+      rank.push_back(OwnedTensor::host(DType::I32, {c.slots}));
+      for (int64_t s = 0; s < c.slots; ++s) {  // per part: slot (s + i) % 4 == 0 has rank 0 here
+        rank.back().view.ptr<int32_t>()[s] =
+            (s + i) % 4 == 0 ? 0 : 1 + int32_t(rng().next_u64() % uint64_t(R));
+      }
+      a.push_back(random_bf16(rng(), {c.slots, R, c.in}, 0.05f));
+      b.push_back(random_bf16(rng(), {c.slots, out, R}, 0.05f));
+      const bf16 nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+      for (int64_t s = 0; s < c.slots; ++s) {
+        for (int64_t r = rank.back().view.ptr<int32_t>()[s]; r < R; ++r) {
+          for (int64_t k = 0; k < c.in; ++k) a.back().view.ptr<bf16>()[(s * R + r) * c.in + k] = nan;
+          for (int64_t o = 0; o < out; ++o) b.back().view.ptr<bf16>()[(s * out + o) * R + r] = nan;
+        }
+      }
+      y0.push_back(random_bf16(rng(), {c.tokens, out}));
+      want.push_back(widen(y0.back()));
+      if (!(c.skip_second && i == 1)) {
+        cpu_.lora({.x = widen(x), .token_slot = token_slot,
+                   .w = {.a = a.back().view, .b = b.back().view, .rank = rank.back().view}, .y = want.back()});
+      }
+      d_a.push_back(cuda::upload(a.back()));
+      d_b.push_back(cuda::upload(b.back()));
+      d_rank.push_back(cuda::upload(rank.back()));
+    }
+    const cuda::LoraDenseScratch scratch = cuda::lora_dense_scratch(c.tokens + 3, c.slots, R);
+    for (int path : {0, -1, 1}) {
+      if (path == 0 && c.tokens > cuda::kMoeLoraSmallMaxPairs) continue;
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        SCOPED_TRACE("path " + std::to_string(path) + " repeat " + std::to_string(repeat));
+        std::vector<OwnedTensor> d_y;
+        std::vector<ops::LoraParams> group;
+        for (int64_t i = 0; i < parts; ++i) {
+          d_y.push_back(cuda::upload(y0[size_t(i)]));
+          const bool skip = c.skip_second && i == 1;
+          group.push_back({.x = d_x,
+                           .token_slot = d_slot,
+                           .w = skip ? ops::LoraStack{} : ops::LoraStack{.a = d_a[size_t(i)], .b = d_b[size_t(i)], .rank = d_rank[size_t(i)]},
+                           .y = d_y.back()});
+        }
+        cuda::lora_dense_group(group, scratch, {.pdl = repeat == 0}, stream_, path);
+        sync();
+        for (int64_t i = 0; i < parts; ++i) {
+          EXPECT_TRUE(all_close(cuda::download(d_y[size_t(i)]), want[size_t(i)], kTolBf16Out)) << "y of part " << i;
+        }
+        OwnedTensor z = cuda::download(scratch.z);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < z.view.numel(); ++i) nonzero += z.view.ptr<float>()[i] != 0.0f;
+        EXPECT_EQ(nonzero, 0) << "scratch z must be all zero after the call";
+        OwnedTensor readers = cuda::download(scratch.z_readers);
+        int64_t nonzero_readers = 0;
+        for (int64_t i = 0; i < readers.view.numel(); ++i) nonzero_readers += readers.view.ptr<int32_t>()[i] != 0;
+        EXPECT_EQ(nonzero_readers, 0) << "scratch z_readers must be all zero after the call";
+      }
+    }
+    if (HasFatalFailure()) return;
   }
 }
 

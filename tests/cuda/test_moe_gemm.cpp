@@ -364,30 +364,36 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       // (BLOCK_M, BLOCK_N, kernel, CTA group): every kernel instantiation family — mma.sync at 16 and at
       // 64/128 (as chosen, or the ring's BLOCK_N 64); the wgmma ring (default) at 64/128 (BLOCK_N 128, and
       // 256 at 128); the warp-specialized wgmma at 64/128 with BLOCK_N 128 and 256; the grouped CTA order
-      // (groups of 3 tiles: a partial last group) on both wgmma kernels.
+      // (groups of 3 tiles: a partial last group) on both wgmma kernels; BLOCK_M 16 with 4 and 5 stages; the
+      // PDL code path of grouped_gemm_kernel (down with its tiles and first weights before the wait; here the
+      // stream is idle at each launch, so this checks the math, the model tests check the chain).
       using cuda::MoeGemmKernel;
       constexpr MoeGemmKernel kMma = MoeGemmKernel::kMmaSync, kRing = MoeGemmKernel::kWgmma,
                               kWs = MoeGemmKernel::kWgmmaWarpSpecialized;
-      for (const auto& [block_m, block_n, kernel, cta_group] : std::vector<std::tuple<int, int, MoeGemmKernel, int>>{
-               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0}, {cuda::kMoeGemmBlockMDecode, 128, kRing, 0},
-               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0}, {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3},
-               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0}, {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3},
-               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0}, {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0},
-               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3}, {cuda::kMoeGemmBlockMLarge, 256, kWs, 0},
-               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0}, {cuda::kMoeGemmBlockMLarge, 256, kRing, 3},
-               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0}}) {
+      for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl] :
+           std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool>>{
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false}, {cuda::kMoeGemmBlockMDecode, 128, kRing, 0, 0, false},
+               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 4, false}, {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 5, false},
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, true}, {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false}, {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0, 0, false}, {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3, 0, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, false}, {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0, 0, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false}, {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false}, {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false}}) {
         cuda::set_moe_gemm_kernel(kernel);
         SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
                      std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
                      std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : "") +
                      (kernel == kMma ? " mma.sync" : kernel == kRing ? " wgmma ring" : " wgmma warp-specialized") +
-                     " CTA group " + std::to_string(cta_group));
+                     " CTA group " + std::to_string(cta_group) + " decode stages " + std::to_string(stages) +
+                     (pdl ? " pdl" : ""));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
         const Tensor gu_bias = biases ? d_gu_bias.view : Tensor(), dn_bias = biases ? d_d_bias.view : Tensor();
         // gate_up, pre-activation h
         OwnedTensor h = poisoned(DType::BF16, {pairs, 2 * I});
         cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k, .tiles = tiles.view,
-                           .h = h, .cta_group = cta_group, .block_n = block_n},
+                           .h = h, .cta_group = cta_group, .block_n = block_n, .decode_stages = stages, .pdl = pdl},
                           stream_);
         sync();
         const OwnedTensor got_h = cuda::download(h);
@@ -405,7 +411,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
             cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k,
                                .tiles = tiles.view, .activation = activation, .layout = layout,
                                .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_fused, .cta_group = cta_group,
-                               .block_n = block_n},
+                               .block_n = block_n, .decode_stages = stages, .pdl = pdl},
                               stream_);
             sync();
             OwnedTensor want_from_h = OwnedTensor::host(DType::F32, {pairs, I});  // act of the GPU's bf16 h
@@ -429,7 +435,8 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         // down
         OwnedTensor d = poisoned(DType::BF16, {pairs, H});
         cuda::moe_down({.a = d_a_in, .weight = d_down, .bias = dn_bias, .tiles = tiles.view, .d = d,
-                        .block_n = block_n, .cta_group = cta_group},
+                        .block_n = block_n, .cta_group = cta_group, .decode_stages = stages, .pdl = pdl,
+                        .routing_before_wait = pdl},
                        stream_);
         sync();
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";

@@ -200,6 +200,21 @@ void CudaBackend::moe(const ops::MoeParams& p) {
 // stacks share the slot count S and rank capacity R (--max-loras, --max-lora-rank).
 void CudaBackend::lora(const ops::LoraParams& p) {
   if (!p.w.defined()) return;
+  lora_dense(p, lora_scratch(p), MoeLoraConfig{}, stream_);
+}
+
+void CudaBackend::lora_group(std::span<const ops::LoraParams> parts) {
+  for (const ops::LoraParams& p : parts) {
+    if (p.w.defined()) {
+      lora_dense_group(parts, lora_scratch(p), MoeLoraConfig{}, stream_);
+      return;
+    }
+  }
+}
+
+// The dense-LoRA scratch, grown (outside any capture: the engine's first step of a shape is eager) when a
+// call needs more tokens or another S / R.
+const LoraDenseScratch& CudaBackend::lora_scratch(const ops::LoraParams& p) {
   const int64_t tokens = p.x.dim(0), slots = p.w.a.dim(0), capacity_rank = p.w.a.dim(1);
   if (!lora_ || lora_->max_tokens < tokens || lora_->slots != slots || lora_->capacity_rank != capacity_rank) {
     const int64_t max_tokens = std::max(tokens, lora_ ? lora_->max_tokens : int64_t(0));
@@ -207,7 +222,7 @@ void CudaBackend::lora(const ops::LoraParams& p) {
     LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old scratch may still be in use
     lora_ = std::make_unique<LoraDenseScratch>(lora_dense_scratch(max_tokens, slots, capacity_rank));
   }
-  lora_dense(p, *lora_, MoeLoraConfig{}, stream_);
+  return *lora_;
 }
 
 // GPU sampling (sampling.cuh): one thread-block cluster per row reads the row once into shared memory; no

@@ -50,6 +50,7 @@ class CudaBackend final : public ops::Backend {
   void router_topk(const ops::RouterTopKParams& p) override;
   void moe(const ops::MoeParams& p) override;
   void lora(const ops::LoraParams& p) override;
+  void lora_group(std::span<const ops::LoraParams> parts) override;
   void sample(const ops::SamplingParams& p) override;
 
   bool supports_graphs() const override { return true; }
@@ -68,6 +69,7 @@ class CudaBackend final : public ops::Backend {
   LinearRunner linear_;
   std::unique_ptr<MoeBlockState> moe_;
   std::unique_ptr<LoraDenseScratch> lora_;
+  const LoraDenseScratch& lora_scratch(const ops::LoraParams& p);
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
   bool attention_split_kv_ = true;
   uint64_t memory_epoch_ = 0;        // bumped when a workspace above is replaced

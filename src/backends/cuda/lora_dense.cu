@@ -25,10 +25,10 @@ LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t c
   s.group_offsets = empty(DType::I32, {slots + 1});
   s.num_tiles = empty(DType::I32, {1});
   s.workspace = empty(DType::U8, {int64_t(moe_align_workspace_bytes(max_tokens, slots))});
-  s.z = empty(DType::F32, {std::max<int64_t>(max_tokens, 1), capacity_rank});
+  s.z = empty(DType::F32, {kMoeLoraSmallMaxTargets, std::max<int64_t>(max_tokens, 1), capacity_rank});
   s.tile_counters = empty(DType::I32, {capacity / kMoeLoraBlockM});
   s.zero_ids = empty(DType::I32, {std::max<int64_t>(max_tokens, 1)});
-  s.z_readers = empty(DType::I32, {max_tokens + 1});
+  s.z_readers = empty(DType::I32, {kMoeLoraSmallMaxTargets, max_tokens + 1});
   fill_bytes(s.zero_ids.view, 0);
   fill_bytes(s.z_readers.view, 0);
   fill_bytes(s.z.view, 0);  // the only zeroing: the kernels keep both zero between calls
@@ -36,10 +36,11 @@ LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t c
   return s;
 }
 
-void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
-                cudaStream_t stream, int path) {
-  const char* op = "lora_dense";
-  if (!p.w.defined()) return;  // no resident adapter targets this projection: nothing is launched
+namespace {
+
+// The LoraParams contract for the CUDA dtypes and the scratch's sizes, each violation named.
+// PRECOND: p.w is defined.
+void check_part(const ops::LoraParams& p, const LoraDenseScratch& scratch, const char* op) {
   detail::require_cuda(op, {{"x", &p.x}, {"token_slot", &p.token_slot}, {"y", &p.y}});
   if (p.x.dtype != DType::BF16 || p.x.ndim != 2) detail::contract_failure(op, "x", p.x, "[T, in] BF16");
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1);
@@ -64,28 +65,47 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
                               " (the scratch's sizes; w.a is " + p.w.a.shape_str() + ")")
                                  .c_str());
   }
+}
+
+// The stack viewed with one expert: [S, 1, R, in] / [S, 1, out, R].
+ops::LoraStack one_expert(const ops::LoraStack& w) {
+  const int64_t slots = w.a.dim(0), capacity_rank = w.a.dim(1), in = w.a.dim(2), out = w.b.dim(1);
+  return {.a = w.a.reshape({slots, 1, capacity_rank, in}), .b = w.b.reshape({slots, 1, out, capacity_rank}),
+          .rank = w.rank};
+}
+
+// The direct path's params of part `target` of a call: one pair per token, its "expert" 0, the target's own
+// rows of the scratch's z and z_readers. topk_ids, token_slot and w are never written by the kernel before
+// (PDL's precondition); x is (the projection's norm or attention), so it is read after the wait.
+MoeLoraSmallParams direct_params(const ops::LoraParams& p, const LoraDenseScratch& scratch, int target, bool pdl) {
+  const int64_t tokens = p.x.dim(0), capacity_rank = p.w.a.dim(1);
+  auto* z = static_cast<float*>(scratch.z.view.data) + int64_t(target) * scratch.z.view.dim(1) * capacity_rank;
+  auto* z_readers = static_cast<int32_t*>(scratch.z_readers.view.data) + int64_t(target) * scratch.z_readers.view.dim(1);
+  return {.x = p.x,
+          .topk_ids = Tensor(scratch.zero_ids.view.data, DType::I32, {tokens, 1}, Device::kCuda),
+          .token_slot = p.token_slot,
+          .w = one_expert(p.w),
+          .z = Tensor(z, DType::F32, {tokens, capacity_rank}, Device::kCuda),
+          .z_readers = Tensor(z_readers, DType::I32, {tokens + 1}, Device::kCuda),
+          .y = p.y,
+          .pdl = pdl};
+}
+
+}  // namespace
+
+void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
+                cudaStream_t stream, int path) {
+  if (!p.w.defined()) return;  // no resident adapter targets this projection: nothing is launched
+  check_part(p, scratch, "lora_dense");
+  const int64_t tokens = p.x.dim(0), slots = p.w.a.dim(0), capacity_rank = p.w.a.dim(1);
   if (tokens == 0) return;
-  const Tensor z(scratch.z.view.data, DType::F32, {tokens, capacity_rank}, Device::kCuda);
-  const ops::LoraStack w{.a = p.w.a.reshape({slots, 1, capacity_rank, in}),
-                         .b = p.w.b.reshape({slots, 1, out, capacity_rank}),
-                         .rank = p.w.rank};
   if (path == 0 || (path < 0 && moe_lora_small_fits(tokens))) {
-    // Direct: one pair per token, its "expert" 0. topk_ids, token_slot and w are never written by the
-    // kernel before (PDL's precondition); x is (the projection's norm or attention), so it is read after
-    // the wait.
-    const MoeLoraSmallParams small{
-        .x = p.x,
-        .topk_ids = Tensor(scratch.zero_ids.view.data, DType::I32, {tokens, 1}, Device::kCuda),
-        .token_slot = p.token_slot,
-        .w = w,
-        .z = z,
-        .z_readers = Tensor(scratch.z_readers.view.data, DType::I32, {tokens + 1}, Device::kCuda),
-        .y = p.y,
-        .pdl = config.pdl};
+    const MoeLoraSmallParams small = direct_params(p, scratch, 0, config.pdl);
     moe_lora_small_shrink(small, stream);
     moe_lora_small_expand(small, stream);
     return;
   }
+  const Tensor z(scratch.z.view.data, DType::F32, {tokens, capacity_rank}, Device::kCuda);
   // Views of the scratch for this T (moe_align wants its outputs sized for exactly this batch).
   const int64_t capacity = moe_align_capacity(tokens, slots, kMoeLoraBlockM);
   const Tensor sorted_pairs(scratch.sorted_pairs.view.data, DType::I32, {capacity}, Device::kCuda);
@@ -103,7 +123,7 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
             stream);
   const MoeLoraParams params{
       .x = p.x,
-      .w = w,
+      .w = one_expert(p.w),
       .top_k = 1,
       .sorted_pairs = sorted_pairs,
       .tile_group = tile_group,
@@ -115,6 +135,41 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
       .tile_counters = scratch.tile_counters};
   moe_lora_shrink(params, stream);
   moe_lora_expand(params, stream);
+}
+
+void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
+                      const MoeLoraConfig& config, cudaStream_t stream, int path) {
+  const char* op = "lora_dense_group";
+  if (parts.size() > size_t(kMoeLoraSmallMaxTargets)) {
+    detail::contract_failure(op, "x", parts[0].x,
+                             ("at most " + std::to_string(kMoeLoraSmallMaxTargets) + " parts in a group, found " +
+                              std::to_string(parts.size()))
+                                 .c_str());
+  }
+  MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
+  int targets = 0;
+  int64_t tokens = -1;
+  for (const ops::LoraParams& p : parts) {
+    if (!p.w.defined()) continue;
+    check_part(p, scratch, op);
+    if (tokens < 0) tokens = p.x.dim(0);
+    const ops::LoraParams& first = parts[0];
+    if (p.x.data != first.x.data || p.x.dim(0) != first.x.dim(0) || p.x.dim(1) != first.x.dim(1)) {
+      detail::contract_failure(op, "x", p.x, ("the group's x, " + first.x.shape_str() + " at the same address").c_str());
+    }
+    if (p.token_slot.data != first.token_slot.data) {
+      detail::contract_failure(op, "token_slot", p.token_slot, "the group's token_slot (the same tensor in every part)");
+    }
+    direct[targets] = direct_params(p, scratch, targets, config.pdl);
+    ++targets;
+  }
+  if (targets == 0 || tokens == 0) return;
+  if (path == 0 || (path < 0 && moe_lora_small_fits(tokens))) {
+    moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
+    moe_lora_small_expand(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
+    return;
+  }
+  for (const ops::LoraParams& p : parts) lora_dense(p, scratch, config, stream, path);
 }
 
 }  // namespace lmx::cuda

@@ -7,6 +7,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <span>
+
 #include "core/tensor.h"
 #include "backends/cuda/moe_lora.cuh"
 #include "ops/lora.h"
@@ -23,10 +25,12 @@ struct LoraDenseScratch {
   OwnedTensor group_offsets;  // [S + 1] i32
   OwnedTensor num_tiles;      // [1] i32
   OwnedTensor workspace;      // [moe_align_workspace_bytes(max_tokens, S)] u8
-  OwnedTensor z;              // [max_tokens, R] f32, zero between calls
+  OwnedTensor z;              // [kMoeLoraSmallMaxTargets, max_tokens, R] f32, zero between calls: one
+                              // [max_tokens, R] per target of a group (a single call uses the first)
   OwnedTensor tile_counters;  // [capacity / 16] i32, zero between calls
   OwnedTensor zero_ids;       // [max_tokens] i32, all zero: the one "expert" of the direct path's topk_ids
-  OwnedTensor z_readers;      // [max_tokens + 1] i32, zero between calls (the direct path's counters)
+  OwnedTensor z_readers;      // [kMoeLoraSmallMaxTargets, max_tokens + 1] i32, zero between calls (the
+                              // direct path's counters, one row per target of a group)
 };
 LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t capacity_rank);
 
@@ -37,5 +41,12 @@ LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t c
 // no align, two launches with PDL), larger ones the tiled shrink/expand; `path` 0 / 1 pins one (tests, bench).
 void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
                 cudaStream_t stream, int path = -1);
+
+// Several projections of the same x and token_slot (a layer's q, k and v; ops::Backend::lora_group): on
+// the direct path one shrink and one expand launch for all of them (moe_lora_small.cuh's groups), on the
+// tiled path one lora_dense per part. Parts with undefined w.a are skipped; at most kMoeLoraSmallMaxTargets
+// parts; each part as lora_dense's contract, and every part's x and token_slot the same tensor.
+void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
+                      const MoeLoraConfig& config, cudaStream_t stream, int path = -1);
 
 }  // namespace lmx::cuda

@@ -67,8 +67,18 @@ struct GemmKernelParams {
   int cta_group;                // > 0: CTAs ordered in groups of this many tiles × every column block
   int64_t weight_rows;          // E·n, the weight's rows as one matrix
   bool weight_by_tma;           // warp-specialized kernel: weight tiles come through weight_map
+  bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
+  bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
 };
+
+// griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
+// pdl GEMM waits before it triggers and before it exits, so a dependent that starts early still finds
+// everything two launches back complete (the chain rule of moe_lora_small.cu).
+__device__ __forceinline__ void wait_then_allow_dependents() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 // The (tile, first column) of this CTA. Launch order is blockIdx.x fastest; with cta_group > 0 the linear
 // CTA id is re-mapped so consecutive CTAs sweep every column block of a group of cta_group tiles, and the
@@ -185,12 +195,19 @@ struct TileLoader {
 
   // The k-tile at k0 into a_dst [kBlockM][kBlockK] and b_dst [kBlockN][kBlockK] (swizzled), one cp.async each.
   __device__ __forceinline__ void load(__nv_bfloat16* a_dst, __nv_bfloat16* b_dst, int k0) const {
+    load_a(a_dst, k0);
+    load_b(b_dst, k0);
+  }
+  __device__ __forceinline__ void load_a(__nv_bfloat16* a_dst, int k0) const {
     const bool k_ok = kEvenK || k0 + chunk * 8 < p.in;
 #pragma unroll
     for (int j = 0; j < kLoadsA; ++j) {
       const bool ok = a_valid[j] && k_ok;
       cp_async16(a_dst + swizzled(load_row + kRowsPerLoadPass * j, chunk), ok ? a_src[j] + k0 : p.x, ok);
     }
+  }
+  __device__ __forceinline__ void load_b(__nv_bfloat16* b_dst, int k0) const {
+    const bool k_ok = kEvenK || k0 + chunk * 8 < p.in;
 #pragma unroll
     for (int j = 0; j < kLoadsB; ++j) {
       const bool ok = b_valid[j] && k_ok;
@@ -204,6 +221,11 @@ struct TileLoader {
 // fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
 // Minimum CTAs per SM in the bounds: 3 of 4 warps (≤ 168 registers: 64×128 would take 174 and fit only 2),
 // 2 of 8 warps (≤ 128 registers).
+// PDL (p.pdl, decode): every CTA executes griddepcontrol.wait, then launch_dependents — at its start, or with
+// routing_before_wait after reading the tiles and issuing the first kStages - 1 weight stages, so a CTA
+// that starts in the previous kernel's tail streams weights meanwhile. x is read and out written only
+// after the wait. PRECOND with routing_before_wait: the kernel launched directly before does not write
+// sorted_pairs / tile_group / num_tiles, and itself waits in every CTA before it triggers (or is a plain launch).
 template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
 __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarpsN == 8 ? 2 : 3)
     grouped_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
@@ -214,8 +236,13 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockN % (16 * kWarpsN) == 0 && kThreads >= kBlockM);
 
+  const bool weights_first = p.pdl && p.routing_before_wait;
+  if (p.pdl && !weights_first) wait_then_allow_dependents();
   const int tile = blockIdx.x;
-  if (tile >= *p.num_tiles) return;
+  if (tile >= *p.num_tiles) {
+    if (weights_first) wait_then_allow_dependents();  // every CTA waits before it exits (the chain rule)
+    return;
+  }
   const int expert = p.tile_group[tile];
   const int n0 = blockIdx.y * kBlockN;
   extern __shared__ uint4 dynamic_shared[];
@@ -234,10 +261,25 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   const int warp_m0 = (warp / kWarpsN) * kWarpM, warp_n0 = (warp % kWarpsN) * kWarpN;
   float acc[kMi][kNi][4] = {};
   const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
+  if (weights_first) {
+    // The first stages' weight tiles before the wait; they join the first commit group, so waiting for
+    // group s still covers stage s (groups after the first are subsets of what they would be).
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s * kBlockK);
-    cp_async_commit();  // empty groups keep the group count uniform for wait_group
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) loader.load_b(stages + s * kStageElems + kBlockM * kBlockK, s * kBlockK);
+    }
+    wait_then_allow_dependents();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) loader.load_a(stages + s * kStageElems, s * kBlockK);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_stage(s, s * kBlockK);
+      cp_async_commit();  // empty groups keep the group count uniform for wait_group
+    }
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kStages - 2>();  // stage kt has landed (for this thread) ...
@@ -787,6 +829,12 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kWgmma;  // set_moe_gemm_kernel
 
+void check_decode_stages(const char* op, int decode_stages) {
+  if (decode_stages != 0 && (decode_stages < 4 || decode_stages > 6)) {
+    fail(op, "decode_stages = " + std::to_string(decode_stages) + ": built for 4, 5 or 6 (0 = default)");
+  }
+}
+
 void check_block_n(const char* op, int block_n, int block_m) {
   if (block_n != 0 && block_n != 64 && block_n != 128 && block_n != 256) {
     fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64, 128 or 256 (0 = default)");
@@ -914,7 +962,8 @@ CUtensorMap weight_tensor_map(const GemmKernelParams& p, int block_n) {
 //    128 (default; 6 stages, 193 KB) or 256 (4 stages, 193 KB; 128 accumulators per consumer thread, which
 //    setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
-void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64_t max_tiles, cudaStream_t stream) {
+void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
+                 cudaStream_t stream) {
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;
   }
@@ -925,8 +974,14 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64
   const bool even_k = params.in % kBlockK == 0;
   PreparedKernel k{};
   const bool use_wgmma = gemm_kernel == MoeGemmKernel::kWgmma;
+  // PDL is built into grouped_gemm_kernel only (BLOCK_M 16, and every BLOCK_M on mma.sync); the wgmma
+  // kernels never wait, so they run as plain launches whatever params.pdl says.
+  const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || gemm_kernel == MoeGemmKernel::kMmaSync;
   if (block_m == kMoeGemmBlockMDecode) {
-    k = block_n == 64 ? prepared_kernel<16, 64, 1, 4, 6>(even_k) : prepared_kernel<16, 128, 1, 4, 4>(even_k);
+    if (block_n == 128) k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
+    else if (decode_stages == 4) k = prepared_kernel<16, 64, 1, 4, 4>(even_k);
+    else if (decode_stages == 5) k = prepared_kernel<16, 64, 1, 4, 5>(even_k);
+    else k = prepared_kernel<16, 64, 1, 4, 6>(even_k);
   } else if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
     if (block_m == kMoeGemmBlockMPrefill) {
       k = block_n == 256 ? prepared_ws_kernel<1, 256, 5>(even_k) : prepared_ws_kernel<1, 128, 4>(even_k);
@@ -949,8 +1004,22 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int64
     with_map.weight_by_tma = true;
     with_map.weight_map = weight_tensor_map(params, block_n);
     k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_map);
+  } else if (params.pdl && pdl_kernel) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(unsigned(k.threads));
+    config.dynamicSmemBytes = k.shared_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, k.kernel, params));
   } else {
-    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(params);
+    GemmKernelParams plain = params;
+    plain.pdl = false;
+    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(plain);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -998,6 +1067,7 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   detail::require_cuda(op, {{"x", &p.x}, {p.h.defined() ? "h" : "a", &out}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
   check_block_n(op, p.block_n, p.tiles.block_m);
+  check_decode_stages(op, p.decode_stages);
   LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && rows2 < 0x7fffffff);
   const bool fuse = p.a.defined();
   GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
@@ -1019,8 +1089,10 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .cta_group = p.cta_group,
                           .weight_rows = p.weight.dim(0) * rows2,
                           .weight_by_tma = false,
+                          .pdl = p.pdl,
+                          .routing_before_wait = p.routing_before_wait,
                           .weight_map = {}};
-  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, stream);
 }
 
 void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
@@ -1064,6 +1136,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   detail::require_cuda(op, {{"a", &p.a}, {"d", &p.d}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
   check_block_n(op, p.block_n, p.tiles.block_m);
+  check_decode_stages(op, p.decode_stages);
   LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && inter < 0x7fffffff);
   GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.a.data),
                           .weight = static_cast<const __nv_bfloat16*>(p.weight.data),
@@ -1084,8 +1157,10 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .cta_group = p.cta_group,
                           .weight_rows = p.weight.dim(0) * hidden,
                           .weight_by_tma = false,
+                          .pdl = p.pdl,
+                          .routing_before_wait = p.routing_before_wait,
                           .weight_map = {}};
-  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, max_tiles, stream);
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, stream);
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
@@ -1289,9 +1364,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // in groups of 8 tiles × every column block: GPT-OSS-20B T 4096 gate_up 1866 → 1787 µs, down 1053 → 915
   // (perf-log run 19); at 64-row tiles the figures were within the run's noise, so plain order stays.
   const int cta_group = block_m == kMoeGemmBlockMLarge ? 8 : 0;
+  // PDL (config.gemm_pdl): gate_up waits at its start (align, directly before, writes its tiles) but lets
+  // its dependents (down, or the LoRA shrink) start in its tail; down reads the tiles and streams its first
+  // weight stages before its wait — the kernel before it (gate_up with pdl, or the plain activation) never
+  // writes the tiles and waits in every CTA before it triggers.
   MoeGateUpParams gate_up{.x = p.x, .weight = p.gate_up, .bias = p.gate_up_bias, .top_k = top_k, .tiles = tiles,
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
-                          .swiglu_limit = p.swiglu_limit, .cta_group = cta_group};
+                          .swiglu_limit = p.swiglu_limit, .cta_group = cta_group, .pdl = config.gemm_pdl};
   if (lora_gu) {
     const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
     gate_up.h = h;
@@ -1306,7 +1385,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   }
 
   // 4. down (+ LoRA into d), 5. combine.
-  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d, .cta_group = cta_group}, stream);
+  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d, .cta_group = cta_group,
+            .pdl = config.gemm_pdl, .routing_before_wait = true},
+           stream);
   if (lora_down) apply_lora(p.lora_down, a, d);
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);
 }

@@ -61,6 +61,15 @@ struct MoeGateUpParams {
   int block_n = 0;      // output columns per CTA: 0 = the default for tiles.block_m; 64, 128 or 256 (tests,
                         // bench): BLOCK_M 16 has 64 and 128; 64/128 on the warp-specialized kernel 128 and 256;
                         // on the ring kernels 64 and 128 (BLOCK_M 64) or 128 and 256 (BLOCK_M 128, wgmma)
+  int decode_stages = 0;  // BLOCK_M 16 × BLOCK_N 64 only: shared-memory stages 4, 5 or 6 (0 = the default);
+                          // fewer stages fit more CTAs per SM (6: 3, 5: 4, 4: 5), the same bytes in flight
+  // Programmatic dependent launch (BLOCK_M 16 and the mma.sync kernel; ignored by the wgmma kernels): the
+  // GEMM starts in the previous kernel's tail and lets its own dependents start in its tail. Every CTA
+  // waits for the previous grid before it reads x or writes out. routing_before_wait: the tiles and the
+  // first weight stages are read before that wait. PRECOND for it: the kernel launched directly before
+  // does not write the tiles, and waits in every CTA before it triggers its dependents (or is a plain launch).
+  bool pdl = false;
+  bool routing_before_wait = false;
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -84,6 +93,9 @@ struct MoeDownParams {
   Tensor d;       // [T*K, H] bf16
   int block_n = 0;  // as MoeGateUpParams::block_n
   int cta_group = 0;  // as MoeGateUpParams::cta_group
+  int decode_stages = 0;  // as MoeGateUpParams::decode_stages
+  bool pdl = false;  // as MoeGateUpParams::pdl
+  bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 
@@ -118,6 +130,9 @@ struct MoeBlockConfig {
   int lora_path = -1;   // -1: by size (moe_lora_small_fits), 0: direct per-pair path, 1: tiled path
   bool small_pdl = true;
   MoeLoraConfig lora;   // the tiled path's knobs
+  // gate_up and down as programmatic dependents (MoeGateUpParams::pdl; down reads its tiles and first
+  // weight stages before the wait): false = plain launches (the before/after figure).
+  bool gemm_pdl = true;
 };
 
 // Zero the workspace's self-cleaning MoE-LoRA scratch (z and its counters): once after allocating (or

@@ -8,6 +8,9 @@
 //  expand: CTA = (pair, chunk of `out` rows); a B row is read by R/8 adjacent lanes (one 16-byte vector
 //    each, so a warp reads one contiguous run of B), reduced by shuffles; B and y are loaded before the
 //    programmatic wait on the shrink, z after it; the last CTA of a pair re-zeroes z[pair].
+//  groups (q, k, v of one layer): one shrink and one expand launch for up to 3 targets that share x and
+//    routing; the shrink takes the target from blockIdx.y, the expand lays each pair's chunks of every
+//    target side by side (SmallGridParams). Only the launch count changes, not the per-CTA work.
 //  fused: both in one launch; a CTA's role (shrink piece or expand chunk) comes from an atomic ticket, and
 //    an expand CTA spins on its pair's count of finished shrink pieces (measured against shrink + expand).
 // PDL chain (design.md §6): every CTA of both kernels executes griddepcontrol.wait before it exits, and each
@@ -24,6 +27,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device.cuh"
@@ -87,6 +91,15 @@ struct SmallKernelParams {
   bool x_before_wait;         // the shrink may read x before its programmatic wait
   int pieces;                 // shrink: CTAs per pair along `in`
   int chunks;                 // expand: CTAs per pair along `out`
+};
+
+// What one launch gets: the params of each target of a group (moe_lora_small.cuh; one target outside a
+// group), identical in x, routing, in, R and pieces. The shrink grid is (pairs · pieces, targets); the
+// expand runs a pair's CTAs of every target side by side: blockIdx.x = pair · chunk_begin[kMax] + c, and
+// c in [chunk_begin[t], chunk_begin[t + 1]) serves target t (unused targets: empty ranges at the end).
+struct SmallGridParams {
+  SmallKernelParams target[kMoeLoraSmallMaxTargets];
+  int chunk_begin[kMoeLoraSmallMaxTargets + 1];
 };
 
 // The pair's adapter: slot, true rank (0 when the token has no adapter, slot -1, or a rank-0 slot) and expert.
@@ -252,11 +265,13 @@ constexpr int shrink_min_ctas(int rows_per_warp, int vectors_per_lane) {
   return vectors_per_lane == 1 && rows_per_warp <= 4 ? 8 : 1;
 }
 
-// PRECOND: blockDim.x == kThreads; gridDim.x == T*K * pieces, pieces = ceil(in / 8 / (32 V)); ShrinkPiece's;
-// token_slot in [-1, S); z[pair, :rank] == 0; routing and w not written by the kernel just before (header).
+// PRECOND: blockDim.x == kThreads; gridDim.x == T*K * pieces, pieces = ceil(in / 8 / (32 V)); gridDim.y ==
+// the group's targets; ShrinkPiece's; token_slot in [-1, S); z[pair, :rank] == 0; routing and w not
+// written by the kernel just before (header).
 template <int kRowsPerWarp, int kVectorsPerLane>
 __global__ static void __launch_bounds__(kThreads, shrink_min_ctas(kRowsPerWarp, kVectorsPerLane))
-    small_shrink_kernel(const __grid_constant__ SmallKernelParams p) {
+    small_shrink_kernel(const __grid_constant__ SmallGridParams g) {
+  const SmallKernelParams& p = g.target[blockIdx.y];  // a __grid_constant__ reference: no copy
   const int pair = blockIdx.x / p.pieces, piece = blockIdx.x % p.pieces;
   // Before the wait, during the previous kernel's tail: routing, rank and the A rows (three dependent
   // round trips at T = 1). Every CTA waits before it exits, so this grid never completes before the previous.
@@ -275,11 +290,17 @@ __global__ static void __launch_bounds__(kThreads, shrink_min_ctas(kRowsPerWarp,
   work.finish(p, pair, adapter);
 }
 
-// PRECOND: gridDim.x == T*K * chunks, chunks = ceil(out / rows per CTA); expand_chunk's; launched right after
-// the shrink of the same call (file header); z_readers[:T*K] == 0 on entry.
+// PRECOND: gridDim.x == T*K * g.chunk_begin[kMax], each target's chunks = ceil(out / rows per CTA) (SmallGridParams);
+// expand_chunk's; launched right after the shrink of the same call (file header); z_readers[:T*K] == 0 on entry.
 template <int kLanesPerRow, int kVectorsPerThread>
-__global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __grid_constant__ SmallKernelParams p) {
-  const int pair = blockIdx.x / p.chunks, chunk = blockIdx.x % p.chunks;
+__global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __grid_constant__ SmallGridParams g) {
+  const int per_pair = g.chunk_begin[kMoeLoraSmallMaxTargets];
+  const int pair = blockIdx.x / per_pair, c = blockIdx.x % per_pair;
+  int t = 0;
+#pragma unroll
+  for (int i = 1; i < kMoeLoraSmallMaxTargets; ++i) t += c >= g.chunk_begin[i];
+  const SmallKernelParams& p = g.target[t];
+  const int chunk = c - g.chunk_begin[t];
   const PairAdapter adapter = pair_adapter(p, pair);
   if (adapter.rank == 0) {
     wait_for_previous_grid();  // every CTA waits, so this grid never completes before the shrink
@@ -300,8 +321,10 @@ __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __g
 // kThreads and kFusedVectorsPerThread; R as ShrinkPiece<kRowsPerWarp, 1>; z_readers[:T*K + 1] == 0 on entry;
 // ShrinkPiece's and expand_chunk's.
 constexpr int kFusedVectorsPerThread = 4;
+// One target only (g.target[0]).
 template <int kRowsPerWarp>
-__global__ static void __launch_bounds__(kThreads) small_fused_kernel(const __grid_constant__ SmallKernelParams p) {
+__global__ static void __launch_bounds__(kThreads) small_fused_kernel(const __grid_constant__ SmallGridParams g) {
+  const SmallKernelParams& p = g.target[0];
   constexpr int kLanesPerRow =
       kRowsPerWarp <= 1 ? 1 : kRowsPerWarp <= 2 ? 2 : kRowsPerWarp <= 4 ? 4 : kRowsPerWarp <= 8 ? 8 : 16;
   wait_for_previous_grid();  // routing, x, y and the scratch's zeroing come from earlier kernels
@@ -421,12 +444,12 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
 // One launch through cudaLaunchKernelEx, with the programmatic-serialization attribute when pdl is set
 // (captured into a graph as a programmatic edge).
 template <typename Kernel>
-void launch(Kernel kernel, unsigned blocks, unsigned threads, bool pdl, cudaStream_t stream, const SmallKernelParams& params) {
+void launch(Kernel kernel, dim3 blocks, unsigned threads, bool pdl, cudaStream_t stream, const SmallGridParams& params) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
+  config.gridDim = blocks;
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
@@ -448,21 +471,77 @@ int shrink_pieces(int in, int vectors_per_lane) {
   return (in / kBf16PerVector + per_cta - 1) / per_cta;
 }
 
+// The defined targets of a group (one target outside a group), each checked alone and against the first:
+// the launch's params. `first` supplies what every target shares (pdl, knobs, pair count).
+struct Group {
+  SmallGridParams grid{};
+  int targets = 0;
+  int64_t pairs = 0;
+  const MoeLoraSmallParams* first = nullptr;
+};
+
+Group check_and_pack_group(std::span<const MoeLoraSmallParams> parts, const char* op) {
+  Group g;
+  for (const MoeLoraSmallParams& p : parts) {
+    if (!p.w.defined()) continue;  // no resident adapter targets this projection
+    if (g.targets == kMoeLoraSmallMaxTargets) {
+      std::fprintf(stderr,
+                   "loramux: cuda::%s called against its contract: a group holds at most %d targets with w "
+                   "defined (kMoeLoraSmallMaxTargets), found more among %zu\n",
+                   op, kMoeLoraSmallMaxTargets, parts.size());
+      std::abort();
+    }
+    const SmallKernelParams packed = check_and_pack(p, op);
+    if (g.first != nullptr) {
+      const SmallKernelParams& f = g.grid.target[0];
+      const MoeLoraSmallParams& q = *g.first;
+      if (packed.x != f.x || p.x.dim(0) != q.x.dim(0) || packed.in != f.in) {
+        detail::contract_failure(op, "x", p.x, ("the group's x, " + q.x.shape_str() + " at the same address").c_str());
+      }
+      if (packed.topk_ids != f.topk_ids || p.topk_ids.dim(0) != q.topk_ids.dim(0) || packed.top_k != f.top_k) {
+        detail::contract_failure(op, "topk_ids", p.topk_ids, "the group's topk_ids (the same tensor in every target)");
+      }
+      if (packed.token_slot != f.token_slot) {
+        detail::contract_failure(op, "token_slot", p.token_slot, "the group's token_slot (the same tensor in every target)");
+      }
+      if (packed.capacity_rank != f.capacity_rank) {
+        detail::contract_failure(op, "w.a", p.w.a, ("the group's rank capacity R " + std::to_string(f.capacity_rank)).c_str());
+      }
+      if (p.pdl != q.pdl) knob_failure(op, "pdl", int(p.pdl), "the same in every target of a group");
+      if (p.x_before_wait != q.x_before_wait) {
+        knob_failure(op, "x_before_wait", int(p.x_before_wait), "the same in every target of a group");
+      }
+      if (p.shrink_vectors_per_lane != q.shrink_vectors_per_lane) {
+        knob_failure(op, "shrink_vectors_per_lane", p.shrink_vectors_per_lane, "the same in every target of a group");
+      }
+      if (p.expand_vectors_per_thread != q.expand_vectors_per_thread) {
+        knob_failure(op, "expand_vectors_per_thread", p.expand_vectors_per_thread, "the same in every target of a group");
+      }
+    } else {
+      g.first = &p;
+      g.pairs = p.z.dim(0);
+    }
+    g.grid.target[g.targets++] = packed;
+  }
+  return g;
+}
+
 // The shrink's one dispatch: rows per warp = R / 8 warps, vectors per lane V.
 template <int kVectorsPerLane>
-void launch_shrink(const MoeLoraSmallParams& p, const SmallKernelParams& params, unsigned blocks, cudaStream_t stream) {
-  switch (params.capacity_rank / kWarps) {
-    case 1: launch(small_shrink_kernel<1, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 2: launch(small_shrink_kernel<2, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 3: launch(small_shrink_kernel<3, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 4: launch(small_shrink_kernel<4, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 5: launch(small_shrink_kernel<5, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 6: launch(small_shrink_kernel<6, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 7: launch(small_shrink_kernel<7, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
-    case 8: launch(small_shrink_kernel<8, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params); break;
+void launch_shrink(const Group& g, dim3 blocks, cudaStream_t stream) {
+  const bool pdl = g.first->pdl;
+  switch (g.grid.target[0].capacity_rank / kWarps) {
+    case 1: launch(small_shrink_kernel<1, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 2: launch(small_shrink_kernel<2, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 3: launch(small_shrink_kernel<3, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 4: launch(small_shrink_kernel<4, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 5: launch(small_shrink_kernel<5, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 6: launch(small_shrink_kernel<6, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 7: launch(small_shrink_kernel<7, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
+    case 8: launch(small_shrink_kernel<8, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid); break;
     default:  // R in (64, 128] (check_and_pack); V = 4 is refused there (64 A vectors per lane in registers)
       if constexpr (kVectorsPerLane <= 2) {
-        launch(small_shrink_kernel<kRowsPerWarpCap128, kVectorsPerLane>, blocks, kThreads, p.pdl, stream, params);
+        launch(small_shrink_kernel<kRowsPerWarpCap128, kVectorsPerLane>, blocks, kThreads, pdl, stream, g.grid);
       } else {
         knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", kVectorsPerLane, "0, 1 or 2 at R > 64");
       }
@@ -470,54 +549,47 @@ void launch_shrink(const MoeLoraSmallParams& p, const SmallKernelParams& params,
 }
 
 template <int kLanesPerRow>
-void launch_expand(const SmallKernelParams& params, int vectors_per_thread, unsigned blocks, unsigned threads,
-                   bool pdl, cudaStream_t stream) {
+void launch_expand(const Group& g, int vectors_per_thread, dim3 blocks, unsigned threads, cudaStream_t stream) {
   if (vectors_per_thread == 8) {
-    launch(small_expand_kernel<kLanesPerRow, 8>, blocks, threads, pdl, stream, params);
+    launch(small_expand_kernel<kLanesPerRow, 8>, blocks, threads, g.first->pdl, stream, g.grid);
   } else {
-    launch(small_expand_kernel<kLanesPerRow, 4>, blocks, threads, pdl, stream, params);
+    launch(small_expand_kernel<kLanesPerRow, 4>, blocks, threads, g.first->pdl, stream, g.grid);
   }
 }
 
 }  // namespace
 
-void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream) {
-  if (!p.w.defined()) return;  // no resident adapter targets these experts: nothing is launched
-  SmallKernelParams params = check_and_pack(p, "moe_lora_small_shrink");
-  const int64_t pairs = p.z.dim(0);
-  if (pairs == 0) return;
-  int vectors_per_lane = p.shrink_vectors_per_lane;
+void moe_lora_small_shrink(std::span<const MoeLoraSmallParams> targets, cudaStream_t stream) {
+  Group g = check_and_pack_group(targets, "moe_lora_small_shrink");
+  if (g.targets == 0 || g.pairs == 0) return;  // no resident adapter targets these projections, or no pairs
+  const int in = g.grid.target[0].in, capacity_rank = g.grid.target[0].capacity_rank;
+  int vectors_per_lane = g.first->shrink_vectors_per_lane;
   if (vectors_per_lane == 0) {
     // One 16-byte vector per lane (the most CTAs, so the most SMs pulling A) while the grid fits in one wave;
     // two above it (GPT-OSS: T·K > 88), where fewer, longer CTAs save the per-CTA routing round trips.
-    vectors_per_lane = pairs * shrink_pieces(params.in, 1) <= kOneWaveCtas ? 1 : 2;
+    vectors_per_lane = g.pairs * shrink_pieces(in, 1) * g.targets <= kOneWaveCtas ? 1 : 2;
   }
   if (vectors_per_lane != 1 && vectors_per_lane != 2 && vectors_per_lane != 4) {
     knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", vectors_per_lane, "0, 1, 2 or 4");
   }
-  if (vectors_per_lane == 4 && params.capacity_rank > 64) {  // 16 rows × 4 vectors: 256 registers of A alone
+  if (vectors_per_lane == 4 && capacity_rank > 64) {  // 16 rows × 4 vectors: 256 registers of A alone
     knob_failure("moe_lora_small_shrink", "shrink_vectors_per_lane", vectors_per_lane, "0, 1 or 2 at R > 64");
   }
-  params.pieces = shrink_pieces(params.in, vectors_per_lane);
-  const unsigned blocks = unsigned(pairs * params.pieces);
+  const int pieces = shrink_pieces(in, vectors_per_lane);
+  for (int t = 0; t < g.targets; ++t) g.grid.target[t].pieces = pieces;
+  const dim3 blocks(unsigned(g.pairs * pieces), unsigned(g.targets));
   switch (vectors_per_lane) {
-    case 1: launch_shrink<1>(p, params, blocks, stream); break;
-    case 2: launch_shrink<2>(p, params, blocks, stream); break;
-    default: launch_shrink<4>(p, params, blocks, stream); break;
+    case 1: launch_shrink<1>(g, blocks, stream); break;
+    case 2: launch_shrink<2>(g, blocks, stream); break;
+    default: launch_shrink<4>(g, blocks, stream); break;
   }
 }
 
-void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
-  if (!p.w.defined()) return;
-  SmallKernelParams params = check_and_pack(p, "moe_lora_small_expand");
-  const int64_t pairs = p.z.dim(0);
-  if (pairs == 0) return;
-  const int lanes = lanes_per_row(params.capacity_rank / kBf16PerVector);
-  auto chunks_for = [&](int threads, int vectors) {
-    const int rows_per_cta = threads / lanes * vectors;
-    return (params.out + rows_per_cta - 1) / rows_per_cta;
-  };
-  int vectors_per_thread = p.expand_vectors_per_thread;
+void moe_lora_small_expand(std::span<const MoeLoraSmallParams> targets, cudaStream_t stream) {
+  Group g = check_and_pack_group(targets, "moe_lora_small_expand");
+  if (g.targets == 0 || g.pairs == 0) return;
+  const int lanes = lanes_per_row(g.grid.target[0].capacity_rank / kBf16PerVector);
+  int vectors_per_thread = g.first->expand_vectors_per_thread;
   if (vectors_per_thread == 0) {
     // 4 (40 registers, 6 CTAs per SM; capped at 32 it spills). 8 pays the per-CTA z load, barrier and reader
     // count half as often but needs 64-90 registers, which halves the CTAs per SM and so the room for the
@@ -527,40 +599,64 @@ void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
   if (vectors_per_thread != 4 && vectors_per_thread != 8) {
     knob_failure("moe_lora_small_expand", "expand_vectors_per_thread", vectors_per_thread, "0, 4 or 8");
   }
+  auto chunks_for = [&](const SmallKernelParams& target, int threads) {
+    const int rows_per_cta = threads / lanes * vectors_per_thread;
+    return (target.out + rows_per_cta - 1) / rows_per_cta;
+  };
+  auto chunks_per_pair = [&](int threads) {
+    int64_t sum = 0;
+    for (int t = 0; t < g.targets; ++t) sum += chunks_for(g.grid.target[t], threads);
+    return sum;
+  };
   // Tiny batches get smaller CTAs, so the few pairs still spread over ~2 CTAs per SM.
   int threads = kThreads;
-  while (threads > 64 && pairs * chunks_for(threads, vectors_per_thread) < 2 * kSmCount) threads /= 2;
-  params.chunks = chunks_for(threads, vectors_per_thread);
-  const unsigned blocks = unsigned(pairs * params.chunks);
+  while (threads > 64 && g.pairs * chunks_per_pair(threads) < 2 * kSmCount) threads /= 2;
+  int begin = 0;
+  for (int t = 0; t < kMoeLoraSmallMaxTargets; ++t) {
+    g.grid.chunk_begin[t] = begin;  // past the group's targets: empty ranges at the end
+    if (t < g.targets) {
+      g.grid.target[t].chunks = chunks_for(g.grid.target[t], threads);
+      begin += g.grid.target[t].chunks;
+    }
+  }
+  g.grid.chunk_begin[kMoeLoraSmallMaxTargets] = begin;
+  const dim3 blocks(unsigned(g.pairs * begin));
   switch (lanes) {
-    case 1: launch_expand<1>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
-    case 2: launch_expand<2>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
-    case 4: launch_expand<4>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
-    case 8: launch_expand<8>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
-    default: launch_expand<16>(params, vectors_per_thread, blocks, unsigned(threads), p.pdl, stream); break;
+    case 1: launch_expand<1>(g, vectors_per_thread, blocks, unsigned(threads), stream); break;
+    case 2: launch_expand<2>(g, vectors_per_thread, blocks, unsigned(threads), stream); break;
+    case 4: launch_expand<4>(g, vectors_per_thread, blocks, unsigned(threads), stream); break;
+    case 8: launch_expand<8>(g, vectors_per_thread, blocks, unsigned(threads), stream); break;
+    default: launch_expand<16>(g, vectors_per_thread, blocks, unsigned(threads), stream); break;
   }
 }
 
+void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream) {
+  moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(&p, 1), stream);
+}
+
+void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
+  moe_lora_small_expand(std::span<const MoeLoraSmallParams>(&p, 1), stream);
+}
+
 void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {
-  if (!p.w.defined()) return;
-  SmallKernelParams params = check_and_pack(p, "moe_lora_small_fused");
-  const int64_t pairs = p.z.dim(0);
-  if (pairs == 0) return;
+  Group g = check_and_pack_group(std::span<const MoeLoraSmallParams>(&p, 1), "moe_lora_small_fused");
+  if (g.targets == 0 || g.pairs == 0) return;
+  SmallKernelParams& params = g.grid.target[0];
   params.pieces = shrink_pieces(params.in, 1);
   const int lanes = lanes_per_row(params.capacity_rank / kBf16PerVector);
   const int rows_per_cta = kThreads / lanes * kFusedVectorsPerThread;  // one CTA size for both roles
   params.chunks = (params.out + rows_per_cta - 1) / rows_per_cta;
-  const unsigned blocks = unsigned(pairs * (params.pieces + params.chunks));
+  const dim3 blocks(unsigned(g.pairs * (params.pieces + params.chunks)));
   switch (params.capacity_rank / kWarps) {
-    case 1: launch(small_fused_kernel<1>, blocks, kThreads, p.pdl, stream, params); break;
-    case 2: launch(small_fused_kernel<2>, blocks, kThreads, p.pdl, stream, params); break;
-    case 3: launch(small_fused_kernel<3>, blocks, kThreads, p.pdl, stream, params); break;
-    case 4: launch(small_fused_kernel<4>, blocks, kThreads, p.pdl, stream, params); break;
-    case 5: launch(small_fused_kernel<5>, blocks, kThreads, p.pdl, stream, params); break;
-    case 6: launch(small_fused_kernel<6>, blocks, kThreads, p.pdl, stream, params); break;
-    case 7: launch(small_fused_kernel<7>, blocks, kThreads, p.pdl, stream, params); break;
-    case 8: launch(small_fused_kernel<8>, blocks, kThreads, p.pdl, stream, params); break;
-    default: launch(small_fused_kernel<kRowsPerWarpCap128>, blocks, kThreads, p.pdl, stream, params); break;
+    case 1: launch(small_fused_kernel<1>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 2: launch(small_fused_kernel<2>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 3: launch(small_fused_kernel<3>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 4: launch(small_fused_kernel<4>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 5: launch(small_fused_kernel<5>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 6: launch(small_fused_kernel<6>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 7: launch(small_fused_kernel<7>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    case 8: launch(small_fused_kernel<8>, blocks, kThreads, p.pdl, stream, g.grid); break;
+    default: launch(small_fused_kernel<kRowsPerWarpCap128>, blocks, kThreads, p.pdl, stream, g.grid); break;
   }
 }
 

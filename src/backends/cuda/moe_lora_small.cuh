@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 #include "ops/lora.h"
@@ -56,5 +57,14 @@ void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream);
 // Shrink and expand in one launch (same result and scratch invariant); the bench decides which one the
 // MoE block uses per batch size.
 void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream);
+
+// A group of projections that read the same x and routing (a layer's q, k and v) in one shrink and one
+// expand launch instead of one pair each: at decode these kernels are launch- and latency-bound, not
+// byte-bound. Each target has its own w, z, z_readers and y; x, topk_ids, token_slot, R, pdl,
+// x_before_wait and the knobs must be the same in all (checked). Targets with undefined w are skipped;
+// at most kMoeLoraSmallMaxTargets (a kernel-argument array; the launchers name the limit when exceeded).
+constexpr int kMoeLoraSmallMaxTargets = 3;
+void moe_lora_small_shrink(std::span<const MoeLoraSmallParams> targets, cudaStream_t stream);
+void moe_lora_small_expand(std::span<const MoeLoraSmallParams> targets, cudaStream_t stream);
 
 }  // namespace lmx::cuda
