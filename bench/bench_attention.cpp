@@ -6,8 +6,8 @@
 //    P·V, 2 FLOPs per multiply-add each; keys(t) = t + 1, or min(t + 1, 128)), floor at 750 TFLOP/s;
 //  - decode of 16 sequences at context 2,000, full and window 128: bytes = the K and V rows each sequence
 //    reads (keys·Hkv·D·2 B, twice) + q and out, floor at 4.2 TB/s. The launches cycle over 4 copies of
-//    the cache (4 × 65 MB, > 5× the L2) so K/V come from DRAM. Decode also runs split-KV pinned at 2, 4,
-//    8, 16 splits: the data for the launcher's split rule.
+//    the cache (4 × 65 MB, > 5× the L2) so K/V come from DRAM. Decode also runs split-KV pinned at 4, 6,
+//    8, 16 splits, each with the 2- and 3-stage K/V ring: the data for the launcher's split and ring rules.
 // Every row prints both counts and the floor is the larger of the two (FLOPs count the useful math only:
 // flash's second P·V mma for P's low bf16 part is overhead against the floor).
 // Method as the other CUDA benchmarks (bench/cuda_timing.h): launches in one CUDA graph, median replay.
@@ -115,10 +115,15 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
       {"flash, 128-row tiles", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128}},
       {"auto + workspace", {.workspace = workspace, .workspace_bytes = workspace_bytes}},
   };
+  variants.push_back({"auto + workspace, 3 stages",
+                      {.workspace = workspace, .workspace_bytes = workspace_bytes, .kv_stages = 3}});
   for (int splits : pinned_splits) {
-    variants.push_back({"split-KV x" + std::to_string(splits),
-                        {.workspace = workspace, .workspace_bytes = workspace_bytes,
-                         .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 64, .splits = splits}});
+    for (int stages : {2, 3}) {
+      variants.push_back({"split-KV x" + std::to_string(splits) + (stages == 3 ? ", 3 stages" : ""),
+                          {.workspace = workspace, .workspace_bytes = workspace_bytes,
+                           .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 64, .splits = splits,
+                           .kv_stages = stages}});
+    }
   }
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {
@@ -157,7 +162,7 @@ int main_impl() {
     const Batch decode = make_batch(rng, 16, 2000, 1);
     const size_t bytes = cuda::attention_workspace_bytes(decode.tokens, kQHeads, kHeadDim);
     OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
-    run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {2, 4, 8, 16}, stream);
+    run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {4, 6, 8, 16}, stream);
     run("decode B 16, context 2000, win 128", decode, 128, workspace.view.data, bytes, {2}, stream);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));

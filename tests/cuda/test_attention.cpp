@@ -122,12 +122,14 @@ class CudaAttention : public CudaTest {
 
   // Runs `kernel` on the batch (with a poisoned workspace when `workspace`: attention_workspace_bytes for the
   // launcher's choice, room for every split of every row when split-KV is pinned) and compares with the oracle.
-  void expect_matches(const Case& c, const Batch& batch, AttentionKernel kernel, bool workspace, int flash_rows = 0) {
+  void expect_matches(const Case& c, const Batch& batch, AttentionKernel kernel, bool workspace, int flash_rows = 0,
+                      int kv_stages = 0) {
     SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel) + (workspace ? " with workspace" : "") +
-                 (flash_rows ? ", row tile " + std::to_string(flash_rows) : ""));
+                 (flash_rows ? ", row tile " + std::to_string(flash_rows) : "") +
+                 (kv_stages ? ", K/V stages " + std::to_string(kv_stages) : ""));
     const int T = batch.tokens;
     OwnedTensor d_workspace;
-    cuda::AttentionLaunch launch{.kernel = kernel, .flash_rows = flash_rows};
+    cuda::AttentionLaunch launch{.kernel = kernel, .flash_rows = flash_rows, .kv_stages = kv_stages};
     if (workspace) {
       const size_t bytes = kernel == AttentionKernel::kSplitKv
                                ? size_t(cuda::kAttentionMaxSplits) * T * c.q_heads * (c.head_dim + 2) * sizeof(float)
@@ -158,6 +160,10 @@ class CudaAttention : public CudaTest {
       for (int flash_rows : {64, 128}) {
         expect_matches(c, batch, AttentionKernel::kFlash, false, flash_rows);
         expect_matches(c, batch, AttentionKernel::kSplitKv, true, flash_rows);
+      }
+      for (int kv_stages : {2, 3}) {  // both ring depths of the 64-row tiles
+        expect_matches(c, batch, AttentionKernel::kFlash, false, 64, kv_stages);
+        expect_matches(c, batch, AttentionKernel::kSplitKv, true, 64, kv_stages);
       }
     }
   }
@@ -260,6 +266,8 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
                "split-KV kernel needs a workspace of at least 4224 bytes.*found 0");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 96}),
                "AttentionLaunch.flash_rows: expected 0, 64 or 128, found 96");
+  EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 128, .kv_stages = 3}),
+               "AttentionLaunch.kv_stages: expected 0, 2, or 3 with 64-row tiles, found 3");
 }
 
 // The split-KV path replayed from a CUDA graph (no allocation or host sync inside the launcher).

@@ -211,6 +211,8 @@ constexpr int kMaxSplits = kAttentionMaxSplits;    // combine: one lane per spli
 // CTAs do not fill the GPU: GPT-OSS decode (one 64-row tile per token, Hkv 8, 4 CTAs per SM) fills one
 // wave of the H200's 132 SMs at ~66 tokens.
 constexpr int64_t kMaxSplitTokens = 64;
+// The K/V ring depth of 64-row tiles when not pinned (AttentionLaunch::kv_stages); 128-row tiles use 2.
+constexpr int kFlashDefaultStages64Rows = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct FlashKernelParams {
@@ -229,9 +231,10 @@ struct FlashKernelParams {
   float scale_log2;              // softmax_scale · log2(e): scores in base-2 units, exp2f throughout
 };
 
-template <int D, int kWarps>
+// Q tile + kStages stages of a K and a V tile.
+template <int D, int kWarps, int kStages>
 constexpr size_t flash_shared_bytes() {
-  return size_t(16 * kWarps + 4 * kFlashBlockN) * (D + kFlashRowPad) * sizeof(__nv_bfloat16);
+  return size_t(16 * kWarps + 2 * kStages * kFlashBlockN) * (D + kFlashRowPad) * sizeof(__nv_bfloat16);
 }
 
 // Grid: x = row tiles of kBlockM rows (an upper bound; CTAs past the last tile exit), y = Hkv, z = splits.
@@ -245,9 +248,12 @@ constexpr size_t flash_shared_bytes() {
 // Block-table entries < 0 inside [kv_lo, kv_hi] (pages freed behind a window) are read as zero keys and
 // must be masked for every row of the tile, which the window rule guarantees.
 // Occupancy target: 16 warps per SM at D 64 (caps registers at 128), 8 at D 128 (its 204 registers).
-template <int D, int kWarps>
+// K/V ring of kStages stages: tile it + kStages - 1 (K and V) is requested at the top of iteration it, so
+// kStages - 1 tiles are in flight while one is computed (decode: few tiles per CTA, latency-bound).
+template <int D, int kWarps, int kStages>
 __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarps)
     flash_attention_kernel(const __grid_constant__ FlashKernelParams p) {
+  static_assert(kStages >= 2);
   constexpr int kBlockM = 16 * kWarps;       // rows per tile
   constexpr int kThreads = 32 * kWarps;
   constexpr int kStride = D + kFlashRowPad;  // bf16 per shared row
@@ -256,8 +262,8 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   constexpr int kKeyTiles = kFlashBlockN / 8;
   extern __shared__ __align__(16) unsigned char flash_smem[];
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>(flash_smem);  // [kBlockM, kStride] bf16
-  auto* k_smem = q_smem + kBlockM * kStride;                     // [2, kFlashBlockN, kStride] bf16
-  auto* v_smem = k_smem + 2 * kFlashBlockN * kStride;            // [2, kFlashBlockN, kStride] bf16
+  auto* k_smem = q_smem + kBlockM * kStride;                     // [kStages, kFlashBlockN, kStride] bf16
+  auto* v_smem = k_smem + kStages * kFlashBlockN * kStride;      // [kStages, kFlashBlockN, kStride] bf16
   __shared__ int row_token[kBlockM], row_head[kBlockM], row_pos[kBlockM], row_lo[kBlockM];
   __shared__ int tile_seq, tile_first_row, tile_rows;
   __shared__ int kv_lo, kv_hi, min_pos, max_lo;
@@ -372,6 +378,13 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     cp_async_commit();  // group: Q + K tile 0
     load_kv_tile(first_key_tile, 0, true);
     cp_async_commit();  // group: V tile 0
+#pragma unroll
+    for (int s = 1; s < kStages - 1; ++s) {  // groups: K tile s, V tile s (empty past the last tile)
+      if (s < key_tiles) load_kv_tile(first_key_tile + s, s, false);
+      cp_async_commit();
+      if (s < key_tiles) load_kv_tile(first_key_tile + s, s, true);
+      cp_async_commit();
+    }
   }
 
   // 3. This thread's two rows (mma fragment rows lane/4 and lane/4 + 8 of the warp's 16).
@@ -394,12 +407,18 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   for (int n = 0; n < kDimTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   unsigned q_frag[D / 16][4];
 
+  // Commit groups, oldest first: Q + K 0, V 0, K 1, V 1, ...: K of tile it has landed once at most the
+  // 2·kStages - 3 groups after it (V it, and K, V of the kStages - 2 tiles ahead) are pending; V of tile it
+  // once at most 2·kStages - 2 are (K, V of the kStages - 1 tiles ahead, issued at this iteration's top).
   for (int it = 0; it < key_tiles; ++it) {
-    const int stage = it & 1, key_tile = first_key_tile + it;
+    const int stage = it % kStages, key_tile = first_key_tile + it;
     const int key0 = key_begin + key_tile * kFlashBlockN;
-    cp_async_wait<1>();  // K of this tile (and Q) landed; V may be in flight
-    __syncthreads();
-    if (it + 1 < key_tiles) load_kv_tile(key_tile + 1, stage ^ 1, false);
+    cp_async_wait<2 * kStages - 3>();  // K of this tile (and Q) landed; V and the tiles ahead may be in flight
+    __syncthreads();                   // ... for every thread; and every warp is done with tile it - 1's stage
+    const int ahead = it + kStages - 1, ahead_stage = ahead % kStages;
+    if (ahead < key_tiles) load_kv_tile(first_key_tile + ahead, ahead_stage, false);
+    cp_async_commit();
+    if (ahead < key_tiles) load_kv_tile(first_key_tile + ahead, ahead_stage, true);
     cp_async_commit();
     float score[kKeyTiles][4];
     if (warp_has_rows) {
@@ -463,10 +482,8 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
         acc[n][3] *= correction[1];
       }
     }
-    cp_async_wait<1>();  // V of this tile landed; the next K may be in flight
+    cp_async_wait<2 * kStages - 2>();  // V of this tile landed; the tiles ahead may be in flight
     __syncthreads();
-    if (it + 1 < key_tiles) load_kv_tile(key_tile + 1, stage ^ 1, true);
-    cp_async_commit();
     if (warp_has_rows) {
       const __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
 #pragma unroll
@@ -591,30 +608,34 @@ int multiprocessor_count() {
 }
 
 // Sets a flash kernel's shared-memory attribute and returns how many of its CTAs one SM holds.
-template <int D, int kWarps>
+template <int D, int kWarps, int kStages>
 int prepare_flash_kernel() {
-  constexpr size_t shared_bytes = flash_shared_bytes<D, kWarps>();
-  LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(shared_bytes)));
+  constexpr size_t shared_bytes = flash_shared_bytes<D, kWarps, kStages>();
+  LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, kWarps, kStages>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
   int ctas = 0;
-  LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, flash_attention_kernel<D, kWarps>,
+  LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, flash_attention_kernel<D, kWarps, kStages>,
                                                                32 * kWarps, shared_bytes));
   return std::max(ctas, 1);
 }
 
-// Resident CTAs per SM of the flash kernel for (D, warps). All four configurations are prepared together on
-// the first flash call, once per process: that call must be eager (not captured), as the callers' warm-up is.
-int flash_ctas_per_sm(int64_t head_dim, int warps) {
-  static const std::array<int, 4> resident = {prepare_flash_kernel<64, 4>(), prepare_flash_kernel<64, 8>(),
-                                              prepare_flash_kernel<128, 4>(), prepare_flash_kernel<128, 8>()};
+// Resident CTAs per SM of the flash kernel for (D, warps, K/V stages). All configurations are prepared
+// together on the first flash call, once per process: that call must be eager (not captured), as the
+// callers' warm-up is. Built: 2 stages at every (D, warps); 3 stages at 4 warps (decode, split-KV).
+int flash_ctas_per_sm(int64_t head_dim, int warps, int stages) {
+  static const std::array<int, 6> resident = {prepare_flash_kernel<64, 4, 2>(),  prepare_flash_kernel<64, 8, 2>(),
+                                              prepare_flash_kernel<128, 4, 2>(), prepare_flash_kernel<128, 8, 2>(),
+                                              prepare_flash_kernel<64, 4, 3>(),  prepare_flash_kernel<128, 4, 3>()};
+  if (stages == 3) return resident[size_t(head_dim == 64 ? 4 : 5)];
   return resident[size_t((head_dim == 64 ? 0 : 2) + (warps == 8 ? 1 : 0))];
 }
 
-template <int D, int kWarps>
+template <int D, int kWarps, int kStages>
 void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
-  (void)flash_ctas_per_sm(D, kWarps);
+  (void)flash_ctas_per_sm(D, kWarps, kStages);
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  flash_attention_kernel<D, kWarps><<<grid, 32 * kWarps, flash_shared_bytes<D, kWarps>(), stream>>>(params);
+  flash_attention_kernel<D, kWarps, kStages>
+      <<<grid, 32 * kWarps, flash_shared_bytes<D, kWarps, kStages>(), stream>>>(params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -751,11 +772,23 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
   if (launch.flash_rows == 128) {
     warps = 8;
   } else if (launch.flash_rows == 0) {
-    if (rows >= 128 * seqs && row_tiles_of(128) * kv_heads >= sms * flash_ctas_per_sm(head_dim, 8)) warps = 8;
+    if (rows >= 128 * seqs && row_tiles_of(128) * kv_heads >= sms * flash_ctas_per_sm(head_dim, 8, 2)) warps = 8;
   } else if (launch.flash_rows != 64) {
     std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.flash_rows: expected 0, 64 or 128, found %d\n",
                  launch.flash_rows);
     std::abort();
+  }
+  // K/V ring depth: 2, or 3 for 64-row tiles (decode and short chunks: few key tiles per CTA, so the tiles
+  // in flight, not the math, bound it). kv_stages pins it.
+  int stages = kFlashDefaultStages64Rows;
+  if (warps == 8) stages = 2;
+  if (launch.kv_stages != 0) {
+    if (launch.kv_stages != 2 && !(launch.kv_stages == 3 && warps == 4)) {
+      std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages: expected 0, 2, or 3 with 64-row "
+                   "tiles, found %d (row tile %d)\n", launch.kv_stages, 16 * warps);
+      std::abort();
+    }
+    stages = launch.kv_stages;
   }
   const int64_t row_tiles = row_tiles_of(16 * warps);
   LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
@@ -782,7 +815,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     // Split when the CTAs do not fill one wave; then aim at two waves (the quantisation of a partial last
     // wave stays small), with at least two key tiles per split so each CTA keeps its two-stage ring busy.
     const int64_t ctas = row_tiles * kv_heads;
-    const int64_t slots = sms * flash_ctas_per_sm(head_dim, warps);
+    const int64_t slots = sms * flash_ctas_per_sm(head_dim, warps, stages);
     const int64_t context = p.sliding_window > 0 ? std::min<int64_t>(p.sliding_window + tokens, max_pages * page_size)
                                                  : max_pages * page_size;
     const int64_t key_tiles = (context + kFlashBlockN - 1) / kFlashBlockN;
@@ -813,10 +846,17 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .sliding_window = p.sliding_window,
       .splits = splits,
       .scale_log2 = p.softmax_scale * kLog2e};
-  if (head_dim == 64 && warps == 4) launch_flash<64, 4>(params, unsigned(row_tiles), stream);
-  else if (head_dim == 64) launch_flash<64, 8>(params, unsigned(row_tiles), stream);
-  else if (warps == 4) launch_flash<128, 4>(params, unsigned(row_tiles), stream);
-  else launch_flash<128, 8>(params, unsigned(row_tiles), stream);
+  if (head_dim == 64 && warps == 4) {
+    if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
+    else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
+  } else if (head_dim == 64) {
+    launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
+  } else if (warps == 4) {
+    if (stages == 3) launch_flash<128, 4, 3>(params, unsigned(row_tiles), stream);
+    else launch_flash<128, 4, 2>(params, unsigned(row_tiles), stream);
+  } else {
+    launch_flash<128, 8, 2>(params, unsigned(row_tiles), stream);
+  }
   if (splits > 1) {
     const CombineKernelParams combine{.partial_acc = params.partial_acc,
                                       .partial_max = params.partial_max,
