@@ -236,6 +236,10 @@ int main(int argc, char** argv) {
   if (o.adapters > 0) {
     row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_programmatic_launches(false);  // before/after of PDL (graphs are recorded again)
+    row("same, plain launches (no PDL chain)", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_programmatic_launches(true);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
   }

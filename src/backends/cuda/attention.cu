@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
 #include "ops/backend.h"
 
@@ -85,6 +86,7 @@ struct KvWriteKernelParams {
 // k and v.
 template <typename Unit>
 __global__ static void kv_write_kernel(const __grid_constant__ KvWriteKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t token = blockIdx.x;
   const int64_t cache_row = p.kv_write_index[token];
   if (cache_row < 0) return;  // a padding row (CUDA-graph batch buckets)
@@ -119,6 +121,7 @@ constexpr int kKeysPerStep = 4;     // independent dot products in flight per wa
 template <int kDimsPerLane>
 __global__ static void __launch_bounds__(32 * kAttentionWarps)
     attention_kernel(const __grid_constant__ AttentionKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kAttentionWarps + warp;  // token * Hq + head
   if (row >= int64_t(p.tokens) * p.q_heads) return;
@@ -253,6 +256,7 @@ constexpr size_t flash_shared_bytes() {
 template <int D, int kWarps, int kStages>
 __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarps)
     flash_attention_kernel(const __grid_constant__ FlashKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   static_assert(kStages >= 2);
   constexpr int kBlockM = 16 * kWarps;       // rows per tile
   constexpr int kThreads = 32 * kWarps;
@@ -564,6 +568,7 @@ constexpr int kCombineWarps = 4;
 // PRECOND: splits <= 32; every real row has a finite max in some split (its own key is in one of them).
 __global__ static void __launch_bounds__(32 * kCombineWarps)
     attention_combine_kernel(const __grid_constant__ CombineKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kCombineWarps + warp;
   if (row >= p.rows) return;
@@ -634,8 +639,7 @@ template <int D, int kWarps, int kStages>
 void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
   (void)flash_ctas_per_sm(D, kWarps, kStages);
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  flash_attention_kernel<D, kWarps, kStages>
-      <<<grid, 32 * kWarps, flash_shared_bytes<D, kWarps, kStages>(), stream>>>(params);
+  detail::launch(flash_attention_kernel<D, kWarps, kStages>, dim3(grid), dim3(32 * kWarps), flash_shared_bytes<D, kWarps, kStages>(), stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -662,10 +666,10 @@ void launch_simple(const ops::AttentionParams& p, cudaStream_t stream) {
   const unsigned blocks = detail::blocks_for(tokens * q_heads, kAttentionWarps);
   const int threads = 32 * kAttentionWarps;
   // The simple kernel's own dispatch on the head dim: dims per lane.
-  if (head_dim <= 32) attention_kernel<1><<<blocks, threads, 0, stream>>>(params);
-  else if (head_dim <= 64) attention_kernel<2><<<blocks, threads, 0, stream>>>(params);
-  else if (head_dim <= 128) attention_kernel<4><<<blocks, threads, 0, stream>>>(params);
-  else attention_kernel<8><<<blocks, threads, 0, stream>>>(params);
+  if (head_dim <= 32) detail::launch(attention_kernel<1>, dim3(blocks), dim3(threads), 0, stream, params);
+  else if (head_dim <= 64) detail::launch(attention_kernel<2>, dim3(blocks), dim3(threads), 0, stream, params);
+  else if (head_dim <= 128) detail::launch(attention_kernel<4>, dim3(blocks), dim3(threads), 0, stream, params);
+  else detail::launch(attention_kernel<8>, dim3(blocks), dim3(threads), 0, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -710,9 +714,9 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
                                    .v_cache = p.v_cache.data,
                                    .units_per_row = units};
   if (vector) {
-    kv_write_kernel<uint4><<<grid, threads, 0, stream>>>(params);
+    detail::launch(kv_write_kernel<uint4>, dim3(grid), dim3(threads), 0, stream, params);
   } else {
-    kv_write_kernel<uint16_t><<<grid, threads, 0, stream>>>(params);
+    detail::launch(kv_write_kernel<uint16_t>, dim3(grid), dim3(threads), 0, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -865,7 +869,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
                                       .rows = rows_total,
                                       .splits = splits,
                                       .head_dim = int(head_dim)};
-    attention_combine_kernel<<<detail::blocks_for(rows_total, kCombineWarps), 32 * kCombineWarps, 0, stream>>>(combine);
+    detail::launch(attention_combine_kernel, dim3(detail::blocks_for(rows_total, kCombineWarps)), dim3(32 * kCombineWarps), 0, stream, combine);
     LMX_CUDA_CHECK_LAUNCH();
   }
 }

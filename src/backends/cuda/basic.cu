@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
 #include "core/rng.h"
 #include "ops/backend.h"
@@ -31,6 +32,7 @@ struct CopyRowsParams {
 // aligned; dst does not overlap src.
 template <typename Unit>
 __global__ static void copy_rows_kernel(const __grid_constant__ CopyRowsParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t row = blockIdx.x;
   const int64_t src_row = p.index[row];
   const auto* src = static_cast<const Unit*>(p.src) + src_row * p.units_per_row;
@@ -52,6 +54,7 @@ struct SplitColumnsKernelParams {
 // overlap x.
 template <typename Unit>
 __global__ static void split_columns_kernel(const __grid_constant__ SplitColumnsKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t row = blockIdx.x;
   int64_t column = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (column >= p.units_per_row) return;
@@ -92,6 +95,7 @@ __device__ __forceinline__ void add_residual8(float (&f)[8], __nv_bfloat16* x, c
 // aligned; out == x or disjoint (each element is read and written by the same thread).
 template <bool kVector>
 __global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
   __nv_bfloat16* x = p.x + row_offset;
   const __nv_bfloat16* residual = p.residual != nullptr ? p.residual + row_offset : nullptr;
@@ -142,6 +146,7 @@ __global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelPara
 // 16-byte aligned; out == x or disjoint.
 template <int kVectors>
 __global__ static void rms_norm_resident_kernel(const __grid_constant__ RmsNormKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
   __nv_bfloat16* x = p.x + row_offset;
   const __nv_bfloat16* residual = p.residual != nullptr ? p.residual + row_offset : nullptr;
@@ -212,6 +217,7 @@ __device__ __forceinline__ float apply(float a, float b) {
 // disjoint from both (each element is read and written by the same thread).
 template <Elementwise kOp, bool kVector>
 __global__ static void elementwise_kernel(const __grid_constant__ ElementwiseParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if constexpr (kVector) {
     if (i >= p.numel / kBf16PerVector) return;
@@ -289,9 +295,9 @@ void launch_copy_rows(const void* src, const int32_t* index, void* dst, int64_t 
   const dim3 grid(unsigned(rows), detail::blocks_for(units, kCopyThreads * detail::kCopyUnroll));
   const CopyRowsParams params{.src = src, .index = index, .dst = dst, .units_per_row = units};
   if (vector) {
-    copy_rows_kernel<uint4><<<grid, kCopyThreads, 0, stream>>>(params);
+    detail::launch(copy_rows_kernel<uint4>, dim3(grid), dim3(kCopyThreads), 0, stream, params);
   } else {
-    copy_rows_kernel<uint16_t><<<grid, kCopyThreads, 0, stream>>>(params);
+    detail::launch(copy_rows_kernel<uint16_t>, dim3(grid), dim3(kCopyThreads), 0, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -308,11 +314,11 @@ void launch_elementwise(Elementwise op, const Tensor& a, const Tensor& b, const 
   const unsigned blocks = detail::blocks_for(vector ? numel / kBf16PerVector : numel, kElementwiseThreads);
   // The one dispatch on (op, vector width); each pair is its own instantiation.
   if (op == Elementwise::kAdd) {
-    if (vector) elementwise_kernel<Elementwise::kAdd, true><<<blocks, kElementwiseThreads, 0, stream>>>(params);
-    else elementwise_kernel<Elementwise::kAdd, false><<<blocks, kElementwiseThreads, 0, stream>>>(params);
+    if (vector) detail::launch(elementwise_kernel<Elementwise::kAdd, true>, dim3(blocks), dim3(kElementwiseThreads), 0, stream, params);
+    else detail::launch(elementwise_kernel<Elementwise::kAdd, false>, dim3(blocks), dim3(kElementwiseThreads), 0, stream, params);
   } else {
-    if (vector) elementwise_kernel<Elementwise::kSiluMul, true><<<blocks, kElementwiseThreads, 0, stream>>>(params);
-    else elementwise_kernel<Elementwise::kSiluMul, false><<<blocks, kElementwiseThreads, 0, stream>>>(params);
+    if (vector) detail::launch(elementwise_kernel<Elementwise::kSiluMul, true>, dim3(blocks), dim3(kElementwiseThreads), 0, stream, params);
+    else detail::launch(elementwise_kernel<Elementwise::kSiluMul, false>, dim3(blocks), dim3(kElementwiseThreads), 0, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -354,8 +360,8 @@ void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream) {
     params.units[i] = p.parts[i].dim(1) / per_unit;
   }
   const dim3 grid(unsigned(rows), detail::blocks_for(params.units_per_row, kCopyThreads));
-  if (vector) split_columns_kernel<uint4><<<grid, kCopyThreads, 0, stream>>>(params);
-  else split_columns_kernel<uint16_t><<<grid, kCopyThreads, 0, stream>>>(params);
+  if (vector) detail::launch(split_columns_kernel<uint4>, dim3(grid), dim3(kCopyThreads), 0, stream, params);
+  else detail::launch(split_columns_kernel<uint16_t>, dim3(grid), dim3(kCopyThreads), 0, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -382,13 +388,13 @@ void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream) {
   if (vector && units <= kRmsNormVectors * 1024) {
     const int64_t holders = (units + kRmsNormVectors - 1) / kRmsNormVectors;  // threads that hold a vector
     const int threads = int((holders + 31) / 32 * 32);
-    rms_norm_resident_kernel<kRmsNormVectors><<<unsigned(rows), threads, 0, stream>>>(params);
+    detail::launch(rms_norm_resident_kernel<kRmsNormVectors>, dim3(unsigned(rows)), dim3(threads), 0, stream, params);
   } else {
     const int threads = int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, 1024));
     if (vector) {
-      rms_norm_kernel<true><<<unsigned(rows), threads, 0, stream>>>(params);
+      detail::launch(rms_norm_kernel<true>, dim3(unsigned(rows)), dim3(threads), 0, stream, params);
     } else {
-      rms_norm_kernel<false><<<unsigned(rows), threads, 0, stream>>>(params);
+      detail::launch(rms_norm_kernel<false>, dim3(unsigned(rows)), dim3(threads), 0, stream, params);
     }
   }
   LMX_CUDA_CHECK_LAUNCH();

@@ -9,6 +9,7 @@
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/basic.cuh"
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/lora_dense.cuh"
 #include "backends/cuda/make_backend.h"
 #include "backends/cuda/memory.h"
@@ -198,6 +199,11 @@ void CudaBackend::moe(const ops::MoeParams& p) {
 
 // One scratch serves every dense call site: calls are ordered on the stream, z cleans itself, and all
 // stacks share the slot count S and rank capacity R (--max-loras, --max-lora-rank).
+void CudaBackend::set_programmatic_launches(bool on) {
+  cuda::set_programmatic_launches(on);
+  ++memory_epoch_;  // recordings hold the launch attributes: the engine must record its graphs again
+}
+
 void CudaBackend::lora(const ops::LoraParams& p) {
   if (!p.w.defined()) return;
   lora_dense(p, lora_scratch(p), MoeLoraConfig{}, stream_);

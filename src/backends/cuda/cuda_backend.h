@@ -62,6 +62,9 @@ class CudaBackend final : public ops::Backend {
   // false: attention never splits a row's keys over CTAs (no workspace; the plain flash kernel). For
   // comparisons in tests and benches; the default splits decode rows when that fills the GPU.
   void set_attention_split_kv(bool on) { attention_split_kv_ = on; }
+  // false: the kernels that can start in the previous kernel's tail (launch.cuh, the MoE GEMMs) go out as
+  // plain launches (bench before/after). Process-wide; bumps memory_epoch() so recorded graphs are made again.
+  void set_programmatic_launches(bool on);
 
  private:
   cudaStream_t stream_ = nullptr;

@@ -19,6 +19,7 @@
 #include <cstdio>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "ops/backend.h"
 
 #define LMX_CUBLAS_CHECK(call)                                                                      \
@@ -45,6 +46,7 @@ struct BiasKernelParams {
 // out[t, o] += bias[o]. Grid-stride over the elements. PRECOND: out contiguous [rows, cols].
 template <typename Out>
 __global__ static void add_bias_kernel(const __grid_constant__ BiasKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   auto* out = static_cast<Out*>(p.out);
   const int64_t n = p.rows * p.cols;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -84,6 +86,7 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 // PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements.
 template <typename Out>
 __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int n0 = blockIdx.x * kSkinnyOutPerCta;
   const int chunks = (p.in + 31) / 32;
@@ -199,8 +202,8 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
                                     .in = int(in),
                                     .out = int(out)};
     const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
-    if (p.out.dtype == DType::F32) skinny_kernel<float><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);
-    else skinny_kernel<__nv_bfloat16><<<blocks, 32 * kSkinnyWarps, 0, stream>>>(params);
+    if (p.out.dtype == DType::F32) detail::launch(skinny_kernel<float>, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, params);
+    else detail::launch(skinny_kernel<__nv_bfloat16>, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, params);
     LMX_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -256,8 +259,8 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
     const BiasKernelParams params{.out = p.out.data, .bias = static_cast<const __nv_bfloat16*>(p.bias.data),
                                   .rows = tokens, .cols = out};
     const unsigned blocks = unsigned(std::min<int64_t>(detail::blocks_for(tokens * out, 256), 4096));
-    if (p.out.dtype == DType::F32) add_bias_kernel<float><<<blocks, 256, 0, stream>>>(params);
-    else add_bias_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(params);
+    if (p.out.dtype == DType::F32) detail::launch(add_bias_kernel<float>, dim3(blocks), dim3(256), 0, stream, params);
+    else detail::launch(add_bias_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream, params);
     LMX_CUDA_CHECK_LAUNCH();
   }
 }

@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 
 namespace lmx::cuda {
 namespace {
@@ -108,6 +109,7 @@ constexpr size_t block_sort_shared_bytes() {
 // dynamic shared memory = block_sort_shared_bytes<kItems>(); keys [0, G] fit in key_bits.
 template <int kItems>
 __global__ static void __launch_bounds__(kScanThreads) align_block_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   extern __shared__ __align__(16) unsigned char sort_shared[];
   auto& sort_storage = *reinterpret_cast<typename BlockSortPairs<kItems>::TempStorage*>(sort_shared);
   unsigned* const sorted_keys = reinterpret_cast<unsigned*>(sort_shared);  // [kScanThreads · kItems]
@@ -156,6 +158,7 @@ __global__ static void __launch_bounds__(kScanThreads) align_block_kernel(const 
 
 // Sort path, step 1: key and count every pair. PRECOND: counts zeroed.
 __global__ static void align_keys_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int pair = blockIdx.x * blockDim.x + threadIdx.x;
   if (pair >= p.pairs) return;
   const int key = group_of(p, pair);
@@ -165,10 +168,14 @@ __global__ static void align_keys_kernel(const __grid_constant__ AlignKernelPara
 }
 
 // Sort path, step 3 (after the radix sort): offsets and tiles. PRECOND: one block of kScanThreads.
-__global__ static void align_scan_kernel(const __grid_constant__ AlignKernelParams p) { scan_groups(p, true); }
+__global__ static void align_scan_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  scan_groups(p, true);
+}
 
 // Sort path, step 4: sorted position i of group g goes to group_offsets[g] + (i - unpadded_offsets[g]).
 __global__ static void align_scatter_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= p.pairs) return;
   const int key = p.sorted_keys[i];
@@ -289,7 +296,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
               (long long)pairs, (long long)kMoeAlignSmallPairs);
     auto run = [&](auto kernel, size_t shared_bytes) {
       LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-      kernel<<<1, kScanThreads, shared_bytes, stream>>>(params);
+      detail::launch(kernel, dim3(1), dim3(kScanThreads), shared_bytes, stream, params);
     };
     // Items per thread by batch size (the one dispatch): the sort's work scales with kItems, not pairs.
     if (pairs <= kScanThreads) run(align_block_kernel<1>, block_sort_shared_bytes<1>());
@@ -300,16 +307,16 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   }
   LMX_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(groups) * 4, stream));
   if (pairs > 0) {
-    align_keys_kernel<<<detail::blocks_for(pairs, kKeyThreads), kKeyThreads, 0, stream>>>(params);
+    detail::launch(align_keys_kernel, dim3(detail::blocks_for(pairs, kKeyThreads)), dim3(kKeyThreads), 0, stream, params);
     LMX_CUDA_CHECK_LAUNCH();
     size_t temp_bytes = cub_temp_bytes(pairs, groups);
     LMX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, temp_bytes, keys, sorted_keys, values, sorted_values,
                                                    int(pairs), 0, key_bits(groups), stream));
   }
-  align_scan_kernel<<<1, kScanThreads, 0, stream>>>(params);
+  detail::launch(align_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
   if (pairs > 0) {
-    align_scatter_kernel<<<detail::blocks_for(pairs, kKeyThreads), kKeyThreads, 0, stream>>>(params);
+    detail::launch(align_scatter_kernel, dim3(detail::blocks_for(pairs, kKeyThreads)), dim3(kKeyThreads), 0, stream, params);
     LMX_CUDA_CHECK_LAUNCH();
   }
 }

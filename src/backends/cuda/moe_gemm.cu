@@ -33,6 +33,7 @@
 #include <string>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_lora.cuh"
@@ -701,6 +702,7 @@ struct ActivationKernelParams {
 // vectors; interleaved: the 16 values g0 u0 g1 u1 ... as two vectors) and one 16-byte store.
 // PRECOND: I % 8 == 0, h and a 16-byte aligned; grid covers rows·inter / 8.
 __global__ static void activation8_kernel(const __grid_constant__ ActivationKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t per_row = p.inter / 8;
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= p.rows * per_row) return;
@@ -727,6 +729,7 @@ __global__ static void activation8_kernel(const __grid_constant__ ActivationKern
 
 // One thread per output element (any I or alignment). PRECOND: grid covers rows·inter.
 __global__ static void activation_kernel(const __grid_constant__ ActivationKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= p.rows * p.inter) return;
   const int64_t row = index / p.inter, i = index % p.inter;
@@ -749,6 +752,7 @@ struct CombineKernelParams {
 // H % 8 == 0 and d, out 16-byte aligned (kVec == 8).
 template <int kVec>
 __global__ static void combine_kernel(const __grid_constant__ CombineKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t per_token = p.hidden / kVec;
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= p.tokens * per_token) return;
@@ -1114,9 +1118,9 @@ void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
                                       .swiglu_limit = p.swiglu_limit};
   constexpr int kThreads = 256;
   if (inter % 8 == 0 && detail::aligned16(p.h.data) && detail::aligned16(p.a.data)) {
-    activation8_kernel<<<detail::blocks_for(rows * inter / 8, kThreads), kThreads, 0, stream>>>(params);
+    detail::launch(activation8_kernel, dim3(detail::blocks_for(rows * inter / 8, kThreads)), dim3(kThreads), 0, stream, params);
   } else {
-    activation_kernel<<<detail::blocks_for(rows * inter, kThreads), kThreads, 0, stream>>>(params);
+    detail::launch(activation_kernel, dim3(detail::blocks_for(rows * inter, kThreads)), dim3(kThreads), 0, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -1187,9 +1191,9 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
                                    .top_k = int(top_k)};
   constexpr int kThreads = 256;
   if (hidden % 8 == 0 && detail::aligned16(p.d.data) && detail::aligned16(p.out.data)) {
-    combine_kernel<8><<<detail::blocks_for(tokens * hidden / 8, kThreads), kThreads, 0, stream>>>(params);
+    detail::launch(combine_kernel<8>, dim3(detail::blocks_for(tokens * hidden / 8, kThreads)), dim3(kThreads), 0, stream, params);
   } else {
-    combine_kernel<1><<<detail::blocks_for(tokens * hidden, kThreads), kThreads, 0, stream>>>(params);
+    detail::launch(combine_kernel<1>, dim3(detail::blocks_for(tokens * hidden, kThreads)), dim3(kThreads), 0, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -1370,7 +1374,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // writes the tiles and waits in every CTA before it triggers.
   MoeGateUpParams gate_up{.x = p.x, .weight = p.gate_up, .bias = p.gate_up_bias, .top_k = top_k, .tiles = tiles,
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
-                          .swiglu_limit = p.swiglu_limit, .cta_group = cta_group, .pdl = config.gemm_pdl};
+                          .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
+                          .pdl = config.gemm_pdl && programmatic_launches()};
   if (lora_gu) {
     const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
     gate_up.h = h;
@@ -1386,7 +1391,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
 
   // 4. down (+ LoRA into d), 5. combine.
   moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d, .cta_group = cta_group,
-            .pdl = config.gemm_pdl, .routing_before_wait = true},
+            .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true},
            stream);
   if (lora_down) apply_lora(p.lora_down, a, d);
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);

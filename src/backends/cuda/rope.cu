@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
 #include "ops/backend.h"
 
@@ -36,6 +37,7 @@ struct RopeKernelParams {
 // PRECOND: kWidth is 8 only if D/2 % 8 == 0 and q, k 16-byte aligned, else 1; q and k disjoint.
 template <int kWidth>
 __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   extern __shared__ float cos_sin[];  // [2][D/2]: cos, then sin
   float* cos_table = cos_sin;
   float* sin_table = cos_sin + p.half_dim;
@@ -109,9 +111,9 @@ void rope(const ops::RopeParams& p, cudaStream_t stream) {
                                 .half_dim = int(half_dim),
                                 .attention_scaling = p.attention_scaling};
   if (vector) {
-    rope_kernel<kBf16PerVector><<<unsigned(tokens), threads, smem, stream>>>(params);
+    detail::launch(rope_kernel<kBf16PerVector>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   } else {
-    rope_kernel<1><<<unsigned(tokens), threads, smem, stream>>>(params);
+    detail::launch(rope_kernel<1>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }

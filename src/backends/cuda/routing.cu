@@ -8,6 +8,7 @@
 #include <cfloat>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/launch.cuh"
 #include "ops/backend.h"
 
 namespace lmx::cuda {
@@ -37,6 +38,7 @@ __device__ __forceinline__ bool ranks_before(float value, int id, float other_va
 // PRECOND: blockDim.x == 32 * kRouterWarps; 1 <= K <= min(E, kMaxTopK); no NaN logits (the oracle
 // rejects them; a NaN never ranks before anything, so it is never picked here).
 __global__ static void router_topk_kernel(const __grid_constant__ RouterKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int lane = threadIdx.x % 32;
   const int token = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (token >= p.tokens) return;  // whole warps leave together
@@ -124,7 +126,7 @@ void router_topk(const ops::RouterTopKParams& p, cudaStream_t stream) {
                                   .top_k = p.top_k,
                                   .softmax_first = p.rule == ops::RoutingRule::kSoftmaxThenTopK,
                                   .renormalize = p.renormalize};
-  router_topk_kernel<<<detail::blocks_for(tokens, kRouterWarps), 32 * kRouterWarps, 0, stream>>>(params);
+  detail::launch(router_topk_kernel, dim3(detail::blocks_for(tokens, kRouterWarps)), dim3(32 * kRouterWarps), 0, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
