@@ -267,7 +267,9 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 96}),
                "AttentionLaunch.flash_rows: expected 0, 64 or 128, found 96");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 128, .kv_stages = 3}),
-               "AttentionLaunch.kv_stages: expected 0, 2, or 3 with 64-row tiles, found 3");
+               "AttentionLaunch.kv_stages 3 is built for 64-row tiles only, found flash_rows 128");
+  EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kv_stages = 4}),
+               "AttentionLaunch.kv_stages: expected 0, 2 or 3, found 4");
 }
 
 // The split-KV path replayed from a CUDA graph (no allocation or host sync inside the launcher).

@@ -782,18 +782,19 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
                  launch.flash_rows);
     std::abort();
   }
-  // K/V ring depth: 2, or 3 for 64-row tiles (decode and short chunks: few key tiles per CTA, so the tiles
-  // in flight, not the math, bound it). kv_stages pins it.
-  int stages = kFlashDefaultStages64Rows;
-  if (warps == 8) stages = 2;
-  if (launch.kv_stages != 0) {
-    if (launch.kv_stages != 2 && !(launch.kv_stages == 3 && warps == 4)) {
-      std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages: expected 0, 2, or 3 with 64-row "
-                   "tiles, found %d (row tile %d)\n", launch.kv_stages, 16 * warps);
-      std::abort();
-    }
-    stages = launch.kv_stages;
+  // K/V ring depth of 64-row tiles (decode and short chunks: few key tiles per CTA, so the tiles in flight,
+  // not the math, bound it): kv_stages pins it; 128-row tiles always use 2 (3 is not built for them).
+  if (launch.kv_stages != 0 && launch.kv_stages != 2 && launch.kv_stages != 3) {
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages: expected 0, 2 or 3, found %d\n",
+                 launch.kv_stages);
+    std::abort();
   }
+  if (launch.kv_stages == 3 && launch.flash_rows == 128) {
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages 3 is built for 64-row tiles only, "
+                 "found flash_rows 128\n");
+    std::abort();
+  }
+  int stages = warps == 8 ? 2 : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
   const int64_t row_tiles = row_tiles_of(16 * warps);
   LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
 

@@ -28,7 +28,8 @@ struct AttentionLaunch {
   AttentionKernel kernel = AttentionKernel::kAuto;
   int flash_rows = 0;          // flash row tile: 0 = the launcher's choice, 64 or 128 pins it (tests, bench)
   int splits = 0;              // pinned kSplitKv: 0 = as many as the workspace holds, n = min(n, that) (bench)
-  int kv_stages = 0;           // flash K/V ring depth: 0 = the launcher's choice, 2, or 3 with 64-row tiles
+  int kv_stages = 0;           // K/V ring depth of 64-row flash tiles: 0 = the launcher's choice, 2 or 3
+                               // (128-row tiles use 2; pinning 3 with flash_rows 128 is an error)
 };
 
 // Bytes of workspace that let any batch of up to max_tokens tokens use the most splits the launcher picks on
