@@ -30,6 +30,17 @@ struct Case {
 class CudaLoraDense : public CudaTest {
  protected:
   void run_case(const Case& c);
+  // The self-cleaning invariant: z and z_readers all zero after a call.
+  static void expect_scratch_clean(const cuda::LoraDenseScratch& scratch) {
+    OwnedTensor z = cuda::download(scratch.z);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < z.view.numel(); ++i) nonzero += z.view.ptr<float>()[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0) << "scratch z must be all zero after the call";
+    OwnedTensor readers = cuda::download(scratch.z_readers);
+    int64_t nonzero_readers = 0;
+    for (int64_t i = 0; i < readers.view.numel(); ++i) nonzero_readers += readers.view.ptr<int32_t>()[i] != 0;
+    EXPECT_EQ(nonzero_readers, 0) << "scratch z_readers must be all zero after the call";
+  }
 };
 
 TEST_F(CudaLoraDense, MatchesCpu) {
@@ -122,14 +133,7 @@ void CudaLoraDense::run_case(const Case& c) {
                      scratch, config, stream_, path);
     sync();
     EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
-    OwnedTensor z = cuda::download(scratch.z);
-    int64_t nonzero = 0;
-    for (int64_t i = 0; i < z.view.numel(); ++i) nonzero += z.view.ptr<float>()[i] != 0.0f;
-    EXPECT_EQ(nonzero, 0) << "scratch z must be all zero after the call";
-    OwnedTensor readers = cuda::download(scratch.z_readers);
-    int64_t nonzero_readers = 0;
-    for (int64_t i = 0; i < readers.view.numel(); ++i) nonzero_readers += readers.view.ptr<int32_t>()[i] != 0;
-    EXPECT_EQ(nonzero_readers, 0) << "scratch z_readers must be all zero after the call";
+    expect_scratch_clean(scratch);
   }
 }
 
@@ -205,14 +209,7 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
         for (int64_t i = 0; i < parts; ++i) {
           EXPECT_TRUE(all_close(cuda::download(d_y[size_t(i)]), want[size_t(i)], kTolBf16Out)) << "y of part " << i;
         }
-        OwnedTensor z = cuda::download(scratch.z);
-        int64_t nonzero = 0;
-        for (int64_t i = 0; i < z.view.numel(); ++i) nonzero += z.view.ptr<float>()[i] != 0.0f;
-        EXPECT_EQ(nonzero, 0) << "scratch z must be all zero after the call";
-        OwnedTensor readers = cuda::download(scratch.z_readers);
-        int64_t nonzero_readers = 0;
-        for (int64_t i = 0; i < readers.view.numel(); ++i) nonzero_readers += readers.view.ptr<int32_t>()[i] != 0;
-        EXPECT_EQ(nonzero_readers, 0) << "scratch z_readers must be all zero after the call";
+        expect_scratch_clean(scratch);
       }
     }
     if (HasFatalFailure()) return;
