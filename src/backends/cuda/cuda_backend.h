@@ -65,6 +65,11 @@ class CudaBackend final : public ops::Backend {
   // false: the kernels that can start in the previous kernel's tail (launch.cuh, the MoE GEMMs) go out as
   // plain launches (bench before/after). Process-wide; bumps memory_epoch() so recorded graphs are made again.
   void set_programmatic_launches(bool on);
+  // LinearRunner::set_skinny_max_out (bench before/after); bumps memory_epoch() so graphs are recorded again.
+  void set_skinny_max_out(int64_t out) {
+    linear_.set_skinny_max_out(out);
+    ++memory_epoch_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

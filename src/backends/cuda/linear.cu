@@ -1,6 +1,6 @@
 // LinearRunner (linear.cuh): out = x·Wᵀ + b. Two paths:
-//  - few rows (T <= 16) and a narrow output (<= kSkinnyAutoMaxOut; any width when forced with
-//    LinearPath::kSkinny): skinny_kernel, a weight-streaming GEMV on tensor cores. One mma.sync
+//  - few rows (T <= 16; outputs up to LinearRunner::set_skinny_max_out, default any; any width when forced
+//    with LinearPath::kSkinny): skinny_kernel, a weight-streaming GEMV on tensor cores. One mma.sync
 //    m16n8k16 takes the (up to) 16 rows of x as A and 8 weight rows as B. Each lane loads 16 contiguous
 //    bytes of a weight row and of two x rows per 32-wide k chunk; because a dot product does not care about
 //    the order of k, the 8 values a lane holds are given to two mmas under one fixed permutation of k
@@ -70,7 +70,6 @@ constexpr int kSkinnyWarps = 8;   // split `in`
 constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
 constexpr int kSkinnyUnroll = 4;  // 32-wide k chunks in flight per warp
 constexpr int kSkinnyOutPerCta = 8 * kSkinnyNTiles;
-constexpr int64_t kSkinnyAutoMaxOut = 1024;  // kAuto's skinny path: T <= 16 and at most this many outputs
 
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                  uint32_t b0, uint32_t b1) {
@@ -83,12 +82,27 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 
 // Grid: ceil(out / 16) CTAs of 8 warps. Lane (g = lane / 4, q = lane % 4) loads, per 32-wide chunk at k0,
 // x rows g and g + 8 and weight rows n0 + g (+ 8 for the second tile) at k0 + 8q .. k0 + 8q + 7.
+// Before the PDL wait (the only global accesses there; weights are never written by a kernel): the CTA's
+// weight rows — one contiguous run of up to 16 · in bf16 — are prefetched into L2 with bulk prefetches, so
+// a CTA that becomes resident in the previous kernel's tail (a norm, attention) pulls its weights from
+// DRAM meanwhile, and its own loads after the wait hit L2.
 // PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements.
 template <typename Out>
 __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
-  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int n0 = blockIdx.x * kSkinnyOutPerCta;
+  {
+    const int rows = min(kSkinnyOutPerCta, p.out - n0);
+    const char* first = reinterpret_cast<const char*>(p.w + int64_t(n0) * p.in);
+    const int64_t bytes = int64_t(rows) * p.in * int64_t(sizeof(__nv_bfloat16));  // a multiple of 16
+    constexpr int64_t kPrefetchBytes = 16 << 10;  // per instruction; one per thread, 32 KB..92 KB per CTA
+    const int64_t offset = int64_t(threadIdx.x) * kPrefetchBytes;
+    if (offset < bytes) {
+      const unsigned size = unsigned(min(kPrefetchBytes, bytes - offset));
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first + offset), "r"(size) : "memory");
+    }
+  }
+  detail::pdl_enter();  // then the PDL entry of launch.cuh: x is read and y written only after it
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int chunks = (p.in + 31) / 32;
   const int c_begin = warp * chunks / kSkinnyWarps, c_end = (warp + 1) * chunks / kSkinnyWarps;
   const __nv_bfloat16* x_lo = p.x + int64_t(min(g, p.tokens - 1)) * p.in;
@@ -190,7 +204,7 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   // kAuto: cuBLASLt reads large weights faster than the skinny kernel (docs/perf-log.md run 9: qkv T = 16 3.1
   // vs 2.5 TB/s), but narrow products (k/v 512 columns, the router's 32) cost it ~12 µs each (run 14's
   // profile), far above their bytes: those take the skinny kernel.
-  const bool narrow = out <= kSkinnyAutoMaxOut;
+  const bool narrow = out <= skinny_max_out_;
   const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
   if (skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {
     LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
