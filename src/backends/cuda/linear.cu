@@ -16,6 +16,8 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <cooperative_groups.h>
+
 #include <cstdio>
 
 #include "backends/cuda/check.h"
@@ -34,6 +36,8 @@
 
 namespace lmx::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 // ---- kernels ------------------------------------------------------------------------------------------
 
@@ -70,6 +74,7 @@ constexpr int kSkinnyWarps = 8;   // split `in`
 constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
 constexpr int kSkinnyUnroll = 4;  // 32-wide k chunks in flight per warp
 constexpr int kSkinnyOutPerCta = 8 * kSkinnyNTiles;
+constexpr int kSkinnySplit = 8;   // CTAs of a cluster splitting `in` for narrow products
 
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                  uint32_t b0, uint32_t b1) {
@@ -80,31 +85,41 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Grid: ceil(out / 16) CTAs of 8 warps. Lane (g = lane / 4, q = lane % 4) loads, per 32-wide chunk at k0,
-// x rows g and g + 8 and weight rows n0 + g (+ 8 for the second tile) at k0 + 8q .. k0 + 8q + 7.
+// Grid: ceil(out / 16) × kSplit CTAs of 8 warps. Lane (g = lane / 4, q = lane % 4) loads, per 32-wide chunk
+// at k0, x rows g and g + 8 and weight rows n0 + g (+ 8 for the second tile) at k0 + 8q .. k0 + 8q + 7.
 // Before the PDL wait (the only global accesses there; weights are never written by a kernel): the CTA's
-// weight rows — one contiguous run of up to 16 · in bf16 — are prefetched into L2 with bulk prefetches, so
-// a CTA that becomes resident in the previous kernel's tail (a norm, attention) pulls its weights from
-// DRAM meanwhile, and its own loads after the wait hit L2.
-// PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements.
-template <typename Out>
+// weight rows — one contiguous run of up to 16 · in bf16, a 1/kSplit share of it per CTA of a cluster — are
+// prefetched into L2 with bulk prefetches, so a CTA that becomes resident in the previous kernel's tail (a
+// norm, attention) pulls its weights from DRAM meanwhile, and its own loads after the wait hit L2.
+// kSplit > 1 (narrow products: the router's 32 outputs were 2 CTAs, ~11 µs of latency): a thread-block
+// cluster of kSplit CTAs along y splits `in`; each CTA reduces its warps in shared memory, then CTA 0 of
+// the cluster adds the peers' partials through distributed shared memory in rank order (deterministic),
+// adds the bias and stores.
+// PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements; launched with cluster
+// dims (1, kSplit, 1) and gridDim.y == kSplit when kSplit > 1.
+template <typename Out, int kSplit>
 __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
   const int n0 = blockIdx.x * kSkinnyOutPerCta;
   {
     const int rows = min(kSkinnyOutPerCta, p.out - n0);
     const char* first = reinterpret_cast<const char*>(p.w + int64_t(n0) * p.in);
     const int64_t bytes = int64_t(rows) * p.in * int64_t(sizeof(__nv_bfloat16));  // a multiple of 16
+    const int64_t share = kSplit > 1 ? int64_t(blockIdx.y) : 0;
+    const int64_t begin = (bytes / 16 * share / kSplit) * 16, end = (bytes / 16 * (share + 1) / kSplit) * 16;
     constexpr int64_t kPrefetchBytes = 16 << 10;  // per instruction; one per thread, 32 KB..92 KB per CTA
-    const int64_t offset = int64_t(threadIdx.x) * kPrefetchBytes;
-    if (offset < bytes) {
-      const unsigned size = unsigned(min(kPrefetchBytes, bytes - offset));
+    const int64_t offset = begin + int64_t(threadIdx.x) * kPrefetchBytes;
+    if (offset < end) {
+      const unsigned size = unsigned(min(kPrefetchBytes, end - offset));
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first + offset), "r"(size) : "memory");
     }
   }
   detail::pdl_enter();  // then the PDL entry of launch.cuh: x is read and y written only after it
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int chunks = (p.in + 31) / 32;
-  const int c_begin = warp * chunks / kSkinnyWarps, c_end = (warp + 1) * chunks / kSkinnyWarps;
+  const int split = kSplit > 1 ? int(blockIdx.y) : 0;
+  const int split_begin = split * chunks / kSplit, split_chunks = (split + 1) * chunks / kSplit - split_begin;
+  const int c_begin = split_begin + warp * split_chunks / kSkinnyWarps;
+  const int c_end = split_begin + (warp + 1) * split_chunks / kSkinnyWarps;
   const __nv_bfloat16* x_lo = p.x + int64_t(min(g, p.tokens - 1)) * p.in;
   const __nv_bfloat16* x_hi = p.x + int64_t(min(g + 8, p.tokens - 1)) * p.in;
   const __nv_bfloat16* w_rows[kSkinnyNTiles];
@@ -145,12 +160,43 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const 
   __syncthreads();
   static_assert(32 * kSkinnyWarps == kSkinnyMaxRows * kSkinnyOutPerCta, "one thread per output of the CTA");
   const int row = threadIdx.x / kSkinnyOutPerCta, col = threadIdx.x % kSkinnyOutPerCta, n = n0 + col;
-  if (row >= p.tokens || n >= p.out) return;
   float sum = 0.0f;
 #pragma unroll
   for (int w = 0; w < kSkinnyWarps; ++w) sum += partial[w][row][col];
+  if constexpr (kSplit > 1) {
+    __shared__ float cta_sum[kSkinnyMaxRows * kSkinnyOutPerCta];  // this CTA's share, read by cluster rank 0
+    cta_sum[threadIdx.x] = sum;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's share written (release / acquire at cluster scope)
+    if (cluster.block_rank() == 0) {
+      sum = 0.0f;
+      for (int r = 0; r < kSplit; ++r) sum += cluster.map_shared_rank(cta_sum, r)[threadIdx.x];
+    }
+    cluster.sync();  // the peers' shared memory stays alive until rank 0 has read it
+    if (cluster.block_rank() != 0) return;
+  }
+  if (row >= p.tokens || n >= p.out) return;
   if (p.bias != nullptr) sum += __bfloat162float(p.bias[n]);
   static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
+}
+
+// Launch of skinny_kernel<Out, kSplit>: PDL as launch.cuh, plus the cluster dims when kSplit > 1.
+template <typename Out, int kSplit>
+void launch_skinny(const SkinnyKernelParams& params, unsigned column_blocks, cudaStream_t stream) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = 1;
+  attributes[0].val.clusterDim.y = unsigned(kSplit);
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(column_blocks, unsigned(kSplit));
+  config.blockDim = dim3(32 * kSkinnyWarps);
+  config.stream = stream;
+  config.attrs = kSplit > 1 ? attributes : attributes + 1;
+  config.numAttrs = (kSplit > 1 ? 1 : 0) + (programmatic_launches() ? 1 : 0);
+  LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_kernel<Out, kSplit>, params));
 }
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB
@@ -201,9 +247,9 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   if (path_ == LinearPath::kSkinny && !skinny_fits) {
     detail::contract_failure("linear", "x", p.x, "T <= 16 and in % 8 == 0 for the forced skinny path");
   }
-  // kAuto: cuBLASLt reads large weights faster than the skinny kernel (docs/perf-log.md run 9: qkv T = 16 3.1
-  // vs 2.5 TB/s), but narrow products (k/v 512 columns, the router's 32) cost it ~12 µs each (run 14's
-  // profile), far above their bytes: those take the skinny kernel.
+  // kAuto: every T <= 16 product takes the skinny kernel (its L2 prefetch before the PDL wait hides the weight
+  // stream in the previous kernel's tail); set_skinny_max_out(1024) restores the earlier rule (wide products
+  // through cuBLASLt, docs/perf-log.md run 9), kept for the bench's before/after row.
   const bool narrow = out <= skinny_max_out_;
   const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
   if (skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {
@@ -216,8 +262,15 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
                                     .in = int(in),
                                     .out = int(out)};
     const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
-    if (p.out.dtype == DType::F32) detail::launch(skinny_kernel<float>, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, params);
-    else detail::launch(skinny_kernel<__nv_bfloat16>, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, params);
+    // Fewer column blocks than a quarter of the SMs (the router: 2): split `in` over a cluster of 8 CTAs.
+    const bool split = blocks * 4 < 132 && in >= 32 * 8 * kSkinnySplit;
+    if (p.out.dtype == DType::F32) {
+      if (split) launch_skinny<float, kSkinnySplit>(params, blocks, stream);
+      else launch_skinny<float, 1>(params, blocks, stream);
+    } else {
+      if (split) launch_skinny<__nv_bfloat16, kSkinnySplit>(params, blocks, stream);
+      else launch_skinny<__nv_bfloat16, 1>(params, blocks, stream);
+    }
     LMX_CUDA_CHECK_LAUNCH();
     return;
   }
