@@ -1,11 +1,13 @@
 // LinearRunner (linear.cuh): out = x·Wᵀ + b. Two paths:
-//  - few rows (T <= 16; outputs up to LinearRunner::set_skinny_max_out, default any; any width when forced
+//  - few rows (T <= 16; outputs up to LinearRunner::set_skinny_max_out, default 1024; any width when forced
 //    with LinearPath::kSkinny): skinny_kernel, a weight-streaming GEMV on tensor cores. One mma.sync
 //    m16n8k16 takes the (up to) 16 rows of x as A and 8 weight rows as B. Each lane loads 16 contiguous
 //    bytes of a weight row and of two x rows per 32-wide k chunk; because a dot product does not care about
 //    the order of k, the 8 values a lane holds are given to two mmas under one fixed permutation of k
 //    (the same for A and B), so no shuffles and only 16-byte loads. 8 warps split `in`, reduce in shared
-//    memory, add the bias, and store bf16 or f32. Rows >= T re-read row T-1 and are never stored.
+//    memory, add the bias, and store bf16 or f32. Rows >= T re-read row T-1 and are never stored. Narrow
+//    products (the router) also split `in` over a cluster of 8 CTAs, reduced through distributed shared
+//    memory; the CTA's weight rows are prefetched into L2 before the PDL wait.
 //  - otherwise cuBLASLt. Row-major x [T, in] and W [out, in] are column-major xᵀ [in, T] and Wᵀ [in, out], so
 //    outᵀ [out, T] (= row-major out) = op(W)·x with op = T: the "TN" GEMM, both operands K-contiguous. The
 //    algorithm per (T, in, out, out dtype, alignments) comes from the heuristic once and is cached; the bias
@@ -247,9 +249,9 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   if (path_ == LinearPath::kSkinny && !skinny_fits) {
     detail::contract_failure("linear", "x", p.x, "T <= 16 and in % 8 == 0 for the forced skinny path");
   }
-  // kAuto: every T <= 16 product takes the skinny kernel (its L2 prefetch before the PDL wait hides the weight
-  // stream in the previous kernel's tail); set_skinny_max_out(1024) restores the earlier rule (wide products
-  // through cuBLASLt, docs/perf-log.md run 9), kept for the bench's before/after row.
+  // kAuto: cuBLASLt reads wide weights faster than the skinny kernel (docs/perf-log.md runs 9 and 24), but
+  // narrow products (the router's 32 columns) cost it ~12 µs each (run 14's profile), far above their bytes:
+  // those take the skinny kernel.
   const bool narrow = out <= skinny_max_out_;
   const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
   if (skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {

@@ -14,10 +14,11 @@
 
 namespace lmx::cuda {
 
-// Which kernel runs: kAuto = for T <= 16 rows (and at most set_skinny_max_out() outputs) our tensor-core
-// skinny GEMV, cuBLASLt otherwise; kSkinny forces the GEMV (T <= 16) and kCublasLt cuBLASLt, for tests and
-// the benchmark's comparison rows. (Run 9 measured cuBLASLt faster on wide weights in isolation; the
-// skinny kernel's L2 prefetch before its PDL wait is what can win inside the step: branch experiment.)
+// Which kernel runs: kAuto = for T <= 16 rows and at most set_skinny_max_out() outputs (default 1024: the
+// router, and k/v where they are separate) our tensor-core skinny GEMV, cuBLASLt otherwise — faster on wide
+// weights, in isolation (docs/perf-log.md run 9) and inside the decode step even against the skinny
+// kernel's L2 prefetch before its PDL wait (run 24: 11.84 vs 12.01 ms); kSkinny forces the GEMV (T <= 16)
+// and kCublasLt cuBLASLt, for tests and the benchmark's comparison rows.
 enum class LinearPath { kAuto, kSkinny, kCublasLt };
 
 class LinearRunner {
@@ -32,14 +33,13 @@ class LinearRunner {
   // cuBLASLt's heuristic (host work): warm every shape up before capturing a CUDA graph.
   void run(const ops::LinearParams& p, cudaStream_t stream);
   void set_path(LinearPath path) { path_ = path; }
-  // kAuto's skinny path takes T <= 16 products of at most this many outputs (default: every width, so the
-  // decode step's q|k|v and o_proj get the L2 prefetch before the PDL wait and the bias in the epilogue;
-  // 1024 = the earlier rule, cuBLASLt for q|k|v and o_proj — the bench's before/after).
+  // kAuto's skinny path takes T <= 16 products of at most this many outputs (a huge value puts q|k|v and
+  // o_proj on it too: the bench's comparison row).
   void set_skinny_max_out(int64_t out) { skinny_max_out_ = out; }
 
  private:
   LinearPath path_ = LinearPath::kAuto;
-  int64_t skinny_max_out_ = int64_t(1) << 40;
+  int64_t skinny_max_out_ = 1024;
   struct State;
   std::unique_ptr<State> state_;
 };
