@@ -68,12 +68,9 @@ struct GemmKernelParams {
   int cta_group;                // > 0: CTAs ordered in groups of this many tiles × every column block
   int64_t weight_rows;          // E·n, the weight's rows as one matrix
   bool weight_by_tma;           // warp-specialized kernel: weight tiles come through weight_map
-  int x_rows;                   // rows of x (T for gate_up, T*K for down); the warp-specialized kernel's
-                                // sentinel rows load row x_rows, out of x_map's bounds: zeros
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
-  CUtensorMap x_map;            // warp-specialized kernel: x [x_rows, in] bf16, box [1 row, 64], 128-byte swizzle
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -511,18 +508,14 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
 // ---- Hopper path, warp-specialized: a producer warpgroup feeds consumer warpgroups through mbarriers ----
 // The ring kernel above stalls every warp on one barrier per k-tile and on its own cp.async latency
 // (ncu, perf-log run 17: 1 CTA of 8 warps per SM, 0.49 eligible warps per scheduler, tensor pipe 38%).
-// Here the producer warpgroup only copies, and consumer warpgroups 1..kConsumers only wait on a stage's
-// `full` barrier, issue the wgmmas on their 64 rows, and release the stage on its `empty` barrier once those
-// wgmmas retired. No CTA-wide barrier in the loop. The copies are TMA: one warp of the producer issues, per
-// stage, one box of 1 row × 64 k for every gathered A row (x row pair / K, or a row pair; the 128-byte
-// swizzle is a function of the shared address bits, so a 1-row box written at row r of a 1024-byte aligned
-// stage lands exactly where the ring kernel's cp.async copies put it) and one box of BLOCK_N weight rows.
-// History (perf-log runs 18, 20): with 16-byte cp.async for both operands this kernel was 10–40% slower
-// than the ring (one warpgroup cannot issue a stage of per-row copies as fast as the consumers eat it);
-// with the weight tile by TMA it was level. The halves layout (weight rows 2i -> i, 2i+1 -> I + i) is not
-// one box, so there the whole producer warpgroup copies the weight tile with cp.async.
+// Here warpgroup 0 only copies (16-byte cp.async; gathered A rows from a per-tile row table, weight rows
+// at a constant stride) and signals each stage's arrival with cp.async.mbarrier.arrive.noinc on the
+// stage's `full` barrier; warpgroups 1..kConsumers only wait on `full`, issue the wgmmas on their 64 rows,
+// and release the stage on its `empty` barrier once those wgmmas retired. No CTA-wide barrier in the loop.
 // Registers move to the consumers (setmaxnreg) when there are two of them (128 fp32 accumulators each at
-// BLOCK_N 256).
+// BLOCK_N 256). Measured 10–40% SLOWER than the ring kernel (perf-log run 18): one warpgroup of 16-byte
+// cp.async (with per-load address arithmetic) cannot issue a stage as fast as the consumers eat it; the
+// copies of the weight tile belong on TMA (one thread per stage) before this kernel can win.
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -592,68 +585,64 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
-  __shared__ int tile_pairs[kBlockM];  // pair of each tile row (T*K on padding)
-  __shared__ int a_rows[kBlockM];      // x (or a) row of each tile row; x_rows (out of bounds: zeros) on padding
+  __shared__ int tile_pairs[kBlockM];   // pair of each tile row (T*K on padding)
+  __shared__ int64_t a_offsets[kBlockM];  // element offset of each row's x (or a) row, -1 on padding
   __shared__ uint64_t full[kStages], empty[kStages];
   if (threadIdx.x < kBlockM) {
     const int pair = p.sorted_pairs[tile * kBlockM + threadIdx.x];
     tile_pairs[threadIdx.x] = pair;
-    a_rows[threadIdx.x] = pair < p.pairs ? pair / p.row_div : p.x_rows;
+    a_offsets[threadIdx.x] = pair < p.pairs ? int64_t(pair / p.row_div) * p.in : -1;
   }
-  // full: one expect_tx arrival (the TMA issuer), plus every producer thread's cp.async arrival when the
-  // weight tile is copied by cp.async (halves layout); empty: one arrival per consumer warp.
-  const unsigned full_arrivals = p.weight_by_tma ? 1 : 1 + 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], full_arrivals);
-      mbarrier_init(&empty[s], 4 * kConsumers);
+      mbarrier_init(&full[s], 128 + (p.weight_by_tma ? 1 : 0));  // every producer thread's cp.async arrival
+                                                                 // (+ the TMA issuer's expect_tx arrival)
+      mbarrier_init(&empty[s], 4 * kConsumers);   // one arrival per consumer warp
     }
   }
   __syncthreads();
   const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
 
   if (threadIdx.x < 128) {  // producer warpgroup
-    if constexpr (kConsumers == 2) release_registers<56>();  // 168 at launch (384 threads); .sync.aligned: all 128
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (p.weight_by_tma && warp != 0) return;  // one warp issues every TMA copy
+    if constexpr (kConsumers == 2) release_registers<56>();  // 168 at launch (384 threads)
     const int chunk = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
-    // Halves layout, cp.async: weight rows of this thread are columns n0 + row0 + 16j, column 2i -> row i,
-    // 2i+1 -> I + i, so with n0 and 16j even the row is a fixed start + 8j.
+    // Weight rows of this thread: column n0 + row0 + 16j. Interleaved (or unfused) weights: row = column;
+    // halves: column 2i -> i, 2i+1 -> I + i, so with n0 and 16j even the row is a fixed start + 8j.
     const int64_t inter = p.n / 2;
     const int first_column = n0 + row0;
     const int64_t first_row = p.halves ? (first_column % 2 == 0 ? first_column / 2 : inter + first_column / 2)
                                        : first_column;
     const __nv_bfloat16* b_src = p.weight + (int64_t(expert) * p.n + first_row) * p.in + chunk * 8;
     const int64_t b_step = int64_t(p.halves ? kRowsPerPass / 2 : kRowsPerPass) * p.in;
-    constexpr unsigned kABytes = kBlockM * kBlockK * sizeof(__nv_bfloat16);
-    constexpr unsigned kBBytes = kBlockN * kBlockK * sizeof(__nv_bfloat16);
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int stage = kt % kStages;
       mbarrier_wait(&empty[stage], ((kt / kStages) & 1) ^ 1);
       __nv_bfloat16* a_dst = stages + stage * kStageElems;
       __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
-      if (warp == 0) {  // the TMA issuer: the bytes are announced before any copy can land
-        if (lane == 0) mbarrier_arrive_expect_tx(&full[stage], kABytes + (p.weight_by_tma ? kBBytes : 0));
-        __syncwarp();
+      const int k = kt * kBlockK + chunk * 8;
+      const bool k_ok = kEvenK || k < p.in;
 #pragma unroll
-        for (int j = 0; j < kBlockM / 32; ++j) {
-          const int row = lane + 32 * j;
-          tma_load_2d(a_dst + row * kBlockK, &p.x_map, kt * kBlockK, a_rows[row], &full[stage]);
-        }
-        // rows past E·n and k past `in` land as zeros; rows of the next expert are columns past n, never stored
-        if (p.weight_by_tma && lane == 0) tma_load_2d(b_dst, &p.weight_map, kt * kBlockK, expert * p.n + n0, &full[stage]);
+      for (int j = 0; j < kBlockM / kRowsPerPass; ++j) {
+        const int row = row0 + kRowsPerPass * j;
+        const int64_t offset = a_offsets[row];
+        const bool ok = offset >= 0 && k_ok;
+        cp_async16(a_dst + swizzled(row, chunk), ok ? p.x + offset + k : p.x, ok);
       }
-      if (!p.weight_by_tma) {
-        const int k = kt * kBlockK + chunk * 8;
-        const bool k_ok = kEvenK || k < p.in;
+      if (p.weight_by_tma) {  // uniform: one thread moves the whole weight tile (rows past E·n and k past `in`
+                              // land as zeros; rows of the next expert are columns past n, never stored)
+        if (threadIdx.x == 0) {
+          mbarrier_arrive_expect_tx(&full[stage], kBlockN * kBlockK * sizeof(__nv_bfloat16));
+          tma_load_2d(b_dst, &p.weight_map, kt * kBlockK, expert * p.n + n0, &full[stage]);
+        }
+      } else {
 #pragma unroll
         for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
           const bool ok = first_column + kRowsPerPass * j < p.n && k_ok;
           cp_async16(b_dst + swizzled(row0 + kRowsPerPass * j, chunk),
                      ok ? b_src + b_step * j + kt * kBlockK : p.weight, ok);
         }
-        cp_async_arrive_noinc(&full[stage]);
       }
+      cp_async_arrive_noinc(&full[stage]);
     }
     cp_async_wait<0>();  // leave no copy in flight behind an exited thread
     return;
@@ -931,12 +920,12 @@ PreparedKernel prepared_wgmma_kernel(bool even_k) {
                 : prepared_wgmma_kernel<kWarpgroups, kBlockN, kStages, false>();
 }
 
-// A row-major bf16 matrix [rows, in] as a 2-D tensor map for the warp-specialized kernel's TMA: boxes of
-// box_rows × 64 k, 128-byte swizzle (the layout the wgmma descriptors expect), zeros out of bounds. Used for
-// the weight [E, n, in] as [E·n, in] (box BLOCK_N rows) and for x or a (box 1 row: the gathered A rows).
+// The weight [E, n, in] as a 2-D tensor map [E·n rows, in] for the warp-specialized kernel's TMA: boxes of
+// block_n rows × 64 k, 128-byte swizzle (the layout the wgmma descriptors expect), zeros out of bounds.
 // Encoded per launch on the host (a pure function of the pointer and shape; no device work), so graphs
-// capture it as a kernel parameter.
-CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, int box_rows, const char* what) {
+// capture it as a kernel parameter. The halves layout (rows 2i -> i, 2i+1 -> I + i) is not one box: it keeps
+// the cp.async copies.
+CUtensorMap weight_tensor_map(const GemmKernelParams& p, int block_n) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -945,17 +934,17 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(in), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(in) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(box_rows)};
+  const cuuint64_t dims[2] = {cuuint64_t(p.in), cuuint64_t(p.weight_rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(p.in) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(block_n)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(data), dims,
+  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.weight), dims,
                                  strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
-    fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for " + what + " [" +
-                         std::to_string(rows) + ", " + std::to_string(in) + "]");
+    fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for the weight [" +
+                         std::to_string(p.weight_rows) + ", " + std::to_string(p.in) + "]");
   }
   return map;
 }
@@ -1014,14 +1003,11 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     LMX_CHECK(block_m == kMoeGemmBlockMLarge && block_n == 128);
     k = prepared_kernel<128, 128, 2, 4, 3>(even_k);
   }
-  if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode) {
-    GemmKernelParams with_maps = params;
-    with_maps.x_map = tensor_map_2d(params.x, params.x_rows, params.in, 1, "x");
-    with_maps.weight_by_tma = !params.halves;  // the halves layout is not one box: cp.async
-    if (with_maps.weight_by_tma) {
-      with_maps.weight_map = tensor_map_2d(params.weight, params.weight_rows, params.in, block_n, "the weight");
-    }
-    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_maps);
+  if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode && !params.halves) {
+    GemmKernelParams with_map = params;
+    with_map.weight_by_tma = true;
+    with_map.weight_map = weight_tensor_map(params, block_n);
+    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_map);
   } else if (params.pdl && pdl_kernel) {
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -1107,11 +1093,9 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .cta_group = p.cta_group,
                           .weight_rows = p.weight.dim(0) * rows2,
                           .weight_by_tma = false,
-                          .x_rows = int(tokens),
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
-                          .weight_map = {},
-                          .x_map = {}};
+                          .weight_map = {}};
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, stream);
 }
 
@@ -1177,11 +1161,9 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .cta_group = p.cta_group,
                           .weight_rows = p.weight.dim(0) * hidden,
                           .weight_by_tma = false,
-                          .x_rows = int(pairs),
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
-                          .weight_map = {},
-                          .x_map = {}};
+                          .weight_map = {}};
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, stream);
 }
 
