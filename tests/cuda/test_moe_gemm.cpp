@@ -220,7 +220,8 @@ constexpr GateUpLayout kHalves = GateUpLayout::kHalves, kInterleaved = GateUpLay
 // The wgmma kernel (BLOCK_M 64/128, the default) against the mma.sync kernel on prefill-sized layers too
 // large for the CPU oracle (GPT-OSS-20B at 1600 tokens): the same products in another accumulation order.
 TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
-  const std::vector<BlockCase> cases = {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},  // BLOCK_M 64
+  const std::vector<BlockCase> cases = {{640, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // BLOCK_M 64
+                                        {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},  // 128
                                         {4096, 16, 4, 2880, 1024, kSilu, kHalves, true, 8, 32, 32}};  // 128
   for (const BlockCase& c : cases) {
     SCOPED_TRACE(describe(c));

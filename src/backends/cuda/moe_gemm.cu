@@ -1042,9 +1042,11 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 int moe_gemm_block_m(int64_t pairs, int64_t experts) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
   // the GEMM streams weights anyway; above it, 64 rows per weight tile cut the L2 -> SM weight traffic 4×;
-  // from 256 pairs per expert (compute-bound prefill) 128-row tiles, whose padding is then < 1/4.
+  // from 96 pairs per expert 128-row tiles (one CTA per SM, run in CTA groups by moe_block): GPT-OSS-20B
+  // T 800 (100 per expert) gate_up 488 → 437 µs, down 253 → 226; T 1600 916 → 782, 447 → 392 (perf-log
+  // run 27; was: from 256 per expert).
   const int64_t per_expert = pairs / std::max<int64_t>(experts, 1);
-  if (per_expert >= 256) return kMoeGemmBlockMLarge;
+  if (per_expert >= 96) return kMoeGemmBlockMLarge;
   return per_expert >= 32 ? kMoeGemmBlockMPrefill : kMoeGemmBlockMDecode;
 }
 
