@@ -1039,14 +1039,17 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 
-int moe_gemm_block_m(int64_t pairs, int64_t experts) {
+int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
   // the GEMM streams weights anyway; above it, 64 rows per weight tile cut the L2 -> SM weight traffic 4×;
-  // from 96 pairs per expert 128-row tiles (one CTA per SM, run in CTA groups by moe_block): GPT-OSS-20B
-  // T 800 (100 per expert) gate_up 488 → 437 µs, down 253 → 226; T 1600 916 → 782, 447 → 392 (perf-log
-  // run 27; was: from 256 per expert).
+  // 128-row tiles (one CTA per SM, run in CTA groups by moe_block) from 256 pairs per expert, and from 96
+  // when both reductions are long (≥ 2048: GPT-OSS-20B, Mixtral): GPT-OSS-20B T 800 (100 per expert)
+  // gate_up 488 → 437 µs, down 253 → 226; T 1600 916 → 782, 447 → 392; prefill 42.0 → 40.4 ms (perf-log
+  // run 27). Qwen3-30B-A3B (I 768: 12 k-tiles per down tile, mostly prologue and epilogue, which a lone
+  // CTA per SM does not overlap) measured 50.8 → 53.0 ms with 128-row tiles at T 1600, so short
+  // reductions keep 64-row tiles up to 256 per expert.
   const int64_t per_expert = pairs / std::max<int64_t>(experts, 1);
-  if (per_expert >= 96) return kMoeGemmBlockMLarge;
+  if (per_expert >= 256 || (per_expert >= 96 && min_reduction >= 2048)) return kMoeGemmBlockMLarge;
   return per_expert >= 32 ? kMoeGemmBlockMPrefill : kMoeGemmBlockMDecode;
 }
 
@@ -1306,7 +1309,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                  std::to_string(s.max_rank) + ")");
   }
   if (tokens == 0) return;
-  const int block_m = moe_gemm_block_m(pairs, experts);
+  const int block_m = moe_gemm_block_m(pairs, experts, std::min(hidden, inter));
   const WorkspaceLayout l = layout_for(s, tokens, block_m);
   if (workspace.memory.nbytes() < l.total) {
     detail::contract_failure(op, "workspace.memory", workspace.memory,

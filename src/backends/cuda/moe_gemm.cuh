@@ -29,8 +29,9 @@ enum class MoeGemmKernel {
 };
 void set_moe_gemm_kernel(MoeGemmKernel kernel);
 
-// The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E (host numbers, no sync).
-int moe_gemm_block_m(int64_t pairs, int64_t experts);
+// The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
+// two GEMMs, min(H, I) (host numbers, no sync).
+int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction);
 
 // Tiles of one expert grouping (moe_align with slots = 0, block_m = BLOCK_M).
 struct MoeExpertTiles {
