@@ -198,6 +198,8 @@ void EngineLoop::publish() {
   s.prefix_cache_hits = sched.prefix_cache_hits();
   s.host_adapters = int(engine_.adapters().host_resident().size());
   s.adapter_disk_loads = engine_.adapters().disk_loads();
+  s.decode_steps = decode_times_;
+  s.mixed_steps = mixed_times_;
   for (const auto& [ticket, a] : active_) ++s.in_flight[a.label];
   // Per model label (every served adapter and the base, zeros included): requests that have run in a step
   // (running; a preempted one stays counted here) and those not yet scheduled (waiting).
@@ -221,10 +223,18 @@ void EngineLoop::run() {
       if (stopping_) break;
       commands.swap(commands_);
     }
+    const Clock::time_point iteration_start = Clock::now();
     for (auto& command : commands) command();
+    EngineSnapshot::StepTimes* times = nullptr;  // the kind of step this iteration ran, if any
+    double step_seconds = 0;
     if (engine_.has_work()) {
+      const Clock::time_point step_start = Clock::now();
       engine::Engine::StepReport report = engine_.step();
       const Clock::time_point ran = Clock::now();
+      step_seconds = std::chrono::duration<double>(ran - step_start).count();
+      if (report.num_tokens > 0) {
+        times = report.num_tokens == int(report.outputs.size()) ? &decode_times_ : &mixed_times_;
+      }
       for (uint64_t id : report.scheduled) {
         auto t = ticket_of_.find(id);
         if (t == ticket_of_.end()) continue;
@@ -244,6 +254,14 @@ void EngineLoop::run() {
       }
     }
     publish();
+    if (times != nullptr) {  // after the snapshot, so its cost is counted too; then patched into it
+      ++times->steps;
+      times->step_s += step_seconds;
+      times->loop_s += std::chrono::duration<double>(Clock::now() - iteration_start).count();
+      std::lock_guard<std::mutex> lock(mu_);
+      snapshot_.decode_steps = decode_times_;
+      snapshot_.mixed_steps = mixed_times_;
+    }
   }
   // Shutdown: whatever is still queued is aborted; the server drains before stopping, so normally nothing.
   std::deque<std::function<void()>> late;

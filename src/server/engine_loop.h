@@ -97,6 +97,7 @@ class EngineLoop {
   std::unordered_map<uint64_t, Active> active_;  // by ticket
   std::unordered_map<uint64_t, uint64_t> ticket_of_;  // engine id -> ticket
   std::set<std::string> retiring_;  // unloaded, still used by queued or running requests
+  EngineSnapshot::StepTimes decode_times_, mixed_times_;  // engine-thread time per kind of step (metrics)
 };
 
 }  // namespace lmx::server

@@ -98,6 +98,18 @@ std::string Metrics::render(const EngineSnapshot& e) const {
   gauge("loramux_adapters_host", "Adapters parsed in the host tier (--max-cpu-loras).", e.host_adapters);
   help(&out, "loramux_adapter_disk_loads_total", "counter", "Adapter reads from disk into the host tier after start.");
   line(&out, "loramux_adapter_disk_loads_total", "", double(e.adapter_disk_loads));
+  help(&out, "loramux_engine_steps_total", "counter",
+       "Engine steps by kind: decode (one token in and out per sequence) or mixed (prefill tokens too).");
+  help(&out, "loramux_engine_step_seconds_total", "counter",
+       "Wall time inside the engine's step (inputs, GPU work, sampling, token read-back), by kind.");
+  help(&out, "loramux_engine_loop_seconds_total", "counter",
+       "Wall time of the engine-thread iterations that ran a step (plus commands, token delivery, snapshot), by kind.");
+  for (const auto& [kind, t] : {std::pair{"decode", e.decode_steps}, std::pair{"mixed", e.mixed_steps}}) {
+    const std::string label = std::string("kind=\"") + kind + "\"";
+    line(&out, "loramux_engine_steps_total", label, double(t.steps));
+    line(&out, "loramux_engine_step_seconds_total", label, t.step_s);
+    line(&out, "loramux_engine_loop_seconds_total", label, t.loop_s);
+  }
   help(&out, "loramux_adapter_resident", "gauge", "1 for each adapter in a device slot.");
   for (const std::string& a : e.resident_adapters) line(&out, "loramux_adapter_resident", "adapter=\"" + prometheus_label(a) + "\"", 1);
   help(&out, "loramux_requests_in_flight", "gauge", "Accepted requests not yet finished, by model.");

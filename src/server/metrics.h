@@ -29,6 +29,14 @@ struct EngineSnapshot {
   uint64_t prefix_cache_hits = 0;              // of which found cached
   int host_adapters = 0;                       // adapters parsed in the host tier
   uint64_t adapter_disk_loads = 0;             // reads of an adapter from disk into the host tier
+  // Engine-thread time by kind of step (decode: every sequence of the step consumed and produced one token;
+  // mixed: prefill tokens too): `step` inside Engine::step (host preparation, the GPU work, sampling, the
+  // token read-back), `loop` the whole iteration that ran it (also commands, token delivery, the snapshot).
+  struct StepTimes {
+    uint64_t steps = 0;
+    double step_s = 0, loop_s = 0;
+  };
+  StepTimes decode_steps, mixed_steps;
 };
 
 struct RequestRecord {

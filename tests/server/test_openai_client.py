@@ -185,6 +185,12 @@ def test_64_concurrent_streams_while_adapters_load_and_unload(server):
     assert 'loramux_adapter_resident{adapter="dyn"}' not in m  # unloaded once its requests finished
     assert m['loramux_requests_total{model="dyn",finish_reason="length"}'] >= 16
     assert m['loramux_time_to_first_token_seconds_count{model="lora0"}'] >= 16
+    # engine-thread time: 64 streams of 48 tokens ran decode steps (and prefill, mixed, steps), each
+    # iteration at least as long as the step inside it
+    for kind in ("decode", "mixed"):
+        assert m[f'loramux_engine_steps_total{{kind="{kind}"}}'] > 0
+        step, loop = m[f'loramux_engine_step_seconds_total{{kind="{kind}"}}'], m[f'loramux_engine_loop_seconds_total{{kind="{kind}"}}']
+        assert 0 < step <= loop
 
 
 def wait_idle(server, timeout=20):
