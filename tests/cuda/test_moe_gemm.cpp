@@ -371,30 +371,49 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       using cuda::MoeGemmKernel;
       constexpr MoeGemmKernel kMma = MoeGemmKernel::kMmaSync, kRing = MoeGemmKernel::kWgmma,
                               kWs = MoeGemmKernel::kWgmmaWarpSpecialized;
-      for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl] :
-           std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool>>{
-               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false}, {cuda::kMoeGemmBlockMDecode, 128, kRing, 0, 0, false},
-               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 4, false}, {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 5, false},
-               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, true}, {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, true},
-               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false}, {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0, 0, false}, {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3, 0, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, false}, {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0, 0, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false}, {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false}, {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false}}) {
+      for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl, sorted] :
+           std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool, bool>>{
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMDecode, 128, kRing, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 4, false, false},
+               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 5, false, false},
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, true, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, true, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false, false},
+               {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3, 0, false, false},
+               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, true},
+               {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false, false},
+               {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false, false}}) {
         cuda::set_moe_gemm_kernel(kernel);
         SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
                      std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
                      std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : "") +
                      (kernel == kMma ? " mma.sync" : kernel == kRing ? " wgmma ring" : " wgmma warp-specialized") +
                      " CTA group " + std::to_string(cta_group) + " decode stages " + std::to_string(stages) +
-                     (pdl ? " pdl" : ""));
+                     (pdl ? " pdl" : "") + (sorted ? " A rows gathered for TMA" : ""));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
+        // Scratch of the gathered A rows (warp-specialized kernel), poisoned: every row the GEMM reads must
+        // have been written by the gather.
+        const int64_t capacity = tiles.view.sorted_pairs.dim(0);
+        OwnedTensor sorted_x = poisoned(DType::BF16, {sorted ? capacity : 1, H});
+        OwnedTensor sorted_a = poisoned(DType::BF16, {sorted ? capacity : 1, I});
+        const Tensor sorted_x_view = sorted ? sorted_x.view : Tensor(), sorted_a_view = sorted ? sorted_a.view : Tensor();
         const Tensor gu_bias = biases ? d_gu_bias.view : Tensor(), dn_bias = biases ? d_d_bias.view : Tensor();
         // gate_up, pre-activation h
         OwnedTensor h = poisoned(DType::BF16, {pairs, 2 * I});
         cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k, .tiles = tiles.view,
-                           .h = h, .cta_group = cta_group, .block_n = block_n, .decode_stages = stages, .pdl = pdl},
+                           .h = h, .cta_group = cta_group, .block_n = block_n, .decode_stages = stages, .pdl = pdl,
+                           .sorted_rows = sorted_x_view},
                           stream_);
         sync();
         const OwnedTensor got_h = cuda::download(h);
@@ -412,7 +431,8 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
             cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k,
                                .tiles = tiles.view, .activation = activation, .layout = layout,
                                .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_fused, .cta_group = cta_group,
-                               .block_n = block_n, .decode_stages = stages, .pdl = pdl},
+                               .block_n = block_n, .decode_stages = stages, .pdl = pdl,
+                               .sorted_rows = sorted_x_view},
                               stream_);
             sync();
             OwnedTensor want_from_h = OwnedTensor::host(DType::F32, {pairs, I});  // act of the GPU's bf16 h
@@ -437,7 +457,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         OwnedTensor d = poisoned(DType::BF16, {pairs, H});
         cuda::moe_down({.a = d_a_in, .weight = d_down, .bias = dn_bias, .tiles = tiles.view, .d = d,
                         .block_n = block_n, .cta_group = cta_group, .decode_stages = stages, .pdl = pdl,
-                        .routing_before_wait = pdl},
+                        .routing_before_wait = pdl, .sorted_rows = sorted_a_view},
                        stream_);
         sync();
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";

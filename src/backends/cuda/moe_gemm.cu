@@ -68,9 +68,11 @@ struct GemmKernelParams {
   int cta_group;                // > 0: CTAs ordered in groups of this many tiles × every column block
   int64_t weight_rows;          // E·n, the weight's rows as one matrix
   bool weight_by_tma;           // warp-specialized kernel: weight tiles come through weight_map
+  bool a_by_tma;                // warp-specialized kernel: A tiles come through a_map (rows gathered in tile order)
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
+  CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -514,8 +516,11 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
 // and release the stage on its `empty` barrier once those wgmmas retired. No CTA-wide barrier in the loop.
 // Registers move to the consumers (setmaxnreg) when there are two of them (128 fp32 accumulators each at
 // BLOCK_N 256). Measured 10–40% SLOWER than the ring kernel (perf-log run 18): one warpgroup of 16-byte
-// cp.async (with per-load address arithmetic) cannot issue a stage as fast as the consumers eat it; the
-// copies of the weight tile belong on TMA (one thread per stage) before this kernel can win.
+// cp.async (with per-load address arithmetic) cannot issue a stage as fast as the consumers eat it. So the
+// weight tile comes by TMA (one box per stage) unless the layout is halves (run 20: then level with the
+// ring), and, when the caller gives scratch for it, the A tile too: gather_rows_kernel first copies the
+// tiles' x (or a) rows into tile order, and one BLOCK_M-row box per stage reads them (one box per gathered
+// row instead was correct but 2.6–5× slower: run 25). Both by TMA: one thread issues every copy.
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -593,11 +598,13 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     tile_pairs[threadIdx.x] = pair;
     a_offsets[threadIdx.x] = pair < p.pairs ? int64_t(pair / p.row_div) * p.in : -1;
   }
+  // full: every producer thread's cp.async arrival while any operand is copied by cp.async, plus the TMA
+  // issuer's expect_tx arrival while any comes by TMA; empty: one arrival per consumer warp.
+  const bool any_cp_async = !p.a_by_tma || !p.weight_by_tma, any_tma = p.a_by_tma || p.weight_by_tma;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 128 + (p.weight_by_tma ? 1 : 0));  // every producer thread's cp.async arrival
-                                                                 // (+ the TMA issuer's expect_tx arrival)
-      mbarrier_init(&empty[s], 4 * kConsumers);   // one arrival per consumer warp
+      mbarrier_init(&full[s], (any_cp_async ? 128 : 0) + (any_tma ? 1 : 0));
+      mbarrier_init(&empty[s], 4 * kConsumers);
     }
   }
   __syncthreads();
@@ -605,6 +612,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
 
   if (threadIdx.x < 128) {  // producer warpgroup
     if constexpr (kConsumers == 2) release_registers<56>();  // 168 at launch (384 threads)
+    if (!any_cp_async && threadIdx.x != 0) return;  // both operands by TMA: one thread issues everything
     const int chunk = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
     // Weight rows of this thread: column n0 + row0 + 16j. Interleaved (or unfused) weights: row = column;
     // halves: column 2i -> i, 2i+1 -> I + i, so with n0 and 16j even the row is a fixed start + 8j.
@@ -621,20 +629,25 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       __nv_bfloat16* b_dst = a_dst + kBlockM * kBlockK;
       const int k = kt * kBlockK + chunk * 8;
       const bool k_ok = kEvenK || k < p.in;
-#pragma unroll
-      for (int j = 0; j < kBlockM / kRowsPerPass; ++j) {
-        const int row = row0 + kRowsPerPass * j;
-        const int64_t offset = a_offsets[row];
-        const bool ok = offset >= 0 && k_ok;
-        cp_async16(a_dst + swizzled(row, chunk), ok ? p.x + offset + k : p.x, ok);
+      if (any_tma && threadIdx.x == 0) {  // the bytes are announced before the boxes are issued
+        constexpr unsigned kABytes = kBlockM * kBlockK * sizeof(__nv_bfloat16);
+        constexpr unsigned kBBytes = kBlockN * kBlockK * sizeof(__nv_bfloat16);
+        mbarrier_arrive_expect_tx(&full[stage], (p.a_by_tma ? kABytes : 0) + (p.weight_by_tma ? kBBytes : 0));
+        // rows past the gathered rows, rows past E·n and k past `in` land as zeros; rows of the next expert are
+        // columns past n, never stored
+        if (p.a_by_tma) tma_load_2d(a_dst, &p.a_map, kt * kBlockK, tile * kBlockM, &full[stage]);
+        if (p.weight_by_tma) tma_load_2d(b_dst, &p.weight_map, kt * kBlockK, expert * p.n + n0, &full[stage]);
       }
-      if (p.weight_by_tma) {  // uniform: one thread moves the whole weight tile (rows past E·n and k past `in`
-                              // land as zeros; rows of the next expert are columns past n, never stored)
-        if (threadIdx.x == 0) {
-          mbarrier_arrive_expect_tx(&full[stage], kBlockN * kBlockK * sizeof(__nv_bfloat16));
-          tma_load_2d(b_dst, &p.weight_map, kt * kBlockK, expert * p.n + n0, &full[stage]);
+      if (!p.a_by_tma) {
+#pragma unroll
+        for (int j = 0; j < kBlockM / kRowsPerPass; ++j) {
+          const int row = row0 + kRowsPerPass * j;
+          const int64_t offset = a_offsets[row];
+          const bool ok = offset >= 0 && k_ok;
+          cp_async16(a_dst + swizzled(row, chunk), ok ? p.x + offset + k : p.x, ok);
         }
-      } else {
+      }
+      if (!p.weight_by_tma) {
 #pragma unroll
         for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
           const bool ok = first_column + kRowsPerPass * j < p.n && k_ok;
@@ -642,6 +655,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
                      ok ? b_src + b_step * j + kt * kBlockK : p.weight, ok);
         }
       }
+      if (!any_cp_async) continue;
       cp_async_arrive_noinc(&full[stage]);
     }
     cp_async_wait<0>();  // leave no copy in flight behind an exited thread
@@ -685,6 +699,27 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
+}
+
+struct GatherRowsKernelParams {
+  const __nv_bfloat16* x;       // [rows, in] bf16: x (row = pair / K) or a (row = pair)
+  const int32_t* sorted_pairs;  // [capacity] i32
+  const int32_t* num_tiles;     // [1] i32
+  __nv_bfloat16* out;           // [capacity, in] bf16: row r = the x row of tile row r, zeros on padding
+  int pairs, row_div, in, block_m;
+};
+
+// Grid: x = tile rows (max_tiles · BLOCK_M; rows of tiles past num_tiles exit), y = 16-byte chunks of a row
+// (blockDim.x per CTA). PRECOND: in % 8 == 0; x and out 16-byte aligned.
+__global__ static void gather_rows_kernel(const __grid_constant__ GatherRowsKernelParams p) {
+  const int row = blockIdx.x;
+  if (row >= *p.num_tiles * p.block_m) return;
+  const int chunk = blockIdx.y * blockDim.x + threadIdx.x;
+  if (chunk >= p.in / 8) return;
+  const int pair = p.sorted_pairs[row];
+  uint4 value = make_uint4(0, 0, 0, 0);
+  if (pair < p.pairs) value = reinterpret_cast<const uint4*>(p.x + int64_t(pair / p.row_div) * p.in)[chunk];
+  reinterpret_cast<uint4*>(p.out + int64_t(row) * p.in)[chunk] = value;
 }
 
 struct ActivationKernelParams {
@@ -833,6 +868,17 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kWgmma;  // set_moe_gemm_kernel
 
+// Optional scratch for the gathered A rows: [capacity of the tiles, in] BF16 on cuda, 16-byte aligned.
+void check_sorted_rows(const char* op, const Tensor& sorted_rows, const MoeExpertTiles& tiles, int64_t in) {
+  if (!sorted_rows.defined()) return;
+  const int64_t capacity = tiles.sorted_pairs.dim(0);
+  if (!is_bf16_matrix(sorted_rows, capacity, in) || !detail::aligned16(sorted_rows.data) ||
+      sorted_rows.device != Device::kCuda) {
+    detail::contract_failure(op, "sorted_rows", sorted_rows,
+                             (dims({capacity, in}) + " BF16 on cuda (capacity of the tiles), 16-byte aligned").c_str());
+  }
+}
+
 void check_decode_stages(const char* op, int decode_stages) {
   if (decode_stages != 0 && (decode_stages < 4 || decode_stages > 6)) {
     fail(op, "decode_stages = " + std::to_string(decode_stages) + ": built for 4, 5 or 6 (0 = default)");
@@ -920,12 +966,12 @@ PreparedKernel prepared_wgmma_kernel(bool even_k) {
                 : prepared_wgmma_kernel<kWarpgroups, kBlockN, kStages, false>();
 }
 
-// The weight [E, n, in] as a 2-D tensor map [E·n rows, in] for the warp-specialized kernel's TMA: boxes of
-// block_n rows × 64 k, 128-byte swizzle (the layout the wgmma descriptors expect), zeros out of bounds.
+// A row-major bf16 matrix [rows, in] as a 2-D tensor map for the warp-specialized kernel's TMA: boxes of
+// box_rows × 64 k, 128-byte swizzle (the layout the wgmma descriptors expect), zeros out of bounds: the
+// weight [E, n, in] as [E·n, in] (boxes of BLOCK_N rows), the gathered A rows (boxes of BLOCK_M rows).
 // Encoded per launch on the host (a pure function of the pointer and shape; no device work), so graphs
-// capture it as a kernel parameter. The halves layout (rows 2i -> i, 2i+1 -> I + i) is not one box: it keeps
-// the cp.async copies.
-CUtensorMap weight_tensor_map(const GemmKernelParams& p, int block_n) {
+// capture it as a kernel parameter.
+CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, int box_rows, const char* what) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -934,17 +980,17 @@ CUtensorMap weight_tensor_map(const GemmKernelParams& p, int block_n) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(p.in), cuuint64_t(p.weight_rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(p.in) * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(block_n)};
+  const cuuint64_t dims[2] = {cuuint64_t(in), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(in) * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.weight), dims,
+  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(data), dims,
                                  strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
-    fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for the weight [" +
-                         std::to_string(p.weight_rows) + ", " + std::to_string(p.in) + "]");
+    fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for " + what + " [" +
+                         std::to_string(rows) + ", " + std::to_string(in) + "]");
   }
   return map;
 }
@@ -967,7 +1013,7 @@ CUtensorMap weight_tensor_map(const GemmKernelParams& p, int block_n) {
 //    setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
-                 cudaStream_t stream) {
+                 const Tensor& sorted_rows, cudaStream_t stream) {
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;
   }
@@ -1003,11 +1049,26 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     LMX_CHECK(block_m == kMoeGemmBlockMLarge && block_n == 128);
     k = prepared_kernel<128, 128, 2, 4, 3>(even_k);
   }
-  if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode && !params.halves) {
-    GemmKernelParams with_map = params;
-    with_map.weight_by_tma = true;
-    with_map.weight_map = weight_tensor_map(params, block_n);
-    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_map);
+  if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode) {
+    GemmKernelParams with_maps = params;
+    with_maps.weight_by_tma = !params.halves;  // the halves layout is not one box: cp.async
+    if (with_maps.weight_by_tma) {
+      with_maps.weight_map = tensor_map_2d(params.weight, params.weight_rows, params.in, block_n, "the weight");
+    }
+    with_maps.a_by_tma = sorted_rows.defined();
+    if (with_maps.a_by_tma) {  // the tiles' rows gathered into tile order first, then one box per stage
+      auto* sorted = static_cast<__nv_bfloat16*>(sorted_rows.data);
+      const GatherRowsKernelParams gather{.x = params.x, .sorted_pairs = params.sorted_pairs,
+                                          .num_tiles = params.num_tiles, .out = sorted, .pairs = params.pairs,
+                                          .row_div = params.row_div, .in = params.in, .block_m = block_m};
+      constexpr int kGatherThreads = 128;
+      const int64_t capacity = sorted_rows.dim(0);
+      const unsigned chunk_blocks = unsigned((params.in / 8 + kGatherThreads - 1) / kGatherThreads);
+      gather_rows_kernel<<<dim3(unsigned(max_tiles * block_m), chunk_blocks), kGatherThreads, 0, stream>>>(gather);
+      LMX_CUDA_CHECK_LAUNCH();
+      with_maps.a_map = tensor_map_2d(sorted, capacity, params.in, block_m, "the gathered rows");
+    }
+    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_maps);
   } else if (params.pdl && pdl_kernel) {
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -1098,10 +1159,14 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .cta_group = p.cta_group,
                           .weight_rows = p.weight.dim(0) * rows2,
                           .weight_by_tma = false,
+                          .a_by_tma = false,
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
-                          .weight_map = {}};
-  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, stream);
+                          .weight_map = {},
+                          .a_map = {}};
+  check_sorted_rows(op, p.sorted_rows, p.tiles, hidden);
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
+              stream);
 }
 
 void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
@@ -1166,10 +1231,14 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .cta_group = p.cta_group,
                           .weight_rows = p.weight.dim(0) * hidden,
                           .weight_by_tma = false,
+                          .a_by_tma = false,
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
-                          .weight_map = {}};
-  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, stream);
+                          .weight_map = {},
+                          .a_map = {}};
+  check_sorted_rows(op, p.sorted_rows, p.tiles, inter);
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
+              stream);
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {

@@ -71,6 +71,10 @@ struct MoeGateUpParams {
   // does not write the tiles, and waits in every CTA before it triggers its dependents (or is a plain launch).
   bool pdl = false;
   bool routing_before_wait = false;
+  // Scratch [capacity of tiles.sorted_pairs, H] bf16, optional: with the warp-specialized kernel (BLOCK_M
+  // 64/128) x's rows are first gathered here in tile order, so the A tile comes by TMA as one box per stage
+  // (zeros on padding rows); ignored by the other kernels. Undefined: the kernel gathers them by cp.async.
+  Tensor sorted_rows;
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -97,6 +101,7 @@ struct MoeDownParams {
   int decode_stages = 0;  // as MoeGateUpParams::decode_stages
   bool pdl = false;  // as MoeGateUpParams::pdl
   bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
+  Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 
