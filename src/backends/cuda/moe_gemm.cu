@@ -69,6 +69,8 @@ struct GemmKernelParams {
   int64_t weight_rows;          // E·n, the weight's rows as one matrix
   bool weight_by_tma;           // warp-specialized kernel: weight tiles come through weight_map
   bool a_by_tma;                // warp-specialized kernel: A tiles come through a_map (rows gathered in tile order)
+  int work_tiles;               // persistent kernel: tiles (max_tiles) × work_column_blocks work items
+  int work_column_blocks;
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
@@ -87,14 +89,16 @@ __device__ __forceinline__ void wait_then_allow_dependents() {
 // CTA id is re-mapped so consecutive CTAs sweep every column block of a group of cta_group tiles, and the
 // CTAs resident together share x tiles (and an expert's weight slices) in L2 instead of each wave touching
 // every tile's x rows (perf-log run 17: 64% L2 hits at T 4096 in plain order).
-__device__ __forceinline__ int2 cta_tile(const GemmKernelParams& p, int block_n) {
-  if (p.cta_group <= 0) return {int(blockIdx.x), int(blockIdx.y) * block_n};
-  const int tiles = gridDim.x, column_blocks = gridDim.y;
-  const int id = blockIdx.y * tiles + blockIdx.x;
+// work_tile: the same for work item `id` of `tiles` × `column_blocks` (the persistent kernel's loop).
+__device__ __forceinline__ int2 work_tile(const GemmKernelParams& p, int id, int tiles, int column_blocks, int block_n) {
+  if (p.cta_group <= 0) return {id % tiles, id / tiles * block_n};
   const int group_first = id / (p.cta_group * column_blocks) * p.cta_group;
   const int group_tiles = min(p.cta_group, tiles - group_first);
   const int in_group = id - group_first * column_blocks;
   return {group_first + in_group % group_tiles, in_group / group_tiles * block_n};
+}
+__device__ __forceinline__ int2 cta_tile(const GemmKernelParams& p, int block_n) {
+  return work_tile(p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), int(gridDim.y), block_n);
 }
 
 // Same formulas and order as the CPU oracle (cpu_moe.cpp, cpu_util.h sigmoid/silu).
@@ -701,6 +705,106 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   }
 }
 
+// Persistent form of the warp-specialized kernel for both operands by TMA (the A rows gathered into tile
+// order, weights not in the halves layout): a grid of about one wave; each CTA walks the work items
+// blockIdx.x, blockIdx.x + gridDim.x, ... (tile × column block, mapped as cta_tile maps CTAs). One producer
+// thread keeps one ring of kStages stages running across its items, so the next item's first stages load
+// while the consumers store the current one's outputs: no per-tile prologue (barrier init, the row table,
+// the first copies' latency) and no drained pipeline behind each epilogue, which the one-tile-per-CTA kernel
+// pays for every 128 × 128 tile (~6 µs of wgmmas at K 2880; perf-log run 26: 36% of the FLOP floor).
+// Stage use number `it` counts over all the CTA's k-tiles in order: stage it % kStages, phase (it / kStages) & 1,
+// the same sequence for producer and consumers. A consumer releases a stage once the wgmmas reading it
+// retired: the previous k-tile's after each wgmma_wait<1>, the item's last one after its wgmma_wait<0>.
+// The epilogue reads each row's pair straight from sorted_pairs (two loads per thread, L2 hits).
+// PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
+// work_column_blocks == ceil(n / kBlockN).
+template <int kConsumers, int kBlockN, int kStages>
+__global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
+    grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
+  constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
+  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
+  extern __shared__ uint4 dynamic_shared[];
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
+  auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
+  __shared__ uint64_t full[kStages], empty[kStages];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], 1);                 // the TMA issuer's expect_tx arrival
+      mbarrier_init(&empty[s], 4 * kConsumers);   // one arrival per consumer warp
+    }
+  }
+  __syncthreads();
+  const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
+  const int items = p.work_tiles * p.work_column_blocks, num_tiles = *p.num_tiles;
+
+  if (threadIdx.x < 128) {  // producer warpgroup: one thread issues every copy
+    if constexpr (kConsumers == 2) release_registers<56>();  // .sync.aligned: the whole warpgroup, then exit
+    if (threadIdx.x != 0) return;
+    constexpr unsigned kStageBytes = (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
+    int it = 0;
+    for (int id = blockIdx.x; id < items; id += gridDim.x) {
+      const int2 work = work_tile(p, id, p.work_tiles, p.work_column_blocks, kBlockN);
+      if (work.x >= num_tiles) continue;
+      const int expert = p.tile_group[work.x];
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int stage = it % kStages;
+        mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+        __nv_bfloat16* a_dst = stages + stage * kStageElems;
+        mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
+        // k past `in`, rows past E·n: zeros; rows of the next expert are columns past n, never stored
+        tma_load_2d(a_dst, &p.a_map, kt * kBlockK, work.x * kBlockM, &full[stage]);
+        tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
+      }
+    }
+    return;
+  }
+
+  // consumer warpgroups
+  if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
+  const int consumer = threadIdx.x / 128 - 1;
+  const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
+  int it = 0;
+  for (int id = blockIdx.x; id < items; id += gridDim.x) {
+    const int2 work = work_tile(p, id, p.work_tiles, p.work_column_blocks, kBlockN);
+    if (work.x >= num_tiles) continue;
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int stage = it % kStages;
+      mbarrier_wait(&full[stage], (it / kStages) & 1);
+      __syncwarp();  // converged again for the .aligned wgmma instructions
+      const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
+      const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
+      fence_operands(acc);
+      if (kt > 0 && lane == 0) mbarrier_arrive(&empty[(it - 1) % kStages]);
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+    if (lane == 0) mbarrier_arrive(&empty[(it - 1) % kStages]);  // the item's last stage
+
+    const int expert = p.tile_group[work.x];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int pair = p.sorted_pairs[work.x * kBlockM + consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
+      if (pair >= p.pairs) continue;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        store_columns(p, expert, pair, work.y + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half],
+                      acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+}
+
 struct GatherRowsKernelParams {
   const __nv_bfloat16* x;       // [rows, in] bf16: x (row = pair / K) or a (row = pair)
   const int32_t* sorted_pairs;  // [capacity] i32
@@ -954,6 +1058,35 @@ PreparedKernel prepared_ws_kernel() {
   return {kernel, 128 * (kConsumers + 1), shared_bytes};
 }
 
+// The persistent kernel and how many of its CTAs fit one SM (occupancy, asked once per instantiation).
+struct PreparedPersistentKernel {
+  PreparedKernel kernel;
+  int ctas_per_sm;
+};
+template <int kConsumers, int kBlockN, int kStages>
+PreparedPersistentKernel prepared_persistent_kernel() {
+  const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages>;
+  constexpr int kThreads = 128 * (kConsumers + 1);
+  static const int ctas_per_sm = [&] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    int blocks = 0;
+    LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, shared_bytes));
+    return std::max(blocks, 1);
+  }();
+  return {{kernel, kThreads, shared_bytes}, ctas_per_sm};
+}
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    LMX_CUDA_CHECK(cudaGetDevice(&device));
+    LMX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    return value;
+  }();
+  return count;
+}
+
 template <int kConsumers, int kBlockN, int kStages>
 PreparedKernel prepared_ws_kernel(bool even_k) {
   return even_k ? prepared_ws_kernel<kConsumers, kBlockN, kStages, true>()
@@ -1068,7 +1201,19 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       LMX_CUDA_CHECK_LAUNCH();
       with_maps.a_map = tensor_map_2d(sorted, capacity, params.in, block_m, "the gathered rows");
     }
-    k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_maps);
+    if (with_maps.a_by_tma && with_maps.weight_by_tma) {  // both by TMA: the persistent form, about one wave
+      const bool large = block_m == kMoeGemmBlockMLarge;
+      const PreparedPersistentKernel pk =
+          large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4>() : prepared_persistent_kernel<2, 128, 6>())
+                : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
+      with_maps.work_tiles = int(max_tiles);
+      with_maps.work_column_blocks = int(column_blocks);
+      const int64_t items = max_tiles * column_blocks;
+      const unsigned ctas = unsigned(std::min<int64_t>(items, int64_t(multiprocessors()) * pk.ctas_per_sm));
+      pk.kernel.kernel<<<ctas, pk.kernel.threads, pk.kernel.shared_bytes, stream>>>(with_maps);
+    } else {
+      k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_maps);
+    }
   } else if (params.pdl && pdl_kernel) {
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -1160,6 +1305,8 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .weight_rows = p.weight.dim(0) * rows2,
                           .weight_by_tma = false,
                           .a_by_tma = false,
+                          .work_tiles = 0,
+                          .work_column_blocks = 0,
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
                           .weight_map = {},
@@ -1232,6 +1379,8 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .weight_rows = p.weight.dim(0) * hidden,
                           .weight_by_tma = false,
                           .a_by_tma = false,
+                          .work_tiles = 0,
+                          .work_column_blocks = 0,
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
                           .weight_map = {},
