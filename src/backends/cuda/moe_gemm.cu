@@ -1438,6 +1438,7 @@ struct WorkspaceLayout {
   size_t expert_sorted = 0, expert_tiles = 0, expert_offsets = 0, expert_count = 0, expert_scratch = 0;
   size_t lora_sorted = 0, lora_tiles = 0, lora_offsets = 0, lora_count = 0, lora_scratch = 0;
   size_t h = 0, a = 0, d = 0;
+  size_t sorted_x = 0, sorted_a = 0;  // BLOCK_M 64/128: the warp-specialized kernel's gathered A rows
   size_t total = 0;
 };
 
@@ -1467,6 +1468,10 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
   l.expert_scratch = take(moe_align_workspace_bytes(pairs, s.experts));
   l.a = take(size_t(pairs) * s.inter * 2);
   l.d = take(size_t(pairs) * s.hidden * 2);
+  if (block_m != kMoeGemmBlockMDecode) {
+    l.sorted_x = take(size_t(l.expert_capacity) * s.hidden * 2);
+    l.sorted_a = take(size_t(l.expert_capacity) * s.inter * 2);
+  }
   if (lora) {
     l.lora_capacity = moe_align_capacity(pairs, lora_groups, kMoeLoraBlockM);
     l.lora_sorted = take(size_t(l.lora_capacity) * 4);
@@ -1599,6 +1604,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
+  // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
+  const bool gather_rows = gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode;
+  if (gather_rows) gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   if (lora_gu) {
     const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
     gate_up.h = h;
@@ -1614,7 +1622,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
 
   // 4. down (+ LoRA into d), 5. combine.
   moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d, .cta_group = cta_group,
-            .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true},
+            .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
+            .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor()},
            stream);
   if (lora_down) apply_lora(p.lora_down, a, d);
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);
