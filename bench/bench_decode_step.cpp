@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/moe_gemm.cuh"
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/setup.h"
@@ -250,7 +251,14 @@ int main(int argc, char** argv) {
   const double prefill_floor = prefill_flops(c, o.prefill) / kFlopsPerSecond;
   char prefill_what[64];
   std::snprintf(prefill_what, sizeof prefill_what, "prefill of one %d-token prompt", o.prefill);
-  if (o.prefill > 0) row(prefill_what, time_prefill(**engine, o, vocab, rng), prefill_floor);
+  if (o.prefill > 0) {
+    row(prefill_what, time_prefill(**engine, o, vocab, rng), prefill_floor);
+    // The MoE GEMMs of 64/128-row tiles on the warp-specialized kernel (both operands by TMA, persistent)
+    // instead of the ring kernel: the before/after of the prefill row.
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmmaWarpSpecialized);
+    row("same, MoE GEMMs on the warp-specialized kernel", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
+  }
   if (o.profile && o.adapters > 0) {
     std::printf("profile: decode step, adapters spread over the batch\n");
     backend.enable(true);
