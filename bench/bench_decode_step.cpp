@@ -158,9 +158,12 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   return seconds[seconds.size() / 2];
 }
 
-// Median wall seconds of the prefill of one `o.prefill`-token prompt (base model, nothing else running).
-double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rng, bench::OpProfiler* profiler = nullptr) {
+// Median wall seconds of the prefill of one `o.prefill`-token prompt (nothing else running) for `adapter`
+// ("": the base model).
+double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rng, bench::OpProfiler* profiler = nullptr,
+                    const std::string& adapter = "") {
   engine::Request r;
+  r.adapter = adapter;
   r.prompt_ids = random_prompt(rng, o.prefill, vocab);
   r.sampling.max_tokens = 1;
   r.sampling.ignore_eos = true;
@@ -253,11 +256,14 @@ int main(int argc, char** argv) {
   std::snprintf(prefill_what, sizeof prefill_what, "prefill of one %d-token prompt", o.prefill);
   if (o.prefill > 0) {
     row(prefill_what, time_prefill(**engine, o, vocab, rng), prefill_floor);
-    // The MoE GEMMs of 64/128-row tiles on the warp-specialized kernel (both operands by TMA, persistent)
-    // instead of the ring kernel: the before/after of the prefill row.
-    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmmaWarpSpecialized);
-    row("same, MoE GEMMs on the warp-specialized kernel", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    // Before/after of the default (kAuto: the persistent warp-specialized kernel where both operands come by
+    // TMA): the MoE GEMMs of 64/128-row tiles all on the ring kernel.
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
+    row("same, MoE GEMMs on the ring kernel", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
+    if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
+      row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
+    }
   }
   if (o.profile && o.adapters > 0) {
     std::printf("profile: decode step, adapters spread over the batch\n");
@@ -266,6 +272,8 @@ int main(int argc, char** argv) {
     if (o.prefill > 0) {
       std::printf("profile: %s\n", prefill_what);
       time_prefill(**engine, o, vocab, rng, &backend);
+      std::printf("profile: %s with an adapter\n", prefill_what);
+      time_prefill(**engine, o, vocab, rng, &backend, "a0");
     }
     backend.enable(false);
   }

@@ -127,13 +127,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                            .out = out};
     cuda::moe_block(p, {.shape = shape, .memory = workspace}, stream, {.gemm_pdl = gemm_pdl});
   };
-  auto gate_up_gathered = [&](int layer, int block_n = 0) {  // fused activation, A rows gathered for TMA
-    cuda::MoeGateUpParams p = gate_up(layer, true, block_n);
+  auto gate_up_gathered = [&](int layer, int block_n = 0, int cta_group = 0) {  // fused, A rows gathered for TMA
+    cuda::MoeGateUpParams p = gate_up(layer, true, block_n, cta_group);
     p.sorted_rows = sorted_x;
     return p;
   };
-  auto down_gathered = [&](int layer, int block_n = 0) {
-    cuda::MoeDownParams p = down(layer, block_n);
+  auto down_gathered = [&](int layer, int block_n = 0, int cta_group = 0) {
+    cuda::MoeDownParams p = down(layer, block_n, cta_group);
     p.sorted_rows = sorted_a;
     return p;
   };
@@ -181,8 +181,10 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, false); }));
   }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before/after for the BLOCK_M 64/128 tiles: the other kernels
+    // (the default, kAuto, is the persistent warp-specialized kernel where both operands come by TMA)
     for (const auto& [kernel, name] :
-         {std::pair{cuda::MoeGemmKernel::kWgmmaWarpSpecialized, "block (no LoRA), wgmma warp-spec."},
+         {std::pair{cuda::MoeGemmKernel::kWgmma, "block (no LoRA), wgmma ring"},
+          std::pair{cuda::MoeGemmKernel::kWgmmaWarpSpecialized, "block (no LoRA), wgmma warp-spec. everywhere"},
           std::pair{cuda::MoeGemmKernel::kMmaSync, "block (no LoRA), mma.sync"}}) {
       cuda::set_moe_gemm_kernel(kernel);
       block(0);  // kernel attributes, outside the timed graph
@@ -190,7 +192,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row(name, tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                 time([&](int i) { block(i % kCopies); }));
     }
-    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
@@ -238,7 +240,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row(("  down" + plain).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down(i % kCopies, block_n), stream); }));
     }
-    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
+    // moe_block's configuration: gathered rows, CTA groups of 8 (kAuto: gate_up of the halves layout stays
+    // on the ring, as here with cp.async for the weight)
+    print_row("  gate_up fused, warp-spec., A gathered, CTA groups 8", tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+    print_row("  down, warp-spec., A gathered, CTA groups 8", tokens, down_bytes, down_flops,
+              time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 0, 8), stream); }));
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
   }
   print_row("  combine", tokens, combine_bytes, 0, time([&](int) {
               cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);

@@ -228,13 +228,16 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     const BlockData b = make_block_data(rng(), c);
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kMmaSync);
     const OwnedTensor mma = run_block(c, b, true, stream_);
-    for (cuda::MoeGemmKernel kernel : {cuda::MoeGemmKernel::kWgmma, cuda::MoeGemmKernel::kWgmmaWarpSpecialized}) {
-      SCOPED_TRACE(kernel == cuda::MoeGemmKernel::kWgmma ? "wgmma ring" : "wgmma warp-specialized");
+    for (cuda::MoeGemmKernel kernel : {cuda::MoeGemmKernel::kWgmma, cuda::MoeGemmKernel::kWgmmaWarpSpecialized,
+                                       cuda::MoeGemmKernel::kAuto}) {
+      SCOPED_TRACE(kernel == cuda::MoeGemmKernel::kWgmma                  ? "wgmma ring"
+                   : kernel == cuda::MoeGemmKernel::kWgmmaWarpSpecialized ? "wgmma warp-specialized"
+                                                                          : "auto (persistent where both by TMA)");
       cuda::set_moe_gemm_kernel(kernel);
       const OwnedTensor wgmma = run_block(c, b, true, stream_);
       EXPECT_TRUE(all_close(wgmma, widen(mma), 1.0 / 64.0));
     }
-    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
   }
 }
 
@@ -363,14 +366,14 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       const OwnedTensor want_h = as_f32(h_ref, pairs, 2 * I), want_d = as_f32(d_ref, pairs, H);
 
       // (BLOCK_M, BLOCK_N, kernel, CTA group): every kernel instantiation family — mma.sync at 16 and at
-      // 64/128 (as chosen, or the ring's BLOCK_N 64); the wgmma ring (default) at 64/128 (BLOCK_N 128, and
+      // 64/128 (as chosen, or the ring's BLOCK_N 64); the wgmma ring at 64/128 (BLOCK_N 128, and
       // 256 at 128); the warp-specialized wgmma at 64/128 with BLOCK_N 128 and 256; the grouped CTA order
       // (groups of 3 tiles: a partial last group) on both wgmma kernels; BLOCK_M 16 with 4 and 5 stages; the
       // PDL code path of grouped_gemm_kernel (down with its tiles and first weights before the wait; here the
       // stream is idle at each launch, so this checks the math, the model tests check the chain).
       using cuda::MoeGemmKernel;
       constexpr MoeGemmKernel kMma = MoeGemmKernel::kMmaSync, kRing = MoeGemmKernel::kWgmma,
-                              kWs = MoeGemmKernel::kWgmmaWarpSpecialized;
+                              kWs = MoeGemmKernel::kWgmmaWarpSpecialized, kAuto = MoeGemmKernel::kAuto;
       for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl, sorted] :
            std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool, bool>>{
                {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false, false},
@@ -393,12 +396,20 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
                {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, true},
                {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false, false},
                {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false, false}}) {
+               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false, false},
+               // kAuto: persistent warp-specialized with the rows gathered (and the fused halves gate_up on
+               // the ring), the ring without them
+               {cuda::kMoeGemmBlockMPrefill, 0, kAuto, 3, 0, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 3, 0, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 0, 0, false, false}}) {
         cuda::set_moe_gemm_kernel(kernel);
         SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
                      std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
                      std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : "") +
-                     (kernel == kMma ? " mma.sync" : kernel == kRing ? " wgmma ring" : " wgmma warp-specialized") +
+                     (kernel == kMma    ? " mma.sync"
+                      : kernel == kRing ? " wgmma ring"
+                      : kernel == kWs   ? " wgmma warp-specialized"
+                                        : " auto") +
                      " CTA group " + std::to_string(cta_group) + " decode stages " + std::to_string(stages) +
                      (pdl ? " pdl" : "") + (sorted ? " A rows gathered for TMA" : ""));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
@@ -462,7 +473,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         sync();
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
       }
-      cuda::set_moe_gemm_kernel(kRing);  // the default, for the tests after this one
+      cuda::set_moe_gemm_kernel(kAuto);  // the default, for the tests after this one
     }
   }
 }

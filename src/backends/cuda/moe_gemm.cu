@@ -970,7 +970,16 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
   }
 }
 
-MoeGemmKernel gemm_kernel = MoeGemmKernel::kWgmma;  // set_moe_gemm_kernel
+MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
+
+// The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
+// operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
+// fused halves layout) — and the ring otherwise. GPT-OSS-20B T 4096 block 2659 → 2360 µs, prefill 38.9 →
+// 35.7 ms (perf-log run 30).
+MoeGemmKernel kernel_for(int block_m, bool gathered, bool halves) {
+  if (gemm_kernel != MoeGemmKernel::kAuto || block_m == kMoeGemmBlockMDecode) return gemm_kernel;
+  return gathered && !halves ? MoeGemmKernel::kWgmmaWarpSpecialized : MoeGemmKernel::kWgmma;
+}
 
 // Optional scratch for the gathered A rows: [capacity of the tiles, in] BF16 on cuda, 16-byte aligned.
 void check_sorted_rows(const char* op, const Tensor& sorted_rows, const MoeExpertTiles& tiles, int64_t in) {
@@ -989,19 +998,19 @@ void check_decode_stages(const char* op, int decode_stages) {
   }
 }
 
-void check_block_n(const char* op, int block_n, int block_m) {
+void check_block_n(const char* op, int block_n, int block_m, MoeGemmKernel kernel) {
   if (block_n != 0 && block_n != 64 && block_n != 128 && block_n != 256) {
     fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64, 128 or 256 (0 = default)");
   }
   if (block_m == kMoeGemmBlockMLarge && block_n == 64) {
     fail(op, "block_n = 64 with tiles.block_m = 128: BLOCK_M 128 is built for BLOCK_N 128 or 256 only");
   }
-  if (block_n == 256 && !(block_m == kMoeGemmBlockMLarge && gemm_kernel == MoeGemmKernel::kWgmma) &&
-      !(block_m != kMoeGemmBlockMDecode && gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized)) {
+  if (block_n == 256 && !(block_m == kMoeGemmBlockMLarge && kernel == MoeGemmKernel::kWgmma) &&
+      !(block_m != kMoeGemmBlockMDecode && kernel == MoeGemmKernel::kWgmmaWarpSpecialized)) {
     fail(op, "block_n = 256: built only for tiles.block_m 64 and 128 on the warp-specialized wgmma kernel and "
              "tiles.block_m 128 on the wgmma ring kernel");
   }
-  if (block_n == 64 && block_m != kMoeGemmBlockMDecode && gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
+  if (block_n == 64 && block_m != kMoeGemmBlockMDecode && kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
     fail(op, "block_n = 64: the warp-specialized wgmma kernel (tiles.block_m 64/128) is built for BLOCK_N 128 or "
              "256 only");
   }
@@ -1140,10 +1149,11 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 //    64 × BLOCK_N 128: 4 stages, 97 KB, 2 CTAs per SM; BLOCK_M 128 × 128: 5 stages, 161 KB, 1 CTA per SM;
 //    BLOCK_M 128 × 256 (explicit block_n only): 4 stages, 193 KB — twice the FLOPs per byte read from L2,
 //    but measured 15–20% slower than 128 × 128 (perf-log run 16: one CTA of 184–198 registers per SM).
-//  kWgmmaWarpSpecialized (default): a producer warpgroup + one consumer warpgroup per 64 rows. BLOCK_M 64:
-//    BLOCK_N 128 (default; 4 stages, 97 KB, 2 CTAs per SM) or 256 (5 stages, 201 KB); BLOCK_M 128: BLOCK_N
-//    128 (default; 6 stages, 193 KB) or 256 (4 stages, 193 KB; 128 accumulators per consumer thread, which
-//    setmaxnreg gives 224 registers).
+//  kWgmmaWarpSpecialized (kAuto's choice where both operands come by TMA, then persistent: about one wave
+//    of CTAs, each keeps one TMA ring across its work items): a producer warpgroup + one consumer warpgroup
+//    per 64 rows. BLOCK_M 64: BLOCK_N 128 (default; 4 stages, 97 KB, 2 CTAs per SM) or 256 (5 stages,
+//    201 KB); BLOCK_M 128: BLOCK_N 128 (default; 6 stages, 193 KB) or 256 (4 stages, 193 KB; 128
+//    accumulators per consumer thread, which setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
                  const Tensor& sorted_rows, cudaStream_t stream) {
@@ -1156,16 +1166,17 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
   const dim3 grid{unsigned(max_tiles), unsigned(column_blocks), 1};
   const bool even_k = params.in % kBlockK == 0;
   PreparedKernel k{};
-  const bool use_wgmma = gemm_kernel == MoeGemmKernel::kWgmma;
+  const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
+  const bool use_wgmma = kernel == MoeGemmKernel::kWgmma;
   // PDL is built into grouped_gemm_kernel only (BLOCK_M 16, and every BLOCK_M on mma.sync); the wgmma
   // kernels never wait, so they run as plain launches whatever params.pdl says.
-  const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || gemm_kernel == MoeGemmKernel::kMmaSync;
+  const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || kernel == MoeGemmKernel::kMmaSync;
   if (block_m == kMoeGemmBlockMDecode) {
     if (block_n == 128) k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
     else if (decode_stages == 4) k = prepared_kernel<16, 64, 1, 4, 4>(even_k);
     else if (decode_stages == 5) k = prepared_kernel<16, 64, 1, 4, 5>(even_k);
     else k = prepared_kernel<16, 64, 1, 4, 6>(even_k);
-  } else if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
+  } else if (kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
     if (block_m == kMoeGemmBlockMPrefill) {
       k = block_n == 256 ? prepared_ws_kernel<1, 256, 5>(even_k) : prepared_ws_kernel<1, 128, 4>(even_k);
     } else {
@@ -1182,7 +1193,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     LMX_CHECK(block_m == kMoeGemmBlockMLarge && block_n == 128);
     k = prepared_kernel<128, 128, 2, 4, 3>(even_k);
   }
-  if (gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode) {
+  if (kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode) {
     GemmKernelParams with_maps = params;
     with_maps.weight_by_tma = !params.halves;  // the halves layout is not one box: cp.async
     if (with_maps.weight_by_tma) {
@@ -1281,10 +1292,11 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   }
   detail::require_cuda(op, {{"x", &p.x}, {p.h.defined() ? "h" : "a", &out}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
-  check_block_n(op, p.block_n, p.tiles.block_m);
+  const bool fuse = p.a.defined();
+  check_block_n(op, p.block_n, p.tiles.block_m,
+                kernel_for(p.tiles.block_m, p.sorted_rows.defined(), fuse && p.layout == ops::GateUpLayout::kHalves));
   check_decode_stages(op, p.decode_stages);
   LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && rows2 < 0x7fffffff);
-  const bool fuse = p.a.defined();
   GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
                           .weight = static_cast<const __nv_bfloat16*>(p.weight.data),
                           .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr,
@@ -1356,7 +1368,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   }
   detail::require_cuda(op, {{"a", &p.a}, {"d", &p.d}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
-  check_block_n(op, p.block_n, p.tiles.block_m);
+  check_block_n(op, p.block_n, p.tiles.block_m, kernel_for(p.tiles.block_m, p.sorted_rows.defined(), false));
   check_decode_stages(op, p.decode_stages);
   LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && inter < 0x7fffffff);
   GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.a.data),
@@ -1605,8 +1617,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
   // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
-  const bool gather_rows = gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode;
-  if (gather_rows) gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
+  // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
+  const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
+                                                                gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized);
+  const bool fused_halves = !lora_gu && p.layout == ops::GateUpLayout::kHalves;
+  if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
+    gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
+  }
   if (lora_gu) {
     const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
     gate_up.h = h;

@@ -23,9 +23,13 @@ constexpr int kMoeGemmBlockMLarge = 128;   // large prefill (compute-bound): 128
 // Which kernel runs BLOCK_M 64/128 tiles, process-wide (the bench's before/after rows and the tests'
 // comparisons); BLOCK_M 16 always runs the mma.sync kernel.
 enum class MoeGemmKernel {
+  kAuto,                  // the default: per launch, the persistent warp-specialized kernel where both
+                          // operands can come by TMA (the caller gave sorted_rows and the weight tile is one
+                          // box: not the fused halves layout), the ring otherwise
   kMmaSync,               // ldmatrix + mma.sync, every thread copies (sm_80 instructions)
-  kWgmma,                 // warpgroup MMA, every thread copies, one CTA barrier per k-tile (the default)
-  kWgmmaWarpSpecialized,  // warpgroup MMA fed by a producer warpgroup through mbarriers (slower so far)
+  kWgmma,                 // the ring: warpgroup MMA, every thread copies, one CTA barrier per k-tile
+  kWgmmaWarpSpecialized,  // warpgroup MMA fed by a producer warpgroup through mbarriers (cp.async for an
+                          // operand that cannot come by TMA)
 };
 void set_moe_gemm_kernel(MoeGemmKernel kernel);
 
@@ -72,8 +76,9 @@ struct MoeGateUpParams {
   bool pdl = false;
   bool routing_before_wait = false;
   // Scratch [capacity of tiles.sorted_pairs, H] bf16, optional: with the warp-specialized kernel (BLOCK_M
-  // 64/128) x's rows are first gathered here in tile order, so the A tile comes by TMA as one box per stage
-  // (zeros on padding rows); ignored by the other kernels. Undefined: the kernel gathers them by cp.async.
+  // 64/128; kAuto picks it when this is given and the weight is one box) x's rows are first gathered here in
+  // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
+  // kernels. Undefined: the warp-specialized kernel gathers them by cp.async, kAuto runs the ring.
   Tensor sorted_rows;
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
