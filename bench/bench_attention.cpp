@@ -111,10 +111,13 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
+      {"flash, 16-row tiles (key split)", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 16}},
       {"flash, 64-row tiles", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 64}},
       {"flash, 128-row tiles", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128}},
       {"auto + workspace", {.workspace = workspace, .workspace_bytes = workspace_bytes}},
   };
+  variants.push_back({"auto + workspace, 64-row tiles",
+                      {.workspace = workspace, .workspace_bytes = workspace_bytes, .flash_rows = 64}});
   variants.push_back({"auto + workspace, 3 stages",
                       {.workspace = workspace, .workspace_bytes = workspace_bytes, .kv_stages = 3}});
   for (int splits : pinned_splits) {
@@ -124,6 +127,9 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                            .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 64, .splits = splits,
                            .kv_stages = stages}});
     }
+    variants.push_back({"split-KV x" + std::to_string(splits) + ", key split",
+                        {.workspace = workspace, .workspace_bytes = workspace_bytes,
+                         .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 16, .splits = splits}});
   }
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {

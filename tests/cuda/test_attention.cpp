@@ -148,7 +148,7 @@ class CudaAttention : public CudaTest {
     EXPECT_TRUE(all_close(cuda::download(d_out), batch.want, kTolBf16Out));
   }
 
-  // Every kernel that can run the case's shape (flash and split-KV with both row tiles), and the launcher's
+  // Every kernel that can run the case's shape (flash and split-KV with every row tile), and the launcher's
   // own choice with and without workspace.
   void expect_all_kernels_match(const Case& c) {
     SCOPED_TRACE(describe(c));
@@ -157,7 +157,7 @@ class CudaAttention : public CudaTest {
     expect_matches(c, batch, AttentionKernel::kAuto, false);
     expect_matches(c, batch, AttentionKernel::kSimple, false);
     if (c.head_dim == 64 || c.head_dim == 128) {
-      for (int flash_rows : {64, 128}) {
+      for (int flash_rows : {16, 64, 128}) {  // 16: the key split (any batch shape, not only decode)
         expect_matches(c, batch, AttentionKernel::kFlash, false, flash_rows);
         expect_matches(c, batch, AttentionKernel::kSplitKv, true, flash_rows);
       }
@@ -265,7 +265,7 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kernel = AttentionKernel::kSplitKv}),
                "split-KV kernel needs a workspace of at least 4224 bytes.*found 0");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 96}),
-               "AttentionLaunch.flash_rows: expected 0, 64 or 128, found 96");
+               "AttentionLaunch.flash_rows: expected 0, 16, 64 or 128, found 96");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 128, .kv_stages = 3}),
                "AttentionLaunch.kv_stages 3 is built for 64-row tiles only, found flash_rows 128");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kv_stages = 4}),

@@ -234,10 +234,12 @@ struct FlashKernelParams {
   float scale_log2;              // softmax_scale · log2(e): scores in base-2 units, exp2f throughout
 };
 
-// Q tile + kStages stages of a K and a V tile.
-template <int D, int kWarps, int kStages>
+// Q tile + kStages stages of a K and a V tile. Key split (16-row tiles, the warps share the rows and split
+// each K/V tile's keys): the Q tile is 16 rows.
+template <int D, int kWarps, int kStages, bool kKeySplit = false>
 constexpr size_t flash_shared_bytes() {
-  return size_t(16 * kWarps + 2 * kStages * kFlashBlockN) * (D + kFlashRowPad) * sizeof(__nv_bfloat16);
+  constexpr int kRows = kKeySplit ? 16 : 16 * kWarps;
+  return size_t(kRows + 2 * kStages * kFlashBlockN) * (D + kFlashRowPad) * sizeof(__nv_bfloat16);
 }
 
 // Grid: x = row tiles of kBlockM rows (an upper bound; CTAs past the last tile exit), y = Hkv, z = splits.
@@ -253,17 +255,23 @@ constexpr size_t flash_shared_bytes() {
 // Occupancy target: 16 warps per SM at D 64 (caps registers at 128), 8 at D 128 (its 204 registers).
 // K/V ring of kStages stages: tile it + kStages - 1 (K and V) is requested at the top of iteration it, so
 // kStages - 1 tiles are in flight while one is computed (decode: few tiles per CTA, latency-bound).
-template <int D, int kWarps, int kStages>
+// kKeySplit (decode: a token's G ≤ 16 rows fill one 16-row tile): tiles of 16 rows; every warp computes
+// those rows against its own kFlashBlockN / kWarps keys of each K/V tile (its own running max, sum and
+// accumulator), and the warps' partial softmax states merge through shared memory at the end — the chain
+// of mma per K/V tile a CTA waits on is a quarter as long, the loads are the same.
+template <int D, int kWarps, int kStages, bool kKeySplit = false>
 __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarps)
     flash_attention_kernel(const __grid_constant__ FlashKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   static_assert(kStages >= 2);
-  constexpr int kBlockM = 16 * kWarps;       // rows per tile
+  constexpr int kBlockM = kKeySplit ? 16 : 16 * kWarps;  // rows per tile
   constexpr int kThreads = 32 * kWarps;
   constexpr int kStride = D + kFlashRowPad;  // bf16 per shared row
   constexpr int kChunksPerRow = D / 8;       // 16-byte chunks per row
   constexpr int kDimTiles = D / 8;           // n-tiles of the output
-  constexpr int kKeyTiles = kFlashBlockN / 8;
+  constexpr int kWarpKeys = kKeySplit ? kFlashBlockN / kWarps : kFlashBlockN;  // keys of a K/V tile per warp
+  constexpr int kKeyTiles = kWarpKeys / 8;
+  static_assert(kWarpKeys % 16 == 0, "P·V takes keys 16 at a time");
   extern __shared__ __align__(16) unsigned char flash_smem[];
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>(flash_smem);  // [kBlockM, kStride] bf16
   auto* k_smem = q_smem + kBlockM * kStride;                     // [kStages, kFlashBlockN, kStride] bf16
@@ -392,10 +400,13 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   }
 
   // 3. This thread's two rows (mma fragment rows lane/4 and lane/4 + 8 of the warp's 16).
-  const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
-  const bool warp_has_rows = warp * 16 < valid_rows;  // warps of padding rows only load
+  const int warp_row0 = kKeySplit ? 0 : warp * 16;       // key split: every warp has the tile's 16 rows
+  const int warp_key0 = kKeySplit ? warp * kWarpKeys : 0;  // ... and its own share of each K/V tile's keys
+  const int row0 = warp_row0 + lane / 4, row1 = row0 + 8;
+  const bool warp_has_rows = kKeySplit || warp * 16 < valid_rows;  // warps of padding rows only load
   float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-  if (p.sinks != nullptr && split == 0) {  // the sink joins the softmax once, as a key with no value
+  // The sink joins the softmax once, as a key with no value (key split: in warp 0's state).
+  if (p.sinks != nullptr && split == 0 && (!kKeySplit || warp == 0)) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int head = row_head[i == 0 ? row0 : row1];
@@ -429,7 +440,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       if (it == 0) {
 #pragma unroll
         for (int kd = 0; kd < D / 16; ++kd) {
-          ldmatrix_x4(q_frag[kd], q_smem + (warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kd * 16 +
+          ldmatrix_x4(q_frag[kd], q_smem + (warp_row0 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kd * 16 +
                                       lane / 16 * 8);
         }
       }
@@ -441,7 +452,8 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 #pragma unroll
         for (int np = 0; np < kKeyTiles / 2; ++np) {
           unsigned k_frag[4];  // b0, b1 of key tile 2np, then of 2np + 1
-          ldmatrix_x4(k_frag, k_tile + (np * 16 + lane / 16 * 8 + lane % 8) * kStride + kd * 16 + (lane / 8) % 2 * 8);
+          ldmatrix_x4(k_frag, k_tile + (warp_key0 + np * 16 + lane / 16 * 8 + lane % 8) * kStride + kd * 16 +
+                                  (lane / 8) % 2 * 8);
           mma_bf16(score[2 * np], q_frag[kd], k_frag[0], k_frag[1]);
           mma_bf16(score[2 * np + 1], q_frag[kd], k_frag[2], k_frag[3]);
         }
@@ -453,7 +465,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = e / 2, key = key0 + n * 8 + (lane % 4) * 2 + e % 2;
+          const int i = e / 2, key = key0 + warp_key0 + n * 8 + (lane % 4) * 2 + e % 2;
           float s = score[n][e] * p.scale_log2;
           if (needs_mask && (key > pos[i] || key < lo[i])) s = -INFINITY;
           score[n][e] = s;
@@ -491,7 +503,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     if (warp_has_rows) {
       const __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
 #pragma unroll
-      for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
         // P's accumulator fragments of key tiles 2kk, 2kk + 1 are the A fragment of keys [16kk, 16kk + 16).
         // P goes in as bf16 high + low parts (two mma per V fragment): P rounded once to bf16 errs by up to
         // 2^-9 per weight, which measured 7.2e-3 scaled error over 2·10^5 outputs at context 1000 — too close
@@ -504,8 +516,8 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 #pragma unroll
         for (int dp = 0; dp < kDimTiles / 2; ++dp) {
           unsigned v_frag[4];  // b0, b1 of dim tile 2dp, then of 2dp + 1
-          ldmatrix_x4_trans(v_frag, v_tile + (kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + dp * 16 +
-                                        lane / 16 * 8);
+          ldmatrix_x4_trans(v_frag, v_tile + (warp_key0 + kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride +
+                                        dp * 16 + lane / 16 * 8);
           mma_bf16(acc[2 * dp], p_high, v_frag[0], v_frag[1]);
           mma_bf16(acc[2 * dp + 1], p_high, v_frag[2], v_frag[3]);
           mma_bf16(acc[2 * dp], p_low, v_frag[0], v_frag[1]);
@@ -524,6 +536,72 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
   }
   const int64_t rows_total = int64_t(p.tokens) * p.q_heads;
+  if constexpr (kKeySplit) {
+    // The warps' states of the same 16 rows merge in the K/V stages (every warp is past its last tile):
+    // m = max_w m_w, sum = Σ_w 2^(m_w - m)·sum_w, acc = Σ_w 2^(m_w - m)·acc_w; a warp that saw no key
+    // (m_w = -inf) weighs 0. Then out, or this split's partial triple.
+    static_assert(size_t(kWarps) * 16 * (D + 2) * sizeof(float) <=
+                      size_t(2 * kStages * kFlashBlockN) * kStride * sizeof(__nv_bfloat16),
+                  "the merge scratch fits in the K/V stages");
+    __syncthreads();
+    float* merge_acc = reinterpret_cast<float*>(k_smem);  // [kWarps, 16, D]
+    float* merge_max = merge_acc + kWarps * 16 * D;       // [kWarps, 16]
+    float* merge_sum = merge_max + kWarps * 16;           // [kWarps, 16]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = i == 0 ? row0 : row1;
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        *reinterpret_cast<float2*>(merge_acc + (warp * 16 + r) * D + n * 8 + (lane % 4) * 2) =
+            make_float2(acc[n][2 * i], acc[n][2 * i + 1]);
+      }
+      if (lane % 4 == 0) {
+        merge_max[warp * 16 + r] = running_max[i];
+        merge_sum[warp * 16 + r] = sum[i];
+      }
+    }
+    __syncthreads();
+    constexpr int kThreadsPerRow = kThreads / 16, kDims = D / kThreadsPerRow;  // kThreads / 16 per row
+    static_assert(kDims % 2 == 0);
+    const int r = threadIdx.x / kThreadsPerRow, d0 = threadIdx.x % kThreadsPerRow * kDims;
+    if (r >= valid_rows) return;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, merge_max[w * 16 + r]);
+    float weight[kWarps], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float m_w = merge_max[w * 16 + r];
+      weight[w] = m_w == -INFINITY ? 0.0f : exp2f(m_w - m);
+      total += weight[w] * merge_sum[w * 16 + r];
+    }
+    float o[kDims];
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) {
+      o[j] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) o[j] += weight[w] * merge_acc[(w * 16 + r) * D + d0 + j];
+    }
+    const int64_t row = int64_t(row_token[r]) * p.q_heads + row_head[r];  // token * Hq + head
+    if (p.splits == 1) {
+      const float inv = 1.0f / total;
+#pragma unroll
+      for (int j = 0; j < kDims; j += 2) {
+        *reinterpret_cast<__nv_bfloat162*>(p.out + row * D + d0 + j) = __floats2bfloat162_rn(o[j] * inv, o[j + 1] * inv);
+      }
+    } else {
+      const int64_t partial_row = int64_t(split) * rows_total + row;
+#pragma unroll
+      for (int j = 0; j < kDims; j += 2) {
+        *reinterpret_cast<float2*>(p.partial_acc + partial_row * D + d0 + j) = make_float2(o[j], o[j + 1]);
+      }
+      if (d0 == 0) {
+        p.partial_max[partial_row] = m;
+        p.partial_sum[partial_row] = total;
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = i == 0 ? row0 : row1;
@@ -613,33 +691,38 @@ int multiprocessor_count() {
 }
 
 // Sets a flash kernel's shared-memory attribute and returns how many of its CTAs one SM holds.
-template <int D, int kWarps, int kStages>
+template <int D, int kWarps, int kStages, bool kKeySplit = false>
 int prepare_flash_kernel() {
-  constexpr size_t shared_bytes = flash_shared_bytes<D, kWarps, kStages>();
-  LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, kWarps, kStages>,
+  constexpr size_t shared_bytes = flash_shared_bytes<D, kWarps, kStages, kKeySplit>();
+  LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, kWarps, kStages, kKeySplit>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
   int ctas = 0;
-  LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, flash_attention_kernel<D, kWarps, kStages>,
-                                                               32 * kWarps, shared_bytes));
+  LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &ctas, flash_attention_kernel<D, kWarps, kStages, kKeySplit>, 32 * kWarps, shared_bytes));
   return std::max(ctas, 1);
 }
 
-// Resident CTAs per SM of the flash kernel for (D, warps, K/V stages). All configurations are prepared
-// together on the first flash call, once per process: that call must be eager (not captured), as the
-// callers' warm-up is. Built: 2 stages at every (D, warps); 3 stages at 4 warps (decode, split-KV).
-int flash_ctas_per_sm(int64_t head_dim, int warps, int stages) {
-  static const std::array<int, 6> resident = {prepare_flash_kernel<64, 4, 2>(),  prepare_flash_kernel<64, 8, 2>(),
-                                              prepare_flash_kernel<128, 4, 2>(), prepare_flash_kernel<128, 8, 2>(),
-                                              prepare_flash_kernel<64, 4, 3>(),  prepare_flash_kernel<128, 4, 3>()};
+// Resident CTAs per SM of the flash kernel for (D, warps, K/V stages, key split). All configurations are
+// prepared together on the first flash call, once per process: that call must be eager (not captured), as
+// the callers' warm-up is. Built: 2 stages at every (D, warps); 3 stages at 4 warps (decode, split-KV); the
+// key split at 4 warps, 2 stages.
+int flash_ctas_per_sm(int64_t head_dim, int warps, int stages, bool key_split = false) {
+  static const std::array<int, 8> resident = {
+      prepare_flash_kernel<64, 4, 2>(),        prepare_flash_kernel<64, 8, 2>(),
+      prepare_flash_kernel<128, 4, 2>(),       prepare_flash_kernel<128, 8, 2>(),
+      prepare_flash_kernel<64, 4, 3>(),        prepare_flash_kernel<128, 4, 3>(),
+      prepare_flash_kernel<64, 4, 2, true>(),  prepare_flash_kernel<128, 4, 2, true>()};
+  if (key_split) return resident[size_t(head_dim == 64 ? 6 : 7)];
   if (stages == 3) return resident[size_t(head_dim == 64 ? 4 : 5)];
   return resident[size_t((head_dim == 64 ? 0 : 2) + (warps == 8 ? 1 : 0))];
 }
 
-template <int D, int kWarps, int kStages>
+template <int D, int kWarps, int kStages, bool kKeySplit = false>
 void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
-  (void)flash_ctas_per_sm(D, kWarps, kStages);
+  (void)flash_ctas_per_sm(D, kWarps, kStages, kKeySplit);
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_attention_kernel<D, kWarps, kStages>, dim3(grid), dim3(32 * kWarps), flash_shared_bytes<D, kWarps, kStages>(), stream, params);
+  detail::launch(flash_attention_kernel<D, kWarps, kStages, kKeySplit>, dim3(grid), dim3(32 * kWarps),
+                 flash_shared_bytes<D, kWarps, kStages, kKeySplit>(), stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -766,19 +849,25 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     std::abort();
   }
 
-  // Row tiles of 64 or 128 rows: Σ_b ceil(rows_b / M) <= ceil(T·G / M) + B, and never more than T·G rows.
+  // Row tiles of 16, 64 or 128 rows: Σ_b ceil(rows_b / M) <= ceil(T·G / M) + B, and never more than T·G.
   // 128 (8 warps) when sequences average a full tile and those tiles alone fill the GPU (prefill);
-  // 64 (4 warps) otherwise: decode rows fill only G of a tile, and the split needs CTAs, not rows.
+  // 16 with the key split (4 warps share the rows, each takes a quarter of every K/V tile's keys) when the
+  // sequences average at most 16 rows and T is in the split-KV range (decode: G rows per token); 64 (4
+  // warps) otherwise: short chunks, and the split needs CTAs, not rows.
   const int64_t rows = tokens * group;
   auto row_tiles_of = [&](int64_t block_m) { return std::min(rows, (rows + block_m - 1) / block_m + seqs); };
   const int64_t sms = multiprocessor_count();
   int warps = 4;
+  bool key_split = false;
   if (launch.flash_rows == 128) {
     warps = 8;
+  } else if (launch.flash_rows == 16) {
+    key_split = true;
   } else if (launch.flash_rows == 0) {
     if (rows >= 128 * seqs && row_tiles_of(128) * kv_heads >= sms * flash_ctas_per_sm(head_dim, 8, 2)) warps = 8;
+    else if (rows <= 16 * seqs && tokens <= kMaxSplitTokens && launch.kv_stages != 3) key_split = true;
   } else if (launch.flash_rows != 64) {
-    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.flash_rows: expected 0, 64 or 128, found %d\n",
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.flash_rows: expected 0, 16, 64 or 128, found %d\n",
                  launch.flash_rows);
     std::abort();
   }
@@ -789,13 +878,13 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
                  launch.kv_stages);
     std::abort();
   }
-  if (launch.kv_stages == 3 && launch.flash_rows == 128) {
+  if (launch.kv_stages == 3 && (launch.flash_rows == 128 || launch.flash_rows == 16)) {
     std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages 3 is built for 64-row tiles only, "
-                 "found flash_rows 128\n");
+                 "found flash_rows %d\n", launch.flash_rows);
     std::abort();
   }
-  int stages = warps == 8 ? 2 : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
-  const int64_t row_tiles = row_tiles_of(16 * warps);
+  int stages = warps == 8 || key_split ? 2 : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
+  const int64_t row_tiles = row_tiles_of(key_split ? 16 : 16 * warps);
   LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
 
   int splits = 1;
@@ -820,7 +909,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     // Split when the CTAs do not fill one wave; then aim at two waves (the quantisation of a partial last
     // wave stays small), with at least two key tiles per split so each CTA keeps its two-stage ring busy.
     const int64_t ctas = row_tiles * kv_heads;
-    const int64_t slots = sms * flash_ctas_per_sm(head_dim, warps, stages);
+    const int64_t slots = sms * flash_ctas_per_sm(head_dim, warps, stages, key_split);
     const int64_t context = p.sliding_window > 0 ? std::min<int64_t>(p.sliding_window + tokens, max_pages * page_size)
                                                  : max_pages * page_size;
     const int64_t key_tiles = (context + kFlashBlockN - 1) / kFlashBlockN;
@@ -851,7 +940,10 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .sliding_window = p.sliding_window,
       .splits = splits,
       .scale_log2 = p.softmax_scale * kLog2e};
-  if (head_dim == 64 && warps == 4) {
+  if (key_split) {
+    if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
+    else launch_flash<128, 4, 2, true>(params, unsigned(row_tiles), stream);
+  } else if (head_dim == 64 && warps == 4) {
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64) {

@@ -16,7 +16,8 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream);
 
 // The attention kernels. kAuto is the serving choice; tests and the bench pin one to compare them.
 //  kSimple:  one warp per (token, q head), any D <= 256 (the fallback for D not in {64, 128}).
-//  kFlash:   tensor-core tiles of 64 or 128 (token, q head of the GQA group) rows, K/V tiles of 64 keys.
+//  kFlash:   tensor-core tiles of 16 (key split), 64 or 128 (token, q head of the GQA group) rows, K/V
+//            tiles of 64 keys.
 //  kSplitKv: the same tiles with each row tile's keys split over several CTAs (flash-decoding) and a
 //            combine kernel; needs the workspace.
 enum class AttentionKernel { kAuto, kSimple, kFlash, kSplitKv };
@@ -26,7 +27,8 @@ struct AttentionLaunch {
   void* workspace = nullptr;   // device, 16-byte aligned; partial (max, sum, acc) of split-KV rows
   size_t workspace_bytes = 0;  // from attention_workspace_bytes(); fewer bytes = fewer splits (never an error)
   AttentionKernel kernel = AttentionKernel::kAuto;
-  int flash_rows = 0;          // flash row tile: 0 = the launcher's choice, 64 or 128 pins it (tests, bench)
+  int flash_rows = 0;          // flash row tile: 0 = the launcher's choice, 16 (4 warps split each K/V tile's
+                               // keys over the same rows: decode), 64 or 128 pins it (tests, bench)
   int splits = 0;              // pinned kSplitKv: 0 = as many as the workspace holds, n = min(n, that) (bench)
   int kv_stages = 0;           // K/V ring depth of 64-row flash tiles: 0 = the launcher's choice, 2 or 3
                                // (128-row tiles use 2; pinning 3 with flash_rows 128 is an error)
