@@ -168,7 +168,7 @@ int main_impl() {
     const Batch decode = make_batch(rng, 16, 2000, 1);
     const size_t bytes = cuda::attention_workspace_bytes(decode.tokens, kQHeads, kHeadDim);
     OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
-    run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {4, 6, 8, 16}, stream);
+    run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {2, 4, 6, 8, 16}, stream);
     run("decode B 16, context 2000, win 128", decode, 128, workspace.view.data, bytes, {2}, stream);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
