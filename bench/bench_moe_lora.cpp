@@ -219,7 +219,8 @@ void bench_dense(const char* name, int64_t in, int64_t out, int64_t tokens, cuda
   // batches); the launcher picks by size (lora_dense.cuh).
   for (int path : {1, 0}) {
     if (path == 0 && tokens > cuda::kMoeLoraSmallMaxPairs) continue;
-    for (const cuda::MoeLoraConfig& config : {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}}) {
+    for (const cuda::MoeLoraConfig& config :
+         {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}, cuda::kLoraDenseConfig}) {
       print_row((std::string("dense ") + name + (path == 0 ? " direct" : " tiled") + knob_suffix(config)).c_str(),
                 tokens, bytes, flops, time_graph(stream, [&](int i) {
                   const int c = i % kDenseCopies;
@@ -227,6 +228,44 @@ void bench_dense(const char* name, int64_t in, int64_t out, int64_t tokens, cuda
                                    scratch, config, stream, path);
                 }));
     }
+  }
+}
+
+// The q|k|v group of a GPT-OSS-20B layer (2880 -> 4096, 512, 512 sharing x and token_slot) as the model
+// calls it (lora_dense_group: one align on the tiled path), under the backend's config and the default one.
+void bench_dense_group(int64_t tokens, cudaStream_t stream, Rng& rng) {
+  constexpr int64_t kIn = kHidden;
+  const int64_t outs[3] = {4096, 512, 512};
+  std::vector<OwnedTensor> a[3], b[3], y;
+  for (int part = 0; part < 3; ++part) {
+    for (int c = 0; c < kDenseCopies; ++c) {
+      a[part].push_back(random_device_bf16(rng, {kSlots, kRank, kIn}));
+      b[part].push_back(random_device_bf16(rng, {kSlots, outs[part], kRank}));
+    }
+    y.push_back(random_device_bf16(rng, {tokens, outs[part]}));
+  }
+  OwnedTensor rank = OwnedTensor::host(DType::I32, {kSlots}), h_slot = OwnedTensor::host(DType::I32, {tokens});
+  for (int64_t s = 0; s < kSlots; ++s) rank.view.ptr<int32_t>()[s] = int32_t(kRank);
+  for (int64_t t = 0; t < tokens; ++t) h_slot.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
+  OwnedTensor d_rank = cuda::upload(rank), d_slot = cuda::upload(h_slot);
+  OwnedTensor x = random_device_bf16(rng, {tokens, kIn});
+  const cuda::LoraDenseScratch scratch = cuda::lora_dense_scratch(tokens, kSlots, kRank);
+  const double touched = double(std::min<int64_t>(tokens, kSlots));
+  double bytes = double(tokens) * kIn * 2, flops = 0;
+  for (int64_t out : outs) {
+    bytes += touched * kRank * (kIn + out) * 2 + 2.0 * double(tokens) * out * 2;
+    flops += 2.0 * double(tokens) * kRank * (kIn + out);
+  }
+  for (const cuda::MoeLoraConfig& config : {cuda::kLoraDenseConfig, cuda::MoeLoraConfig{}}) {
+    print_row(("dense q|k|v group" + knob_suffix(config)).c_str(), tokens, bytes, flops, time_graph(stream, [&](int i) {
+                const int c = i % kDenseCopies;
+                ops::LoraParams parts[3];
+                for (int part = 0; part < 3; ++part) {
+                  parts[part] = {.x = x, .token_slot = d_slot, .w = {.a = a[part][c], .b = b[part][c], .rank = d_rank},
+                                 .y = y[size_t(part)]};
+                }
+                cuda::lora_dense_group(parts, scratch, config, stream);
+              }));
   }
 }
 
@@ -256,6 +295,7 @@ int main() {
   for (int64_t tokens : {16, 2048}) {
     bench_dense("q_proj", kHidden, 4096, tokens, stream, rng);
     bench_dense("o_proj", 4096, kHidden, tokens, stream, rng);
+    bench_dense_group(tokens, stream, rng);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;

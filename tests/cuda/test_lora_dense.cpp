@@ -153,7 +153,7 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
                                         {16, 8, 32, 2880, {4096, 512, 512}, true},
                                         {64, 5, 64, 2048, {4096, 512, 512}, false},
                                         {7, 3, 16, 264, {130, 8, 2}, false},
-                                        {300, 8, 32, 2880, {4096, 512, 512}, false}};  // tiled: one call per part
+                                        {300, 8, 32, 2880, {4096, 512, 512}, false}};  // tiled: one align
   for (const GroupCase& c : cases) {
     SCOPED_TRACE("T " + std::to_string(c.tokens) + " S " + std::to_string(c.slots) + " R " +
                  std::to_string(c.capacity_rank) + " in " + std::to_string(c.in) +
@@ -204,7 +204,9 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
                            .w = skip ? ops::LoraStack{} : ops::LoraStack{.a = d_a[size_t(i)], .b = d_b[size_t(i)], .rank = d_rank[size_t(i)]},
                            .y = d_y.back()});
         }
-        cuda::lora_dense_group(group, scratch, {.pdl = repeat == 0}, stream_, path);
+        // repeat 1: no PDL, and the backend's 64-output expand chunks
+        cuda::lora_dense_group(group, scratch, repeat == 0 ? cuda::MoeLoraConfig{} : cuda::MoeLoraConfig{.pdl = false, .expand_block_n = 64},
+                               stream_, path);
         sync();
         for (int64_t i = 0; i < parts; ++i) {
           EXPECT_TRUE(all_close(cuda::download(d_y[size_t(i)]), want[size_t(i)], kTolBf16Out)) << "y of part " << i;

@@ -913,7 +913,14 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     const int64_t context = p.sliding_window > 0 ? std::min<int64_t>(p.sliding_window + tokens, max_pages * page_size)
                                                  : max_pages * page_size;
     const int64_t key_tiles = (context + kFlashBlockN - 1) / kFlashBlockN;
-    if (ctas < slots) splits = int(std::clamp<int64_t>(std::min((2 * slots + ctas - 1) / ctas, key_tiles / 2), 1, fit));
+    // The key split aims at one full wave (floor, not ceil: a few CTAs of a second wave would cost a whole
+    // CTA's latency): its CTAs are four times quicker per K/V tile, so a second wave only adds metadata and Q
+    // latency (GPT-OSS-20B decode 16 × 2000, 4 CTAs per SM: x4 37.5 µs, x8 41.3, x6 46.2 — uneven shares of
+    // 32 tiles — against 64-row tiles' best 45.3; perf-log run 32).
+    if (ctas < slots) {
+      const int64_t wanted = key_split ? slots / ctas : (2 * slots + ctas - 1) / ctas;
+      splits = int(std::clamp<int64_t>(std::min(wanted, key_tiles / 2), 1, fit));
+    }
   }
 
   auto* workspace = static_cast<float*>(launch.workspace);

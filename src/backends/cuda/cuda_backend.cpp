@@ -206,13 +206,13 @@ void CudaBackend::set_programmatic_launches(bool on) {
 
 void CudaBackend::lora(const ops::LoraParams& p) {
   if (!p.w.defined()) return;
-  lora_dense(p, lora_scratch(p), MoeLoraConfig{}, stream_);
+  lora_dense(p, lora_scratch(p), kLoraDenseConfig, stream_);
 }
 
 void CudaBackend::lora_group(std::span<const ops::LoraParams> parts) {
   for (const ops::LoraParams& p : parts) {
     if (p.w.defined()) {
-      lora_dense_group(parts, lora_scratch(p), MoeLoraConfig{}, stream_);
+      lora_dense_group(parts, lora_scratch(p), kLoraDenseConfig, stream_);
       return;
     }
   }

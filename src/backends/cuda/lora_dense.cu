@@ -91,36 +91,29 @@ MoeLoraSmallParams direct_params(const ops::LoraParams& p, const LoraDenseScratc
           .pdl = pdl};
 }
 
-}  // namespace
-
-void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
-                cudaStream_t stream, int path) {
-  if (!p.w.defined()) return;  // no resident adapter targets this projection: nothing is launched
-  check_part(p, scratch, "lora_dense");
+// The tiled path of one part: (align by slot, unless `aligned` says this batch's tiles are already in the
+// scratch) + shrink + expand.
+void tiled_part(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
+                cudaStream_t stream, bool aligned) {
   const int64_t tokens = p.x.dim(0), slots = p.w.a.dim(0), capacity_rank = p.w.a.dim(1);
-  if (tokens == 0) return;
-  if (path == 0 || (path < 0 && moe_lora_small_fits(tokens))) {
-    const MoeLoraSmallParams small = direct_params(p, scratch, 0, config.pdl);
-    moe_lora_small_shrink(small, stream);
-    moe_lora_small_expand(small, stream);
-    return;
-  }
   const Tensor z(scratch.z.view.data, DType::F32, {tokens, capacity_rank}, Device::kCuda);
   // Views of the scratch for this T (moe_align wants its outputs sized for exactly this batch).
   const int64_t capacity = moe_align_capacity(tokens, slots, kMoeLoraBlockM);
   const Tensor sorted_pairs(scratch.sorted_pairs.view.data, DType::I32, {capacity}, Device::kCuda);
   const Tensor tile_group(scratch.tile_group.view.data, DType::I32, {capacity / kMoeLoraBlockM}, Device::kCuda);
-  moe_align({.token_slot = p.token_slot,
-             .experts = 1,
-             .slots = slots,
-             .block_m = kMoeLoraBlockM,
-             .sorted_pairs = sorted_pairs,
-             .tile_group = tile_group,
-             .group_offsets = scratch.group_offsets,
-             .num_tiles = scratch.num_tiles,
-             .workspace = scratch.workspace,
-             .single_expert = true},
-            stream);
+  if (!aligned) {
+    moe_align({.token_slot = p.token_slot,
+               .experts = 1,
+               .slots = slots,
+               .block_m = kMoeLoraBlockM,
+               .sorted_pairs = sorted_pairs,
+               .tile_group = tile_group,
+               .group_offsets = scratch.group_offsets,
+               .num_tiles = scratch.num_tiles,
+               .workspace = scratch.workspace,
+               .single_expert = true},
+              stream);
+  }
   const MoeLoraParams params{
       .x = p.x,
       .w = one_expert(p.w),
@@ -135,6 +128,23 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
       .tile_counters = scratch.tile_counters};
   moe_lora_shrink(params, stream);
   moe_lora_expand(params, stream);
+}
+
+}  // namespace
+
+void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
+                cudaStream_t stream, int path) {
+  if (!p.w.defined()) return;  // no resident adapter targets this projection: nothing is launched
+  check_part(p, scratch, "lora_dense");
+  const int64_t tokens = p.x.dim(0);
+  if (tokens == 0) return;
+  if (path == 0 || (path < 0 && moe_lora_small_fits(tokens))) {
+    const MoeLoraSmallParams small = direct_params(p, scratch, 0, config.pdl);
+    moe_lora_small_shrink(small, stream);
+    moe_lora_small_expand(small, stream);
+    return;
+  }
+  tiled_part(p, scratch, config, stream, false);
 }
 
 void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
@@ -169,7 +179,18 @@ void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScr
     moe_lora_small_expand(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
     return;
   }
-  for (const ops::LoraParams& p : parts) lora_dense(p, scratch, config, stream, path);
+  // Tiled: the parts share x and token_slot, and their stacks the slot count, so one align serves all.
+  bool aligned = false;
+  int64_t slots = -1;
+  for (const ops::LoraParams& p : parts) {
+    if (!p.w.defined()) continue;
+    if (slots >= 0 && p.w.a.dim(0) != slots) {
+      detail::contract_failure(op, "w.a", p.w.a, ("the group's slot count S = " + std::to_string(slots)).c_str());
+    }
+    slots = p.w.a.dim(0);
+    tiled_part(p, scratch, config, stream, aligned);
+    aligned = true;
+  }
 }
 
 }  // namespace lmx::cuda

@@ -42,9 +42,13 @@ LoraDenseScratch lora_dense_scratch(int64_t max_tokens, int64_t slots, int64_t c
 void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
                 cudaStream_t stream, int path = -1);
 
+// The MoeLoraConfig the CUDA backend gives the dense calls: the expand in 64-output chunks (the MoE-LoRA's
+// tuned choice at every T >= 16: more CTAs in flight for the same bytes; see perf-log run 32 for dense).
+constexpr MoeLoraConfig kLoraDenseConfig{.expand_block_n = 64};
+
 // Several projections of the same x and token_slot (a layer's q, k and v; ops::Backend::lora_group): on
 // the direct path one shrink and one expand launch for all of them (moe_lora_small.cuh's groups), on the
-// tiled path one lora_dense per part. Parts with undefined w.a are skipped; at most kMoeLoraSmallMaxTargets
+// tiled path one align for the group, then a shrink and an expand per part. Parts with undefined w.a are skipped; at most kMoeLoraSmallMaxTargets
 // parts; each part as lora_dense's contract, and every part's x and token_slot the same tensor.
 void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
                       const MoeLoraConfig& config, cudaStream_t stream, int path = -1);
