@@ -205,8 +205,9 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
                            .y = d_y.back()});
         }
         // repeat 1: no PDL, and the backend's 64-output expand chunks
-        cuda::lora_dense_group(group, scratch, repeat == 0 ? cuda::MoeLoraConfig{} : cuda::MoeLoraConfig{.pdl = false, .expand_block_n = 64},
-                               stream_, path);
+        const cuda::MoeLoraConfig config =
+            repeat == 0 ? cuda::MoeLoraConfig{} : cuda::MoeLoraConfig{.pdl = false, .expand_block_n = 64};
+        cuda::lora_dense_group(group, scratch, config, stream_, path);
         sync();
         for (int64_t i = 0; i < parts; ++i) {
           EXPECT_TRUE(all_close(cuda::download(d_y[size_t(i)]), want[size_t(i)], kTolBf16Out)) << "y of part " << i;
