@@ -242,10 +242,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     }
     // moe_block's configuration: gathered rows, CTA groups of 8 (kAuto: gate_up of the halves layout stays
     // on the ring, as here with cp.async for the weight)
-    print_row("  gate_up fused, warp-spec., A gathered, CTA groups 8", tokens, gate_up_bytes, gate_up_flops,
-              time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
-    print_row("  down, warp-spec., A gathered, CTA groups 8", tokens, down_bytes, down_flops,
-              time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 0, 8), stream); }));
+    for (int block_n : {128, 256}) {  // 128 is moe_block's choice; 256: twice the FLOPs per byte from L2
+      const std::string suffix = ", warp-spec., A gathered, CTA groups 8" + std::string(block_n == 256 ? ", N 256" : "");
+      print_row(("  gate_up fused" + suffix).c_str(), tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, block_n, 8), stream); }));
+      print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,
+                time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, block_n, 8), stream); }));
+    }
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
   }
   print_row("  combine", tokens, combine_bytes, 0, time([&](int) {
