@@ -908,7 +908,12 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
   } else if (launch.kernel == AttentionKernel::kAuto && fit >= 2 && tokens <= kMaxSplitTokens) {
     // Split when the CTAs do not fill one wave; then aim at two waves (the quantisation of a partial last
     // wave stays small), with at least two key tiles per split so each CTA keeps its two-stage ring busy.
-    const int64_t ctas = row_tiles * kv_heads;
+    // CTAs that do work: the grid's row tiles are an upper bound (ceil(T·G / M) + B) that counts a partial
+    // tile per sequence; with the key split (M 16) sequences of equal rows (decode: G rows each) hold
+    // B · ceil(rows / (B · 16)) tiles — GPT-OSS-20B decode 16, not the bound's 24.
+    const int64_t work_tiles =
+        key_split ? std::min(row_tiles, seqs * ((rows + 16 * seqs - 1) / (16 * seqs))) : row_tiles;
+    const int64_t ctas = work_tiles * kv_heads;
     const int64_t slots = sms * flash_ctas_per_sm(head_dim, warps, stages, key_split);
     const int64_t context = p.sliding_window > 0 ? std::min<int64_t>(p.sliding_window + tokens, max_pages * page_size)
                                                  : max_pages * page_size;
@@ -916,7 +921,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     // The key split aims at one full wave (floor, not ceil: a few CTAs of a second wave would cost a whole
     // CTA's latency): its CTAs are four times quicker per K/V tile, so a second wave only adds metadata and Q
     // latency (GPT-OSS-20B decode 16 × 2000, 4 CTAs per SM: x4 37.5 µs, x8 41.3, x6 46.2 — uneven shares of
-    // 32 tiles — against 64-row tiles' best 45.3; perf-log run 32).
+    // 32 tiles — x2 63.7, against 64-row tiles' best 45.1; perf-log runs 32–33).
     if (ctas < slots) {
       const int64_t wanted = key_split ? slots / ctas : (2 * slots + ctas - 1) / ctas;
       splits = int(std::clamp<int64_t>(std::min(wanted, key_tiles / 2), 1, fit));
