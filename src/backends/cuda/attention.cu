@@ -58,14 +58,27 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats as two bf16 pairs, x in the low halves (the lower k index of an mma fragment): `high` rounds
-// them, `low` rounds what that left, so high + low carries ~16 mantissa bits (error ~2^-17 relative).
-__device__ __forceinline__ void pack_bf16_split(float x, float y, unsigned& high, unsigned& low) {
-  const __nv_bfloat162 rounded = __floats2bfloat162_rn(x, y);
-  const float2 back = __bfloat1622float2(rounded);
-  const __nv_bfloat162 rest = __floats2bfloat162_rn(x - back.x, y - back.y);
-  high = *reinterpret_cast<const unsigned*>(&rounded);
-  low = *reinterpret_cast<const unsigned*>(&rest);
+// d += a·b, m16n8k16, fp16 in, fp32 accumulate: P·V. P in [0, 1] as fp16 keeps 11 significant bits (bf16
+// would keep 8: measured 7.2e-3 scaled error at context 1000, too near kTolBf16Out); V's bf16 values are
+// exact in fp16 between 2^-14 and 65504 (smaller ones lose bits below 2^-24, larger saturate).
+__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as an fp16 pair, x in the low half (the lower k index of an mma fragment), rounded to nearest,
+// magnitudes above 65504 saturated.
+__device__ __forceinline__ unsigned pack_f16(float x, float y) {
+  unsigned packed;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(y), "f"(x));
+  return packed;
+}
+
+// A bf16 pair (a fragment register) as the fp16 pair of the same values.
+__device__ __forceinline__ unsigned bf16x2_to_f16x2(unsigned v) {
+  return pack_f16(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
 // ---- kernels ------------------------------------------------------------------------------------------
@@ -504,24 +517,20 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       const __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
 #pragma unroll
       for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
-        // P's accumulator fragments of key tiles 2kk, 2kk + 1 are the A fragment of keys [16kk, 16kk + 16).
-        // P goes in as bf16 high + low parts (two mma per V fragment): P rounded once to bf16 errs by up to
-        // 2^-9 per weight, which measured 7.2e-3 scaled error over 2·10^5 outputs at context 1000 — too close
-        // to kTolBf16Out (7.8e-3); the split leaves only the output rounding (~3e-3). Doubles the P·V mma.
-        unsigned p_high[4], p_low[4];
-        pack_bf16_split(score[2 * kk][0], score[2 * kk][1], p_high[0], p_low[0]);
-        pack_bf16_split(score[2 * kk][2], score[2 * kk][3], p_high[1], p_low[1]);
-        pack_bf16_split(score[2 * kk + 1][0], score[2 * kk + 1][1], p_high[2], p_low[2]);
-        pack_bf16_split(score[2 * kk + 1][2], score[2 * kk + 1][3], p_high[3], p_low[3]);
+        // P's accumulator fragments of key tiles 2kk, 2kk + 1 are the A fragment of keys [16kk, 16kk + 16),
+        // as fp16 (see mma_f16); V's fragments are converted to fp16 in registers.
+        unsigned p_frag[4];
+        p_frag[0] = pack_f16(score[2 * kk][0], score[2 * kk][1]);
+        p_frag[1] = pack_f16(score[2 * kk][2], score[2 * kk][3]);
+        p_frag[2] = pack_f16(score[2 * kk + 1][0], score[2 * kk + 1][1]);
+        p_frag[3] = pack_f16(score[2 * kk + 1][2], score[2 * kk + 1][3]);
 #pragma unroll
         for (int dp = 0; dp < kDimTiles / 2; ++dp) {
           unsigned v_frag[4];  // b0, b1 of dim tile 2dp, then of 2dp + 1
           ldmatrix_x4_trans(v_frag, v_tile + (warp_key0 + kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride +
                                         dp * 16 + lane / 16 * 8);
-          mma_bf16(acc[2 * dp], p_high, v_frag[0], v_frag[1]);
-          mma_bf16(acc[2 * dp + 1], p_high, v_frag[2], v_frag[3]);
-          mma_bf16(acc[2 * dp], p_low, v_frag[0], v_frag[1]);
-          mma_bf16(acc[2 * dp + 1], p_low, v_frag[2], v_frag[3]);
+          mma_f16(acc[2 * dp], p_frag, bf16x2_to_f16x2(v_frag[0]), bf16x2_to_f16x2(v_frag[1]));
+          mma_f16(acc[2 * dp + 1], p_frag, bf16x2_to_f16x2(v_frag[2]), bf16x2_to_f16x2(v_frag[3]));
         }
       }
     }
