@@ -561,6 +561,15 @@ TEST_F(CudaMoeGemm, BadInputNamesTheField) {
   EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .a = short_a},
                                  stream_),
                "moe_gate_up.*a: expected \\[8, 64\\] BF16");
+  // The LoRA delta goes into the fused activation only, and needs every token's slot.
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .h = h,
+                                  .lora_h = h, .token_slot = cuda::empty(DType::I32, {tokens})},
+                                 stream_),
+               "moe_gate_up.*lora_h is added before the fused activation");
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .a = a,
+                                  .lora_h = h, .token_slot = cuda::empty(DType::I32, {tokens + 1})},
+                                 stream_),
+               "moe_gate_up.*token_slot: expected \\[4\\] I32");
   cuda::MoeExpertTiles wrong_block = tiles.view;
   wrong_block.block_m = 32;
   EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = wrong_block, .d = h}, stream_),

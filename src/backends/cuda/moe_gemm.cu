@@ -75,6 +75,8 @@ struct GemmKernelParams {
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
+  const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
+  const int32_t* token_slot;    // with lora_h: [T] i32; the delta is added where token_slot[pair / row_div] >= 0
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -145,12 +147,17 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
   if (column >= p.n) return;
   const int64_t inter = p.n / 2;
   const bool has_second = column + 1 < p.n;
+  const int64_t row0 = p.halves ? column / 2 : column;  // the two columns' weight rows
+  const int64_t row1 = p.halves ? inter + column / 2 : column + 1;
   if (p.bias != nullptr) {
     const __nv_bfloat16* bias = p.bias + int64_t(expert) * p.n;
-    const int64_t row0 = p.halves ? column / 2 : column;
-    const int64_t row1 = p.halves ? inter + column / 2 : column + 1;
     v0 += __bfloat162float(bias[row0]);
     if (has_second) v1 += __bfloat162float(bias[row1]);
+  }
+  if (p.lora_h != nullptr && p.token_slot[pair / p.row_div] >= 0) {  // the MoE-LoRA's delta of h (fused only)
+    const __nv_bfloat16* delta = p.lora_h + int64_t(pair) * p.n;
+    v0 += __bfloat162float(delta[row0]);
+    if (has_second) v1 += __bfloat162float(delta[row1]);
   }
   if (p.fuse_activation) {  // PRECOND n even, so has_second
     // h rounded to bf16 first, as the unfused path stores it: a batch whose tokens have no adapter gives
@@ -1293,6 +1300,17 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   detail::require_cuda(op, {{"x", &p.x}, {p.h.defined() ? "h" : "a", &out}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
   const bool fuse = p.a.defined();
+  if (p.lora_h.defined()) {
+    if (!fuse) fail(op, "lora_h is added before the fused activation: it needs a, not h");
+    if (!is_bf16_matrix(p.lora_h, pairs, rows2) || (reinterpret_cast<uintptr_t>(p.lora_h.data) & 3u) != 0) {
+      detail::contract_failure(op, "lora_h", p.lora_h,
+                               (dims({pairs, rows2}) + " BF16 (T*K rows), 4-byte aligned").c_str());
+    }
+    if (p.token_slot.dtype != DType::I32 || p.token_slot.ndim != 1 || p.token_slot.dim(0) != tokens) {
+      detail::contract_failure(op, "token_slot", p.token_slot, ("[" + std::to_string(tokens) + "] I32").c_str());
+    }
+    detail::require_cuda(op, {{"lora_h", &p.lora_h}, {"token_slot", &p.token_slot}});
+  }
   check_block_n(op, p.block_n, p.tiles.block_m,
                 kernel_for(p.tiles.block_m, p.sorted_rows.defined(), fuse && p.layout == ops::GateUpLayout::kHalves));
   check_decode_stages(op, p.decode_stages);
@@ -1322,7 +1340,9 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
                           .weight_map = {},
-                          .a_map = {}};
+                          .a_map = {},
+                          .lora_h = p.lora_h.defined() ? static_cast<const __nv_bfloat16*>(p.lora_h.data) : nullptr,
+                          .token_slot = p.lora_h.defined() ? static_cast<const int32_t*>(p.token_slot.data) : nullptr};
   check_sorted_rows(op, p.sorted_rows, p.tiles, hidden);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
               stream);
@@ -1396,7 +1416,9 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
                           .weight_map = {},
-                          .a_map = {}};
+                          .a_map = {},
+                          .lora_h = nullptr,
+                          .token_slot = nullptr};
   check_sorted_rows(op, p.sorted_rows, p.tiles, inter);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
               stream);
@@ -1587,7 +1609,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
               stream);
   }
   // y += B·(A·x) for every pair with a slot, by the path chosen above.
-  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+  // overwrite (tiled path only): y = B·(A·x) on those pairs instead of +=.
+  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, bool overwrite = false) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
     if (small) {
       const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w, .z = z,
@@ -1599,7 +1622,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     }
     const MoeLoraParams lp{.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
                            .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
-                           .config = config.lora, .tile_counters = tile_counters};
+                           .config = config.lora, .tile_counters = tile_counters, .overwrite = overwrite};
     moe_lora_shrink(lp, stream);
     moe_lora_expand(lp, stream);
   };
@@ -1616,16 +1639,27 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
+  // The tiled MoE-LoRA of gate_up folds into the fused activation: its expand writes the delta into h
+  // (overwrite: every pair with a slot), and the gate_up epilogue adds it before the activation — no
+  // pre-activation h round trip, no moe_activation. The small path (few pairs) adds into h as before.
+  const bool lora_in_epilogue = lora_gu && !small;
+  const bool fused = !lora_gu || lora_in_epilogue;
   // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
   // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
   const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
                                                                 gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized);
-  const bool fused_halves = !lora_gu && p.layout == ops::GateUpLayout::kHalves;
+  const bool fused_halves = fused && p.layout == ops::GateUpLayout::kHalves;
   if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
-  if (lora_gu) {
-    const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
+  const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
+  if (lora_in_epilogue) {
+    apply_lora(p.lora_gate_up, p.x, h, true);
+    gate_up.a = a;
+    gate_up.lora_h = h;
+    gate_up.token_slot = p.token_slot;
+    moe_gate_up(gate_up, stream);
+  } else if (lora_gu) {
     gate_up.h = h;
     moe_gate_up(gate_up, stream);
     apply_lora(p.lora_gate_up, p.x, h);

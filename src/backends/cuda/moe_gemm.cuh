@@ -80,6 +80,12 @@ struct MoeGateUpParams {
   // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
   // kernels. Undefined: the warp-specialized kernel gathers them by cp.async, kAuto runs the ring.
   Tensor sorted_rows;
+  // The MoE-LoRA folded into the fused activation (moe_block's tiled LoRA path): lora_h [T*K, 2I] bf16 in the
+  // weight's row layout holds the LoRA's delta of h for every pair whose token has a slot (token_slot [T]
+  // i32 >= 0; moe_lora_expand with overwrite writes exactly those rows); the epilogue adds it to h before
+  // the activation. Only with `a` (fused); both undefined = no LoRA term.
+  Tensor lora_h;
+  Tensor token_slot;
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 

@@ -121,6 +121,7 @@ struct LoraKernelParams {
   int pieces;                   // shrink: split_k; expand: ceil(chunks / chunks_per_piece)
   bool piece_fastest;           // MoeLoraCtaOrder::kPieceFastest
   int chunks_per_piece;         // expand: BLOCK_N chunks of `out` per CTA
+  bool overwrite;               // expand: y = z·Bᵀ (not +=), every row of the tiles written (zeros at rank 0)
 };
 
 // (tile, piece) of this CTA under the configured order.
@@ -432,7 +433,7 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   const int group = p.tile_group[tile];
   const int slot = group / p.experts;
   const int rank = p.rank[slot];
-  if (rank == 0) return;
+  if (rank == 0 && !p.overwrite) return;  // overwrite: the tile's rows still get their zeros
   const int chunks = (p.out + kBlockN - 1) / kBlockN;
   const int c_begin = piece * p.chunks_per_piece, c_end = min(c_begin + p.chunks_per_piece, chunks);
   const int rank_vectors = (rank + 7) / 8;  // 8 ranks = 16 bytes of a B row
@@ -449,6 +450,7 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   };
   int valid = 0;                  // real pairs of the tile, known after the B prologue
   auto load_y = [&](int chunk) {  // rows of real pairs only; columns past `out` are never read
+    if (p.overwrite) return;       // y is only written
     const int n0 = chunk * kBlockN;
     ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
     if (p.y_vector) {
@@ -535,12 +537,12 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
       const int col = warp * kWarpN + nt * 8 + 2 * t;
       if (g < valid) {
         auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[g][col]);
-        const float2 old = __bfloat1622float2(*y2);
+        const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
         *y2 = __floats2bfloat162_rn(old.x + acc[0], old.y + acc[1]);
       }
       if (g + 8 < valid) {
         auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[g + 8][col]);
-        const float2 old = __bfloat1622float2(*y2);
+        const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
         *y2 = __floats2bfloat162_rn(old.x + acc[2], old.y + acc[3]);
       }
     }
@@ -670,7 +672,8 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
       .max_tiles = int(max_tiles),
       .pieces = 1,
       .piece_fastest = config.order == MoeLoraCtaOrder::kPieceFastest,
-      .chunks_per_piece = 1};
+      .chunks_per_piece = 1,
+      .overwrite = p.overwrite};
   return {params, int(max_tiles)};
 }
 

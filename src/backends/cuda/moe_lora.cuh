@@ -50,6 +50,9 @@ struct MoeLoraParams {
   int split_k = 0;      // kept for older callers: when nonzero it overrides config.split_k
   MoeLoraConfig config;
   Tensor tile_counters;  // [>= capacity / block_m] i32, all zero at allocation; optional (see above)
+  // Expand only: y = z·Bᵀ instead of y += z·Bᵀ (y is not read): every real row of every tile is written, with
+  // zeros for slots of rank 0 (moe_block's LoRA folded into the fused activation: MoeGateUpParams::lora_h).
+  bool overwrite = false;
 };
 
 // BLOCK_M the kernels are built for (moe_align must use it): one mma.sync M of 16 pairs.
