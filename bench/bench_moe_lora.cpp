@@ -194,11 +194,13 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   }
   // moe_block's gate_up expand since the LoRA folds into the fused activation: y written, not read (the
   // bytes column still counts the read).
-  print_row("  expand gate_up (N 64, overwrite)", tokens, expand_gu_bytes, expand_gu_flops, time_graph(stream, [&](int i) {
-              cuda::MoeLoraParams lp = gate_up(i % kLayers, cuda::MoeLoraConfig{.expand_block_n = 64});
-              lp.overwrite = true;
-              cuda::moe_lora_expand(lp, stream);
-            }));
+  auto overwrite_expand = [&](int i) {
+    cuda::MoeLoraParams lp = gate_up(i % kLayers, cuda::MoeLoraConfig{.expand_block_n = 64});
+    lp.overwrite = true;
+    cuda::moe_lora_expand(lp, stream);
+  };
+  print_row("  expand gate_up (N 64, overwrite)", tokens, expand_gu_bytes, expand_gu_flops,
+            time_graph(stream, overwrite_expand));
   BENCH_CUDA(cudaStreamSynchronize(stream));
 }
 
