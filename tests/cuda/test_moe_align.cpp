@@ -70,8 +70,8 @@ TEST_F(CudaMoeAlign, MatchesReference) {
     OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));  // -1: base tokens
     const Aligned want = align_reference(topk_ids, c.by_slot ? &token_slot.view : nullptr, c.experts, c.slots, c.block_m);
     const int64_t capacity = cuda::moe_align_capacity(pairs, groups, c.block_m);
-    for (int path : {0, 1}) {
-      if (path == 0 && pairs > cuda::kMoeAlignSmallPairs) continue;
+    for (int path : {0, 1, 2}) {
+      if ((path == 0 || path == 2) && pairs > cuda::kMoeAlignSmallPairs) continue;
       SCOPED_TRACE("T " + std::to_string(c.tokens) + " K " + std::to_string(c.top_k) + " E " +
                    std::to_string(c.experts) + " S " + std::to_string(c.slots) + " BLOCK_M " +
                    std::to_string(c.block_m) + (c.by_slot ? " by slot" : " by expert") + " path " + std::to_string(path));

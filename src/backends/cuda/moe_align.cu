@@ -1,11 +1,13 @@
-// MoE sort/align kernels (moe_align.cuh) and their launcher. Two paths with one result:
-//  - one block (up to kMoeAlignSmallPairs = 16384 pairs: decode and prefill chunks): key every pair, a
+// MoE sort/align kernels (moe_align.cuh) and their launcher. Three paths with one result:
+//  - one block (up to 4096 pairs by default, kMoeAlignSmallPairs = 16384 when forced): key every pair, a
 //    stable block radix sort of (key, pair) in shared memory (cub::BlockRadixSort, 1024 threads × 1, 4 or
 //    16 items), run heads/tails of equal keys give each group's start and count, the block scan pads the
 //    groups, each pair goes to its group's padded offset + its place in the run; one launch.
+//  - chunked (4097 to 16384 pairs: prefill chunks): chunks of 1024 pairs sorted by parallel CTAs, a scan
+//    over (group, chunk), a scatter; three launches (the one-block sort at 16 items per thread took ~50 µs).
 //  - sort (larger batches): key each pair, stable CUB radix sort of (key, pair) over the key's bits, scan
 //    the counts in one block, scatter each sorted pair to its padded position.
-// Both count per group in global memory, so G = S·E is bounded by memory only (512 × 64 = 32768 groups is
+// All count per group in global memory, so G = S·E is bounded by memory only (512 × 64 = 32768 groups is
 // 128 KB of counters). The scan runs in one block of 1024 threads, each owning ceil(G / 1024) groups.
 #include "backends/cuda/moe_align.cuh"
 
@@ -45,6 +47,10 @@ struct AlignKernelParams {
   int32_t* tile_group;        // [max_tiles] i32
   int32_t* group_offsets;     // [G + 1] i32
   int32_t* num_tiles;         // [1] i32
+  int32_t* chunk_counts;      // [chunks, G] i32 workspace (chunked path): pairs of group g in chunk c, then
+                              // (after the scan) the padded position of the chunk's first pair of g
+  int32_t* chunk_starts;      // [chunks, G] i32 workspace (chunked path): g's first position in the sorted chunk
+  int chunks;                 // chunked path: ceil(pairs / kChunkPairs)
 };
 
 // The group of pair p, or G when its token has no slot (LoRA grouping only).
@@ -183,6 +189,81 @@ __global__ static void align_scatter_kernel(const __grid_constant__ AlignKernelP
   p.sorted_pairs[p.group_offsets[key] + i - p.unpadded_offsets[key]] = p.sorted_values[i];
 }
 
+// Chunked path (a few thousand to kMoeAlignSmallPairs pairs): the one-block sort's cost grows with its items
+// per thread (16384 pairs: ~50 µs on one SM), so chunks of kChunkPairs pairs sort in parallel CTAs, one item
+// per thread, and a scan over (group, chunk) places them. Three launches; stable (chunks in pair order, each
+// chunk's sort stable).
+constexpr int kChunkPairs = kScanThreads;
+constexpr int64_t kMaxOneBlockPairs = 4 * kScanThreads;  // auto: the one-block path up to 4 items per thread
+using ChunkSortPairs = cub::BlockRadixSort<unsigned, kScanThreads, 1, int>;
+
+// Step 1, one CTA per chunk: sort the chunk's (key, pair) into keys / values at the chunk's positions; write
+// the chunk's row of chunk_counts (zeros included) and chunk_starts for the groups present.
+// PRECOND: blockDim.x == kScanThreads; gridDim.x == chunks.
+__global__ static void __launch_bounds__(kScanThreads) align_chunk_sort_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  __shared__ typename ChunkSortPairs::TempStorage sort_storage;
+  __shared__ unsigned sorted_keys[kChunkPairs];
+  const int chunk = blockIdx.x, first = chunk * kChunkPairs;
+  int32_t* counts = p.chunk_counts + int64_t(chunk) * p.groups;
+  int32_t* starts = p.chunk_starts + int64_t(chunk) * p.groups;
+  for (int g = threadIdx.x; g < p.groups; g += kScanThreads) counts[g] = 0;  // ordered by the barriers below
+  const int pair = first + int(threadIdx.x);
+  unsigned key[1] = {pair < p.pairs ? unsigned(group_of(p, pair)) : unsigned(p.groups)};
+  int value[1] = {pair};
+  ChunkSortPairs(sort_storage).Sort(key, value, 0, p.key_bits);
+  sorted_keys[threadIdx.x] = key[0];
+  __syncthreads();
+  const int position = int(threadIdx.x);
+  if (first + position < p.pairs) {
+    p.keys[first + position] = int(key[0]);
+    p.values[first + position] = value[0];
+  }
+  if (key[0] < unsigned(p.groups) && (position == 0 || sorted_keys[position - 1] != key[0])) {
+    starts[key[0]] = position;  // run head
+  }
+  __syncthreads();
+  if (key[0] < unsigned(p.groups) && (position == kChunkPairs - 1 || sorted_keys[position + 1] != key[0])) {
+    counts[key[0]] = position + 1 - starts[key[0]];  // run tail: the group's count in this chunk
+  }
+}
+
+// Step 2, one block: the groups' totals, the shared scan (offsets, tiles, sentinels), then each (chunk,
+// group)'s first padded position: group offset + the group's pairs in earlier chunks.
+// PRECOND: blockDim.x == kScanThreads; step 1 complete.
+__global__ static void __launch_bounds__(kScanThreads) align_chunk_scan_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  for (int g = threadIdx.x; g < p.groups; g += kScanThreads) {
+    int total = 0;
+    for (int c = 0; c < p.chunks; ++c) total += p.chunk_counts[int64_t(c) * p.groups + g];
+    p.counts[g] = total;
+  }
+  __syncthreads();  // counts visible to the block
+  scan_groups(p, false);
+  __syncthreads();
+  for (int g = threadIdx.x; g < p.groups; g += kScanThreads) {
+    int position = p.group_offsets[g];
+    for (int c = 0; c < p.chunks; ++c) {
+      int32_t& cell = p.chunk_counts[int64_t(c) * p.groups + g];
+      const int count = cell;
+      cell = position;
+      position += count;
+    }
+  }
+}
+
+// Step 3, one CTA per chunk: sorted position i of the chunk, group g, goes to g's chunk base + (i - start).
+// PRECOND: blockDim.x == kScanThreads; gridDim.x == chunks; step 2 complete.
+__global__ static void __launch_bounds__(kScanThreads) align_chunk_scatter_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  const int chunk = blockIdx.x, i = chunk * kChunkPairs + int(threadIdx.x);
+  if (i >= p.pairs) return;
+  const int key = p.keys[i];
+  if (key >= p.groups) return;
+  const int64_t cell = int64_t(chunk) * p.groups + key;
+  p.sorted_pairs[p.chunk_counts[cell] + int(threadIdx.x) - p.chunk_starts[cell]] = p.values[i];
+}
+
 // ---- launchers ----------------------------------------------------------------------------------------
 
 constexpr size_t kAlign = 256;
@@ -209,9 +290,16 @@ int64_t moe_align_capacity(int64_t pairs, int64_t groups, int block_m) {
   return std::max<int64_t>(pairs + std::min(pairs, groups) * (block_m - 1), block_m);
 }
 
+// Chunks of the chunked path for `pairs` (it runs up to kMoeAlignSmallPairs pairs).
+int64_t align_chunks(int64_t pairs) {
+  return (std::min(pairs, kMoeAlignSmallPairs) + kChunkPairs - 1) / kChunkPairs;
+}
+
 size_t moe_align_workspace_bytes(int64_t pairs, int64_t groups) {
-  // counts, unpadded offsets, keys, values, sorted keys, sorted values, CUB's scratch
-  return 2 * round_up(size_t(groups) * 4) + 4 * round_up(size_t(pairs) * 4) + round_up(cub_temp_bytes(pairs, groups));
+  // counts, unpadded offsets, keys, values, sorted keys, sorted values, CUB's scratch, the chunked path's
+  // [chunks, G] counts and starts
+  return 2 * round_up(size_t(groups) * 4) + 4 * round_up(size_t(pairs) * 4) + round_up(cub_temp_bytes(pairs, groups)) +
+         2 * round_up(size_t(align_chunks(pairs)) * size_t(groups) * 4);
 }
 
 void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
@@ -269,7 +357,10 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   int32_t* values = carve(size_t(pairs) * 4);
   int32_t* sorted_keys = carve(size_t(pairs) * 4);
   int32_t* sorted_values = carve(size_t(pairs) * 4);
-  void* cub_temp = work;
+  int32_t* cub_temp = carve(cub_temp_bytes(pairs, groups));
+  const int64_t chunks = align_chunks(pairs);
+  int32_t* chunk_counts = carve(size_t(chunks) * size_t(groups) * 4);
+  int32_t* chunk_starts = carve(size_t(chunks) * size_t(groups) * 4);
 
   const AlignKernelParams params{.topk_ids = p.single_expert ? nullptr : static_cast<const int32_t*>(p.topk_ids.data),
                                  .token_slot = by_slot ? static_cast<const int32_t*>(p.token_slot.data) : nullptr,
@@ -289,7 +380,29 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                                  .sorted_pairs = static_cast<int32_t*>(p.sorted_pairs.data),
                                  .tile_group = static_cast<int32_t*>(p.tile_group.data),
                                  .group_offsets = static_cast<int32_t*>(p.group_offsets.data),
-                                 .num_tiles = static_cast<int32_t*>(p.num_tiles.data)};
+                                 .num_tiles = static_cast<int32_t*>(p.num_tiles.data),
+                                 .chunk_counts = chunk_counts,
+                                 .chunk_starts = chunk_starts,
+                                 .chunks = int(chunks)};
+  // The one dispatch on batch size: one block up to 4 items per thread, chunks up to kMoeAlignSmallPairs,
+  // the device radix sort above.
+  const bool chunked =
+      p.force_path == 2 || (p.force_path < 0 && pairs > kMaxOneBlockPairs && pairs <= kMoeAlignSmallPairs);
+  if (chunked) {
+    LMX_CHECK(pairs <= kMoeAlignSmallPairs, "moe_align: chunked path forced with %lld pairs (at most %lld)",
+              (long long)pairs, (long long)kMoeAlignSmallPairs);
+    if (pairs > 0) {
+      detail::launch(align_chunk_sort_kernel, dim3(unsigned(chunks)), dim3(kScanThreads), 0, stream, params);
+      LMX_CUDA_CHECK_LAUNCH();
+    }
+    detail::launch(align_chunk_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, params);
+    LMX_CUDA_CHECK_LAUNCH();
+    if (pairs > 0) {
+      detail::launch(align_chunk_scatter_kernel, dim3(unsigned(chunks)), dim3(kScanThreads), 0, stream, params);
+      LMX_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   const bool small = p.force_path == 0 || (p.force_path < 0 && pairs <= kMoeAlignSmallPairs);
   if (small) {
     LMX_CHECK(pairs <= kMoeAlignSmallPairs, "moe_align: one-block path forced with %lld pairs (at most %lld)",

@@ -27,15 +27,17 @@ struct MoeAlignParams {
   Tensor group_offsets;  // [G + 1] i32: first padded position of each group; [G] = tiles * block_m
   Tensor num_tiles;      // [1] i32
   Tensor workspace;      // [moe_align_workspace_bytes] U8, device scratch
-  // Test/tuning knob: -1 picks by size (one-block path up to kMoeAlignSmallPairs pairs, sort path above);
-  // 0 forces the one-block path, 1 the radix-sort path.
+  // Test/tuning knob: -1 picks by size (one block up to 4096 pairs, chunks of 1024 pairs sorted in parallel
+  // up to kMoeAlignSmallPairs, the device radix sort above); 0 forces the one-block path, 1 the radix-sort
+  // path, 2 the chunked path (both at most kMoeAlignSmallPairs pairs).
   int force_path = -1;
   // Dense LoRA (lora_dense): every token is one pair of the single expert 0 (E = 1, K = 1), T comes from
   // token_slot, topk_ids is not read. Requires slots > 0 and experts == 1.
   bool single_expert = false;
 };
 
-// The one-block path's limit (16 sorted items per thread of 1024); larger batches take the radix-sort path.
+// The one-block and chunked paths' limit (16 sorted items per thread of 1024; 16 chunks); larger batches take
+// the radix-sort path.
 constexpr int64_t kMoeAlignSmallPairs = 16384;
 
 // Padded positions needed in the worst case: every pair plus (BLOCK_M - 1) padding per non-empty group.
