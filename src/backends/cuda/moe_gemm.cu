@@ -154,10 +154,13 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
     v0 += __bfloat162float(bias[row0]);
     if (has_second) v1 += __bfloat162float(bias[row1]);
   }
-  if (p.lora_h != nullptr && p.token_slot[pair / p.row_div] >= 0) {  // the MoE-LoRA's delta of h (fused only)
+  // The MoE-LoRA's delta of h (fused only). Read-only loads (__ldg): plain loads could not move above the
+  // previous columns' stores to `out` (they might alias), and each would wait out an L2 miss in turn (perf-log
+  // run 34: the fold cost ~290 µs a layer that way).
+  if (p.lora_h != nullptr && __ldg(p.token_slot + pair / p.row_div) >= 0) {
     const __nv_bfloat16* delta = p.lora_h + int64_t(pair) * p.n;
-    v0 += __bfloat162float(delta[row0]);
-    if (has_second) v1 += __bfloat162float(delta[row1]);
+    v0 += __bfloat162float(__ldg(delta + row0));
+    if (has_second) v1 += __bfloat162float(__ldg(delta + row1));
   }
   if (p.fuse_activation) {  // PRECOND n even, so has_second
     // h rounded to bf16 first, as the unfused path stores it: a batch whose tokens have no adapter gives
@@ -978,6 +981,7 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 }
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
+bool lora_in_epilogue = true;                      // set_moe_lora_in_epilogue
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1262,6 +1266,7 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 }  // namespace
 
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
+void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
@@ -1642,8 +1647,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // The tiled MoE-LoRA of gate_up folds into the fused activation: its expand writes the delta into h
   // (overwrite: every pair with a slot), and the gate_up epilogue adds it before the activation — no
   // pre-activation h round trip, no moe_activation. The small path (few pairs) adds into h as before.
-  const bool lora_in_epilogue = lora_gu && !small;
-  const bool fused = !lora_gu || lora_in_epilogue;
+  const bool fold_lora = lora_gu && !small && lora_in_epilogue;
+  const bool fused = !lora_gu || fold_lora;
   // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
   // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
   const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
@@ -1653,7 +1658,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
   const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
-  if (lora_in_epilogue) {
+  if (fold_lora) {
     apply_lora(p.lora_gate_up, p.x, h, true);
     gate_up.a = a;
     gate_up.lora_h = h;
