@@ -267,15 +267,15 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     SCOPED_TRACE(describe(c));
     const BlockData b = make_block_data(rng(), c);
     const OwnedTensor want = cpu_block(cpu_, c, b);
-    // The tiled gate_up MoE-LoRA folded into the fused activation (default), and added into h.
-    for (bool fold : {true, false}) {
-      if (!fold && (c.slots == 0 || c.rank_gate_up == 0)) continue;
+    // The tiled gate_up MoE-LoRA added into h (default), and folded into the fused activation.
+    for (bool fold : {false, true}) {
+      if (fold && (c.slots == 0 || c.rank_gate_up == 0)) continue;
       SCOPED_TRACE(fold ? "LoRA folded into the activation" : "LoRA added into h");
       cuda::set_moe_lora_in_epilogue(fold);
       const OwnedTensor got = run_block(c, b, true, stream_);
       EXPECT_TRUE(all_close(got, want, kTolMoeBlock));
     }
-    cuda::set_moe_lora_in_epilogue(true);
+    cuda::set_moe_lora_in_epilogue(false);
   }
 }
 

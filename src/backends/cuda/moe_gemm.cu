@@ -154,9 +154,9 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
     v0 += __bfloat162float(bias[row0]);
     if (has_second) v1 += __bfloat162float(bias[row1]);
   }
-  // The MoE-LoRA's delta of h (fused only). Read-only loads (__ldg): plain loads could not move above the
-  // previous columns' stores to `out` (they might alias), and each would wait out an L2 miss in turn (perf-log
-  // run 34: the fold cost ~290 µs a layer that way).
+  // The MoE-LoRA's delta of h (fused only), by read-only loads (__ldg) so they need not wait behind the
+  // previous columns' stores to `out`; the fold still measured ~240 µs a layer slower than adding the LoRA
+  // into h (perf-log run 35), so moe_block does not fold by default.
   if (p.lora_h != nullptr && __ldg(p.token_slot + pair / p.row_div) >= 0) {
     const __nv_bfloat16* delta = p.lora_h + int64_t(pair) * p.n;
     v0 += __bfloat162float(__ldg(delta + row0));
@@ -981,7 +981,9 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 }
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
-bool lora_in_epilogue = true;                      // set_moe_lora_in_epilogue
+// The fold measured slower (perf-log runs 34-35: prefill 1600 with an adapter 53.4 ms folded vs 47.6 added
+// into h), so it is off unless a bench or test asks for it.
+bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1644,9 +1646,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
-  // The tiled MoE-LoRA of gate_up folds into the fused activation: its expand writes the delta into h
-  // (overwrite: every pair with a slot), and the gate_up epilogue adds it before the activation — no
-  // pre-activation h round trip, no moe_activation. The small path (few pairs) adds into h as before.
+  // With set_moe_lora_in_epilogue(true) the tiled MoE-LoRA of gate_up folds into the fused activation: its
+  // expand writes the delta into h (overwrite: every pair with a slot), and the gate_up epilogue adds it before
+  // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
+  // (the default; see lora_in_epilogue), so kept as a bench row. The small path always adds into h.
   const bool fold_lora = lora_gu && !small && lora_in_epilogue;
   const bool fused = !lora_gu || fold_lora;
   // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.

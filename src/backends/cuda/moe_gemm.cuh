@@ -32,9 +32,9 @@ enum class MoeGemmKernel {
                           // operand that cannot come by TMA)
 };
 void set_moe_gemm_kernel(MoeGemmKernel kernel);
-// moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h; the default),
-// or added into the pre-activation h before moe_activation: process-wide, for the bench's before/after rows
-// and the tests.
+// moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
+// the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
+// process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_epilogue(bool on);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
