@@ -122,15 +122,19 @@ std::vector<int32_t> random_prompt(Rng& rng, int length, int vocab) {
 }
 
 // Median wall seconds of `steps` decode steps once all `batch` sequences (prompt `context` - 1 tokens)
-// are decoding. adapter_of(i) names sequence i's adapter ("" = base).
+// are decoding. adapter_of(i) names sequence i's adapter ("" = base). staggered: as the yardstick's steady
+// state — contexts spread over context ± 300 and the requests admitted one at a time while the earlier ones
+// decode, so their KV pages interleave in the pool.
 double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
-                   const std::function<std::string(int)>& adapter_of, bench::OpProfiler* profiler = nullptr) {
+                   const std::function<std::string(int)>& adapter_of, bench::OpProfiler* profiler = nullptr,
+                   bool staggered = false) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < o.batch; ++i) {
     engine::Request r;
     r.adapter = adapter_of(i);
-    r.prompt_ids = random_prompt(rng, o.context - 1, vocab);
-    r.sampling.max_tokens = o.steps + 64;
+    const int spread = staggered && o.batch > 1 ? 600 * i / (o.batch - 1) - 300 : 0;
+    r.prompt_ids = random_prompt(rng, std::max(1, o.context - 1 + spread), vocab);
+    r.sampling.max_tokens = o.steps + 64 + (staggered ? 8 * o.batch : 0);  // decodes through the admissions
     r.sampling.ignore_eos = true;
     Result<uint64_t> id = engine.add_request(r);
     if (!id.ok()) {
@@ -138,6 +142,10 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
       std::exit(1);
     }
     ids.push_back(*id);
+    if (staggered) {  // this one's prefill, then a few decode steps of everything admitted so far
+      while (engine.scheduler().num_waiting() > 0) engine.step();
+      for (int s = 0; s < 8; ++s) engine.step();
+    }
   }
   // Prefill everything (chunked), then a few warm-up decode steps.
   int guard = 0;
@@ -203,7 +211,8 @@ int main(int argc, char** argv) {
   engine::EngineConfig config;
   config.scheduler.max_num_seqs = o.batch;
   config.scheduler.max_num_batched_tokens = std::max(o.prefill, 4096);
-  config.scheduler.max_model_len = std::max(o.context + o.steps + 128, o.prefill + 16);
+  // room for the staggered row: contexts up to --context + 300, 8 decode steps per later admission
+  config.scheduler.max_model_len = std::max(o.context + 300 + o.steps + 8 * o.batch + 128, o.prefill + 16);
   config.max_loras = std::max(1, o.adapters);
   config.max_lora_rank = o.rank;
   config.scheduler.enable_prefix_caching = false;  // every step must do its full work
@@ -250,6 +259,10 @@ int main(int argc, char** argv) {
     cuda_backend.set_skinny_max_out(1024);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
+    // The yardstick's steady state: contexts spread ± 300 around --context, pages interleaved by admission
+    // one at a time (the serve run's decode steps sit ~0.7 ms above the first row; perf-log run 35).
+    row("decode step, adapters spread, contexts staggered",
+        time_decode(**engine, o, vocab, rng, spread, nullptr, true), with_lora.total() / kBytesPerSecond);
   }
   const double prefill_floor = prefill_flops(c, o.prefill) / kFlopsPerSecond;
   char prefill_what[64];
