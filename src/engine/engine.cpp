@@ -368,6 +368,7 @@ std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const
     }
   }
   backend_.sample(params);
+  backend_.time_mark(1);  // the step's last device op before the tokens are read back
   backend_.copy(sampled_tokens_.host.view.rows(0, S), out);
   const int32_t* host = sampled_tokens_.host.view.ptr<int32_t>();
   tokens.assign(host, host + S);
@@ -408,6 +409,7 @@ Engine::StepReport Engine::step() {
   // 2. run
   const int bucket = decode_bucket(step);
   build_batch(step, bucket);
+  backend_.time_mark(0);  // the step's inputs are enqueued: device time from here to the sampled tokens
   report.num_tokens = 0;
   for (const ScheduledSeq& s : step) {
     report.num_tokens += s.num_tokens;
@@ -421,6 +423,7 @@ Engine::StepReport Engine::step() {
   // 3. sample
   std::vector<std::optional<TokenLogprobs>> token_logprobs;  // per sampled row
   std::vector<int32_t> tokens = sample(step, logits, &token_logprobs);
+  report.device_seconds = backend_.marked_seconds();  // sample() has read the tokens back: both marks are done
   scheduler_->commit(step);
   // 4. postprocess
   OwnedTensor host_logits;

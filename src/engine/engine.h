@@ -64,6 +64,7 @@ class Engine {
     int num_tokens = 0;
     std::vector<StepOutput> outputs;
     std::vector<uint64_t> scheduled;  // ids of the sequences that ran this step (queue-time metrics)
+    double device_seconds = -1;       // device time from the enqueued inputs to the sampled tokens (-1: none)
   };
   StepReport step();
   // A finished sequence (tokens, finish reason, logits if asked), removed from the engine.

@@ -70,6 +70,12 @@ class Backend {
   // Changes whenever the backend replaces memory a recording may point at (a workspace grown for a larger
   // batch): recordings made under another epoch must be released and made again.
   virtual uint64_t memory_epoch() const { return 0; }
+  // Device time between two points of the op stream (the engine's step metrics): time_mark(0) after a
+  // step's inputs are enqueued, time_mark(1) after its last op; once a host read that follows has returned,
+  // marked_seconds() is the device time in between. -1: this backend has no device timer (the CPU backend,
+  // whose ops run inside the calls). Never called while recording.
+  virtual void time_mark(int /*which*/) {}
+  virtual double marked_seconds() { return -1.0; }
 
   // A tensor in this backend's memory (contents undefined).
   OwnedTensor empty(DType dtype, std::initializer_list<int64_t> dims);

@@ -1,6 +1,8 @@
 // The engine thread (see engine_loop.h): drain commands, step, hand tokens to sinks, publish a snapshot.
 #include "server/engine_loop.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 
 namespace lmx::server {
@@ -226,12 +228,13 @@ void EngineLoop::run() {
     const Clock::time_point iteration_start = Clock::now();
     for (auto& command : commands) command();
     EngineSnapshot::StepTimes* times = nullptr;  // the kind of step this iteration ran, if any
-    double step_seconds = 0;
+    double step_seconds = 0, device_seconds = 0;
     if (engine_.has_work()) {
       const Clock::time_point step_start = Clock::now();
       engine::Engine::StepReport report = engine_.step();
       const Clock::time_point ran = Clock::now();
       step_seconds = std::chrono::duration<double>(ran - step_start).count();
+      device_seconds = std::max(report.device_seconds, 0.0);
       if (report.num_tokens > 0) {
         times = report.num_tokens == int(report.outputs.size()) ? &decode_times_ : &mixed_times_;
       }
@@ -257,6 +260,7 @@ void EngineLoop::run() {
     if (times != nullptr) {  // after the snapshot, so its cost is counted too; then patched into it
       ++times->steps;
       times->step_s += step_seconds;
+      times->device_s += device_seconds;
       times->loop_s += std::chrono::duration<double>(Clock::now() - iteration_start).count();
       std::lock_guard<std::mutex> lock(mu_);
       snapshot_.decode_steps = decode_times_;

@@ -104,11 +104,14 @@ std::string Metrics::render(const EngineSnapshot& e) const {
        "Wall time inside the engine's step (inputs, GPU work, sampling, token read-back), by kind.");
   help(&out, "loramux_engine_loop_seconds_total", "counter",
        "Wall time of the engine-thread iterations that ran a step (plus commands, token delivery, snapshot), by kind.");
+  help(&out, "loramux_engine_device_seconds_total", "counter",
+       "Device time of the steps' ops, enqueued inputs to sampled tokens (CUDA events; 0 without a device timer), by kind.");
   for (const auto& [kind, t] : {std::pair{"decode", e.decode_steps}, std::pair{"mixed", e.mixed_steps}}) {
     const std::string label = std::string("kind=\"") + kind + "\"";
     line(&out, "loramux_engine_steps_total", label, double(t.steps));
     line(&out, "loramux_engine_step_seconds_total", label, t.step_s);
     line(&out, "loramux_engine_loop_seconds_total", label, t.loop_s);
+    line(&out, "loramux_engine_device_seconds_total", label, t.device_s);
   }
   help(&out, "loramux_adapter_resident", "gauge", "1 for each adapter in a device slot.");
   for (const std::string& a : e.resident_adapters) line(&out, "loramux_adapter_resident", "adapter=\"" + prometheus_label(a) + "\"", 1);

@@ -31,10 +31,12 @@ struct EngineSnapshot {
   uint64_t adapter_disk_loads = 0;             // reads of an adapter from disk into the host tier
   // Engine-thread time by kind of step (decode: every sequence of the step consumed and produced one token;
   // mixed: prefill tokens too): `step` inside Engine::step (host preparation, the GPU work, sampling, the
-  // token read-back), `loop` the whole iteration that ran it (also commands, token delivery, the snapshot).
+  // token read-back), `loop` the whole iteration that ran it (also commands, token delivery, the snapshot),
+  // `device` the device time of the step's ops (from its enqueued inputs to its sampled tokens; 0 where the
+  // backend has no device timer).
   struct StepTimes {
     uint64_t steps = 0;
-    double step_s = 0, loop_s = 0;
+    double step_s = 0, loop_s = 0, device_s = 0;
   };
   StepTimes decode_steps, mixed_steps;
 };

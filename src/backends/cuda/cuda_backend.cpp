@@ -42,6 +42,8 @@ CudaBackend::CudaBackend(ops::KernelConfigs kernel_configs) : kernel_configs_(st
 CudaBackend::~CudaBackend() {
   for (cudaGraphExec_t g : graphs_)
     if (g) cudaGraphExecDestroy(g);
+  for (cudaEvent_t e : marks_)
+    if (e) cudaEventDestroy(e);
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -49,6 +51,25 @@ CudaBackend::~CudaBackend() {
 }
 
 Buffer CudaBackend::allocate(size_t bytes) { return cuda::allocate(bytes); }
+
+void CudaBackend::time_mark(int which) {
+  LMX_CHECK(which == 0 || which == 1, "CudaBackend::time_mark: which = %d, expected 0 or 1", which);
+  if (!marks_[which]) LMX_CUDA_CHECK(cudaEventCreate(&marks_[which]));
+  LMX_CUDA_CHECK(cudaEventRecord(marks_[which], stream_));
+  marked_[which] = true;
+}
+
+double CudaBackend::marked_seconds() {
+  if (!marked_[0] || !marked_[1]) return -1.0;
+  marked_[0] = marked_[1] = false;
+  float ms = 0.0f;
+  // Both events are behind the host read that preceded this call; a mark still pending reads as no timer.
+  if (cudaEventElapsedTime(&ms, marks_[0], marks_[1]) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1.0;
+  }
+  return double(ms) * 1e-3;
+}
 
 void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype != src.dtype || dst.numel() != src.numel()) {

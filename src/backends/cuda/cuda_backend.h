@@ -59,6 +59,8 @@ class CudaBackend final : public ops::Backend {
   void replay(int graph) override;
   void release_graph(int graph) override;
   uint64_t memory_epoch() const override { return memory_epoch_; }
+  void time_mark(int which) override;  // CUDA events on the stream
+  double marked_seconds() override;
   // false: attention never splits a row's keys over CTAs (no workspace; the plain flash kernel). For
   // comparisons in tests and benches; the default splits decode rows when that fills the GPU.
   void set_attention_split_kv(bool on) { attention_split_kv_ = on; }
@@ -82,6 +84,8 @@ class CudaBackend final : public ops::Backend {
   bool attention_split_kv_ = true;
   uint64_t memory_epoch_ = 0;        // bumped when a workspace above is replaced
   std::vector<cudaGraphExec_t> graphs_;  // by id; released ones are null
+  cudaEvent_t marks_[2] = {nullptr, nullptr};  // time_mark's events, made on first use
+  bool marked_[2] = {false, false};
   cpu::CpuBackend host_;  // samples on the host when the GPU sampler's limits are exceeded (one thread)
 };
 
