@@ -257,6 +257,10 @@ int main(int argc, char** argv) {
     row("same, every product of <= 16 rows on the skinny kernel", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_skinny_max_out(1024);
+    cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write
+    row("same, rope and kv_write as two kernels", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_fuse_rope_kv_write(true);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
     // The yardstick's steady state: contexts spread ± 300 around --context, pages interleaved by admission

@@ -52,6 +52,9 @@ class OpProfiler final : public ops::Backend {
   }
   void rope(const ops::RopeParams& p) override { timed("rope", [&] { inner_.rope(p); }); }
   void kv_write(const ops::KvWriteParams& p) override { timed("kv_write", [&] { inner_.kv_write(p); }); }
+  void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) override {
+    timed("rope_kv_write", [&] { inner_.rope_kv_write(r, w); });
+  }
   void attention(const ops::AttentionParams& p) override { timed("attention", [&] { inner_.attention(p); }); }
   void router_topk(const ops::RouterTopKParams& p) override { timed("router_topk", [&] { inner_.router_topk(p); }); }
   void moe(const ops::MoeParams& p) override {

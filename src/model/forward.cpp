@@ -170,12 +170,12 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
     backend_.rms_norm({.x = qh, .weight = w.q_norm, .eps = config_.rms_norm_eps, .out = qh});
     backend_.rms_norm({.x = kh, .weight = w.k_norm, .eps = config_.rms_norm_eps, .out = kh});
   }
-  backend_.rope({.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,
-                 .attention_scaling = rope_attention_scaling_});
+  backend_.rope_kv_write({.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,
+                          .attention_scaling = rope_attention_scaling_},
+                         {.k = k3, .v = v3, .kv_write_index = batch.kv_write_index, .k_cache = cache.k[size_t(layer)],
+                          .v_cache = cache.v[size_t(layer)]});
   dump("q", layer, q);
   dump("k", layer, k);
-  backend_.kv_write({.k = k3, .v = v3, .kv_write_index = batch.kv_write_index, .k_cache = cache.k[size_t(layer)],
-                     .v_cache = cache.v[size_t(layer)]});
   const bool sliding = config_.sliding_window > 0 && config_.layer_sliding[size_t(layer)];
   Tensor attn = attn_out_.view.rows(0, T);
   backend_.attention({.q = q3,

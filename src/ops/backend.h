@@ -47,6 +47,12 @@ class Backend {
   virtual void split_columns(const SplitColumnsParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;
   virtual void kv_write(const KvWriteParams& p) = 0;
+  // rope(r) then kv_write(w) where w.k is r.k (the model's attention block): one pass on backends that fuse
+  // them (cuda: one kernel instead of two per layer).
+  virtual void rope_kv_write(const RopeParams& r, const KvWriteParams& w) {
+    rope(r);
+    kv_write(w);
+  }
   virtual void attention(const AttentionParams& p) = 0;
   virtual void router_topk(const RouterTopKParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;

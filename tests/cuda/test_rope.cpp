@@ -1,9 +1,11 @@
 // Parity of the CUDA RoPE kernel (backends/cuda/rope.cuh) with the CPU oracle: GPT-OSS and Qwen3 head
 // shapes (16-byte path), odd half-dims and a misaligned view (scalar path), positions up to 128k (angles
 // far outside the fast sincos range), YaRN's attention scaling and a real YaRN table from make_rope_table.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "backends/cuda/attention.cuh"
 #include "backends/cuda/rope.cuh"
 #include "cuda_test_util.h"
 #include "ops/rope.h"
@@ -53,6 +55,50 @@ TEST_F(CudaRope, MatchesCpu) {
     sync();
     EXPECT_TRUE(all_close(cuda::download(d_q), want_q, kTolBf16Out)) << "q";
     EXPECT_TRUE(all_close(cuda::download(d_k), want_k, kTolBf16Out)) << "k";
+  }
+}
+
+// rope_kv_write against rope then kv_write on the device, bitwise (the same math): q and k in place, the
+// rotated k and the v rows in the caches, rows of index -1 not written (the caches are poisoned), on the
+// 16-byte path (GPT-OSS, Qwen3 heads) and the scalar one (odd half-dim).
+TEST_F(CudaRope, RopeKvWriteMatchesTheTwoOps) {
+  struct Case { int64_t tokens, q_heads, kv_heads, head_dim; };
+  for (const Case& c : {Case{16, 64, 8, 64}, Case{37, 32, 4, 128}, Case{5, 4, 2, 6}}) {
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " Hq " + std::to_string(c.q_heads) + " Hkv " +
+                 std::to_string(c.kv_heads) + " D " + std::to_string(c.head_dim));
+    const int64_t rows = 4 * c.tokens;  // cache rows; each token writes a distinct one, or none
+    OwnedTensor inv_freq = OwnedTensor::host(DType::F32, {c.head_dim / 2});
+    for (int64_t i = 0; i < c.head_dim / 2; ++i) inv_freq.view.ptr<float>()[i] = std::pow(10000.0f, -2.0f * i / c.head_dim);
+    OwnedTensor positions = random_ids(rng(), c.tokens, 0, 4096);
+    OwnedTensor index = OwnedTensor::host(DType::I32, {c.tokens});
+    for (int64_t t = 0; t < c.tokens; ++t) index.view.ptr<int32_t>()[t] = t % 5 == 3 ? -1 : int32_t(4 * t + t % 4);
+    const OwnedTensor q = random_bf16(rng(), {c.tokens, c.q_heads, c.head_dim});
+    const OwnedTensor k = random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim});
+    const OwnedTensor v = random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim});
+    OwnedTensor d_positions = cuda::upload(positions), d_inv_freq = cuda::upload(inv_freq), d_index = cuda::upload(index);
+    OwnedTensor d_v = cuda::upload(v);
+    auto run = [&](bool fused) {
+      std::vector<OwnedTensor> out;
+      out.push_back(cuda::upload(q));
+      out.push_back(cuda::upload(k));
+      out.push_back(poisoned(DType::BF16, {rows, 1, c.kv_heads, c.head_dim}));
+      out.push_back(poisoned(DType::BF16, {rows, 1, c.kv_heads, c.head_dim}));
+      const ops::RopeParams r{.q = out[0], .k = out[1], .positions = d_positions, .inv_freq = d_inv_freq};
+      const ops::KvWriteParams w{.k = out[1], .v = d_v, .kv_write_index = d_index, .k_cache = out[2], .v_cache = out[3]};
+      if (fused) {
+        cuda::rope_kv_write(r, w, stream_);
+      } else {
+        cuda::rope(r, stream_);
+        cuda::kv_write(w, stream_);
+      }
+      sync();
+      return out;
+    };
+    const std::vector<OwnedTensor> fused = run(true), separate = run(false);
+    const char* names[] = {"q", "k", "k_cache", "v_cache"};
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(bitwise_equal(cuda::download(fused[size_t(i)]), cuda::download(separate[size_t(i)]))) << names[i];
+    }
   }
 }
 

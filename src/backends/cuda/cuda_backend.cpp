@@ -157,6 +157,13 @@ void CudaBackend::gather_rows(const ops::GatherRowsParams& p) { cuda::gather_row
 void CudaBackend::split_columns(const ops::SplitColumnsParams& p) { cuda::split_columns(p, stream_); }
 void CudaBackend::rope(const ops::RopeParams& p) { cuda::rope(p, stream_); }
 void CudaBackend::kv_write(const ops::KvWriteParams& p) { cuda::kv_write(p, stream_); }
+void CudaBackend::rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) {
+  if (!fuse_rope_kv_write_) {
+    ops::Backend::rope_kv_write(r, w);
+    return;
+  }
+  cuda::rope_kv_write(r, w, stream_);
+}
 // The split-KV workspace grows to the largest (tokens, heads, dim) seen; past 64 tokens its size stops
 // growing (attention_workspace_bytes), so the first decode and prefill batches fix it in practice.
 void CudaBackend::attention(const ops::AttentionParams& p) {

@@ -46,6 +46,7 @@ class CudaBackend final : public ops::Backend {
   void split_columns(const ops::SplitColumnsParams& p) override;
   void rope(const ops::RopeParams& p) override;
   void kv_write(const ops::KvWriteParams& p) override;
+  void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) override;
   void attention(const ops::AttentionParams& p) override;
   void router_topk(const ops::RouterTopKParams& p) override;
   void moe(const ops::MoeParams& p) override;
@@ -67,6 +68,11 @@ class CudaBackend final : public ops::Backend {
   // false: the kernels that can start in the previous kernel's tail (launch.cuh, the MoE GEMMs) go out as
   // plain launches (bench before/after). Process-wide; bumps memory_epoch() so recorded graphs are made again.
   void set_programmatic_launches(bool on);
+  // false: rope_kv_write runs rope then kv_write (bench before/after); bumps memory_epoch().
+  void set_fuse_rope_kv_write(bool on) {
+    fuse_rope_kv_write_ = on;
+    ++memory_epoch_;
+  }
   // LinearRunner::set_skinny_max_out (bench before/after); bumps memory_epoch() so graphs are recorded again.
   void set_skinny_max_out(int64_t out) {
     linear_.set_skinny_max_out(out);
@@ -82,6 +88,7 @@ class CudaBackend final : public ops::Backend {
   const LoraDenseScratch& lora_scratch(const ops::LoraParams& p);
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
   bool attention_split_kv_ = true;
+  bool fuse_rope_kv_write_ = true;
   uint64_t memory_epoch_ = 0;        // bumped when a workspace above is replaced
   std::vector<cudaGraphExec_t> graphs_;  // by id; released ones are null
   cudaEvent_t marks_[2] = {nullptr, nullptr};  // time_mark's events, made on first use

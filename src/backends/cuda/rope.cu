@@ -28,6 +28,12 @@ struct RopeKernelParams {
   int kv_heads;              // Hkv
   int half_dim;              // D/2
   float attention_scaling;   // YaRN's factor on cos and sin (1 otherwise)
+  // rope_kv_write only (else null): the rotated k rows and the v rows also go to cache row
+  // kv_write_index[token] (skipped where -1), as kv_write does.
+  const __nv_bfloat16* v;         // [T, Hkv, D] bf16
+  const int32_t* kv_write_index;  // [T] i32
+  __nv_bfloat16* k_cache;         // [rows, Hkv, D] bf16
+  __nv_bfloat16* v_cache;         // [rows, Hkv, D] bf16
 };
 
 // For each head and i < D/2, with a = position * inv_freq[i] (one fp32 product, as transformers computes it):
@@ -54,13 +60,34 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
   __syncthreads();
 
   const int groups = p.half_dim / kWidth;  // kWidth-wide groups of pairs per head
-  const int items = (p.q_heads + p.kv_heads) * groups;
   const int64_t dim = 2 * int64_t(p.half_dim);
+  // With the cache write, Hkv more "heads" after q and k: v's rows, copied to the cache unrotated.
+  const int64_t cache_row = p.kv_write_index != nullptr ? p.kv_write_index[token] : -1;
+  const int heads = p.q_heads + p.kv_heads + (p.kv_write_index != nullptr ? p.kv_heads : 0);
+  const int items = heads * groups;
   for (int item = threadIdx.x; item < items; item += blockDim.x) {
     const int head = item / groups;
     const int first = (item % groups) * kWidth;
-    __nv_bfloat16* x = head < p.q_heads ? p.q + (token * p.q_heads + head) * dim
-                                        : p.k + (token * p.kv_heads + (head - p.q_heads)) * dim;
+    if (head >= p.q_heads + p.kv_heads) {  // v → cache
+      if (cache_row < 0) continue;
+      const int kv_head = head - p.q_heads - p.kv_heads;
+      const __nv_bfloat16* src = p.v + (token * p.kv_heads + kv_head) * dim;
+      __nv_bfloat16* dst = p.v_cache + (cache_row * p.kv_heads + kv_head) * dim;
+      if constexpr (kWidth == kBf16PerVector) {  // 16-byte copies (the launcher checked the alignment)
+        *reinterpret_cast<uint4*>(dst + first) = *reinterpret_cast<const uint4*>(src + first);
+        *reinterpret_cast<uint4*>(dst + p.half_dim + first) = *reinterpret_cast<const uint4*>(src + p.half_dim + first);
+      } else {
+        dst[first] = src[first];
+        dst[p.half_dim + first] = src[p.half_dim + first];
+      }
+      continue;
+    }
+    const bool is_k = head >= p.q_heads;
+    __nv_bfloat16* x = !is_k ? p.q + (token * p.q_heads + head) * dim
+                             : p.k + (token * p.kv_heads + (head - p.q_heads)) * dim;
+    // the rotated k row's cache copy, or null
+    __nv_bfloat16* cached = is_k && cache_row >= 0 ? p.k_cache + (cache_row * p.kv_heads + (head - p.q_heads)) * dim
+                                                   : nullptr;
     if constexpr (kWidth == kBf16PerVector) {
       float lo[8], hi[8], new_lo[8], new_hi[8];
       detail::load8(x + first, lo);
@@ -73,11 +100,20 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
       }
       detail::store8(x + first, new_lo);
       detail::store8(x + p.half_dim + first, new_hi);
+      if (cached != nullptr) {
+        detail::store8(cached + first, new_lo);
+        detail::store8(cached + p.half_dim + first, new_hi);
+      }
     } else {
       const float lo = __bfloat162float(x[first]), hi = __bfloat162float(x[first + p.half_dim]);
       const float c = cos_table[first], s = sin_table[first];
-      x[first] = __float2bfloat16_rn(lo * c - hi * s);
-      x[first + p.half_dim] = __float2bfloat16_rn(hi * c + lo * s);
+      const __nv_bfloat16 new_lo = __float2bfloat16_rn(lo * c - hi * s), new_hi = __float2bfloat16_rn(hi * c + lo * s);
+      x[first] = new_lo;
+      x[first + p.half_dim] = new_hi;
+      if (cached != nullptr) {
+        cached[first] = new_lo;
+        cached[first + p.half_dim] = new_hi;
+      }
     }
   }
 }
@@ -86,19 +122,19 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
 
 constexpr int kMaxRopeThreads = 512;
 
-}  // namespace
-
-void rope(const ops::RopeParams& p, cudaStream_t stream) {
-  ops::require(ops::check(p), "cuda::rope");
-  detail::require_cuda("rope", {{"q", &p.q}, {"k", &p.k}, {"positions", &p.positions}, {"inv_freq", &p.inv_freq}});
-  detail::require_bf16_activation("rope", "q", p.q);
+// rope, and with `w` (rope_kv_write) the cache write in the same kernel.
+void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStream_t stream) {
   const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), kv_heads = p.k.dim(1), half_dim = p.q.dim(2) / 2;
   if (tokens == 0 || half_dim == 0 || q_heads + kv_heads == 0) return;
-  LMX_CHECK(tokens <= 0x7fffffff && q_heads + kv_heads <= 0x7fffffff / half_dim);
-  const bool vector = half_dim % kBf16PerVector == 0 && detail::aligned16(p.q.data) && detail::aligned16(p.k.data);
+  LMX_CHECK(tokens <= 0x7fffffff && q_heads + 2 * kv_heads <= 0x7fffffff / half_dim);
+  bool vector = half_dim % kBf16PerVector == 0 && detail::aligned16(p.q.data) && detail::aligned16(p.k.data);
+  if (w != nullptr) {
+    vector = vector && detail::aligned16(w->v.data) && detail::aligned16(w->k_cache.data) &&
+             detail::aligned16(w->v_cache.data);
+  }
   const int width = vector ? kBf16PerVector : 1;
-  // GPT-OSS (Hq 64, Hkv 8, D 64): 72 heads * 4 groups = 288 threads, one group each.
-  const int64_t items = (q_heads + kv_heads) * (half_dim / width);
+  // GPT-OSS (Hq 64, Hkv 8, D 64): 72 heads * 4 groups = 288 threads, one group each (80 with the cache write).
+  const int64_t items = (q_heads + kv_heads + (w != nullptr ? kv_heads : 0)) * (half_dim / width);
   const int threads = int(std::clamp<int64_t>((items + 31) / 32 * 32, 32, kMaxRopeThreads));
   const size_t smem = 2 * size_t(half_dim) * sizeof(float);
   LMX_CHECK(smem <= 48 * 1024);  // D <= 12288: far above any model's head dim
@@ -109,13 +145,41 @@ void rope(const ops::RopeParams& p, cudaStream_t stream) {
                                 .q_heads = int(q_heads),
                                 .kv_heads = int(kv_heads),
                                 .half_dim = int(half_dim),
-                                .attention_scaling = p.attention_scaling};
+                                .attention_scaling = p.attention_scaling,
+                                .v = w != nullptr ? static_cast<const __nv_bfloat16*>(w->v.data) : nullptr,
+                                .kv_write_index = w != nullptr ? static_cast<const int32_t*>(w->kv_write_index.data)
+                                                               : nullptr,
+                                .k_cache = w != nullptr ? static_cast<__nv_bfloat16*>(w->k_cache.data) : nullptr,
+                                .v_cache = w != nullptr ? static_cast<__nv_bfloat16*>(w->v_cache.data) : nullptr};
   if (vector) {
     detail::launch(rope_kernel<kBf16PerVector>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   } else {
     detail::launch(rope_kernel<1>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void rope(const ops::RopeParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::rope");
+  detail::require_cuda("rope", {{"q", &p.q}, {"k", &p.k}, {"positions", &p.positions}, {"inv_freq", &p.inv_freq}});
+  detail::require_bf16_activation("rope", "q", p.q);
+  launch_rope(p, nullptr, stream);
+}
+
+void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w, cudaStream_t stream) {
+  ops::require(ops::check(r), "cuda::rope_kv_write");
+  ops::require(ops::check(w), "cuda::rope_kv_write");
+  detail::require_cuda("rope_kv_write", {{"q", &r.q}, {"k", &r.k}, {"positions", &r.positions},
+                                         {"inv_freq", &r.inv_freq}, {"v", &w.v}, {"kv_write_index", &w.kv_write_index},
+                                         {"k_cache", &w.k_cache}, {"v_cache", &w.v_cache}});
+  detail::require_bf16_activation("rope_kv_write", "q", r.q);
+  detail::require_bf16_activation("rope_kv_write", "k_cache", w.k_cache);
+  if (w.k.data != r.k.data || w.k.shape_str() != r.k.shape_str()) {
+    detail::contract_failure("rope_kv_write", "w.k", w.k, ("the rope's k, " + r.k.shape_str()).c_str());
+  }
+  launch_rope(r, &w, stream);
 }
 
 }  // namespace lmx::cuda

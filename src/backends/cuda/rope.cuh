@@ -4,10 +4,14 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include "ops/attention.h"
 #include "ops/rope.h"
 
 namespace lmx::cuda {
 
 void rope(const ops::RopeParams& p, cudaStream_t stream);
+// rope(r) then kv_write(w) (w.k is r.k, after the rotation) in one kernel: q and k rotated in place, the
+// rotated k rows and the v rows copied to cache row kv_write_index[t] (skipped where -1). Contracts of both.
+void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w, cudaStream_t stream);
 
 }  // namespace lmx::cuda
