@@ -3,7 +3,8 @@
 // (K distinct experts per token). Rows: moe_block (align + gate_up with fused activation + down + combine),
 // then each kernel alone (align, gate_up fused, gate_up to h + moe_activation, down, combine; gate_up and
 // down also at both BLOCK_N, to check the default of the BLOCK_M in use, and for 64/128-row tiles in the
-// grouped CTA order; the block again on the other kernels: warp-specialized wgmma, mma.sync), each with
+// grouped CTA order; the block again on the other kernels: warp-specialized wgmma, mma.sync; at prefill sizes
+// a dense cuBLASLt GEMM of the same FLOPs, the card's practical ceiling under its power cap), each with
 // µs, the bytes that must move (touched experts' weights once, plus activations in and out), the FLOPs,
 // and the share of the H200 floor max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_moe_lora:
 // many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/linear.cuh"
 #include "backends/cuda/memory.h"
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_gemm.cuh"
@@ -250,6 +252,31 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, block_n, 8), stream); }));
     }
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
+  }
+  if (block_m != cuda::kMoeGemmBlockMDecode) {
+    // The ceiling this card reaches on the same FLOPs: one dense cuBLASLt GEMM of all `pairs` rows against one
+    // expert's weight (no gather, no grouping, no fused activation): what a grouped GEMM could hope for at
+    // the clocks the power cap allows (the GEMM benches run at the 700 W cap).
+    static cuda::LinearRunner dense;
+    dense.set_path(cuda::LinearPath::kCublasLt);
+    const Tensor x_rows = sorted_x.view.rows(0, pairs);
+    auto expert0 = [&](const OwnedTensor& w, int64_t rows, int64_t cols) {
+      return Tensor(w.view.data, DType::BF16, {rows, cols}, Device::kCuda);
+    };
+    const Tensor a_rows = sorted_a.view.rows(0, pairs);
+    auto dense_gate_up = [&](int i) {
+      dense.run({.x = x_rows, .weight = expert0(layers[size_t(i % kCopies)].gate_up, 2 * I, H), .out = h.view}, stream);
+    };
+    auto dense_down = [&](int i) {
+      dense.run({.x = a_rows, .weight = expert0(layers[size_t(i % kCopies)].down, H, I), .out = d.view}, stream);
+    };
+    dense_gate_up(0);  // the heuristic's first call, outside the graph
+    dense_down(0);
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    print_row("  cuBLASLt dense, gate_up FLOPs", tokens, p * H * 2 + 2.0 * I * H * 2 + p * 2 * I * 2, gate_up_flops,
+              time(dense_gate_up));
+    print_row("  cuBLASLt dense, down FLOPs", tokens, p * I * 2 + double(H) * I * 2 + p * H * 2, down_flops,
+              time(dense_down));
   }
   print_row("  combine", tokens, combine_bytes, 0, time([&](int) {
               cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);

@@ -281,8 +281,14 @@ void bench_dense_group(int64_t tokens, cudaStream_t stream, Rng& rng) {
 }  // namespace
 }  // namespace lmx
 
-int main() {
+// Usage: bench_moe_lora [T ...] — only the MoE-LoRA rows of those token counts, no dense rows (a profiler
+// run, e.g. ncu on the T 4096 expand, wants few launches).
+int main(int argc, char** argv) {
   using namespace lmx;
+  std::vector<int64_t> token_counts;
+  for (int i = 1; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
+  const bool dense_rows = token_counts.empty();
+  if (token_counts.empty()) token_counts = {1, 16, 64, 256, 2048, 4096};
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   Rng rng(20261202);
@@ -300,8 +306,8 @@ int main() {
               "floor = max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s)\n",
               (long long)kHidden, (long long)kInter, (long long)kExperts, (long long)kTopK, (long long)kSlots,
               (long long)kRank);
-  for (int64_t tokens : {1, 16, 64, 256, 2048, 4096}) bench_tokens(tokens, layers, d_rank, stream, rng);
-  for (int64_t tokens : {16, 2048}) {
+  for (int64_t tokens : token_counts) bench_tokens(tokens, layers, d_rank, stream, rng);
+  for (int64_t tokens : dense_rows ? std::vector<int64_t>{16, 2048} : std::vector<int64_t>{}) {
     bench_dense("q_proj", kHidden, 4096, tokens, stream, rng);
     bench_dense("o_proj", 4096, kHidden, tokens, stream, rng);
     bench_dense_group(tokens, stream, rng);
