@@ -262,6 +262,7 @@ void EngineLoop::run() {
       times->step_s += step_seconds;
       times->device_s += device_seconds;
       times->loop_s += std::chrono::duration<double>(Clock::now() - iteration_start).count();
+      times->add_recent(step_seconds, device_seconds);
       std::lock_guard<std::mutex> lock(mu_);
       snapshot_.decode_steps = decode_times_;
       snapshot_.mixed_steps = mixed_times_;

@@ -1,7 +1,9 @@
 // Prometheus text rendering of the server's metrics (see metrics.h).
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
 
 namespace lmx::server {
 
@@ -31,6 +33,33 @@ std::string prometheus_label(const std::string& value) {
   }
   return out;
 }
+
+void EngineSnapshot::StepTimes::add_recent(double step_seconds, double device_seconds) {
+  if (recent_step_s.size() < kRecentSteps) {
+    recent_step_s.push_back(step_seconds);
+    recent_device_s.push_back(device_seconds);
+    return;
+  }
+  recent_step_s[recent_next] = step_seconds;
+  recent_device_s[recent_next] = device_seconds;
+  recent_next = (recent_next + 1) % kRecentSteps;
+}
+
+namespace {
+// Prometheus summary lines (quantiles 0.5 / 0.9 / 0.99, _sum, _count) of `values`; nothing when empty.
+void summary(std::string* out, const std::string& name, const std::string& labels, std::vector<double> values) {
+  if (values.empty()) return;
+  std::sort(values.begin(), values.end());
+  double sum = 0;
+  for (double v : values) sum += v;
+  for (const char* q : {"0.5", "0.9", "0.99"}) {
+    const size_t at = std::min(values.size() - 1, size_t(std::stod(q) * double(values.size())));
+    line(out, name, labels + ",quantile=\"" + q + "\"", values[at]);
+  }
+  line(out, name + "_sum", labels, sum);
+  line(out, name + "_count", labels, double(values.size()));
+}
+}  // namespace
 
 void Histogram::observe(double v) {
   size_t i = 0;
@@ -112,6 +141,15 @@ std::string Metrics::render(const EngineSnapshot& e) const {
     line(&out, "loramux_engine_step_seconds_total", label, t.step_s);
     line(&out, "loramux_engine_loop_seconds_total", label, t.loop_s);
     line(&out, "loramux_engine_device_seconds_total", label, t.device_s);
+  }
+  help(&out, "loramux_engine_step_seconds", "summary",
+       "Wall time inside the engine's step over the last 1024 steps of the kind: quantiles, sum, count.");
+  help(&out, "loramux_engine_step_device_seconds", "summary",
+       "Device time of the step's ops over the last 1024 steps of the kind (0 without a device timer).");
+  for (const auto& [kind, t] : {std::pair{"decode", e.decode_steps}, std::pair{"mixed", e.mixed_steps}}) {
+    const std::string label = std::string("kind=\"") + kind + "\"";
+    summary(&out, "loramux_engine_step_seconds", label, t.recent_step_s);
+    summary(&out, "loramux_engine_step_device_seconds", label, t.recent_device_s);
   }
   help(&out, "loramux_adapter_resident", "gauge", "1 for each adapter in a device slot.");
   for (const std::string& a : e.resident_adapters) line(&out, "loramux_adapter_resident", "adapter=\"" + prometheus_label(a) + "\"", 1);

@@ -34,9 +34,16 @@ struct EngineSnapshot {
   // token read-back), `loop` the whole iteration that ran it (also commands, token delivery, the snapshot),
   // `device` the device time of the step's ops (from its enqueued inputs to its sampled tokens; 0 where the
   // backend has no device timer).
+  // The recent windows hold the last kRecentSteps steps' times (a ring: `recent_next` is the next slot to
+  // overwrite once full) for the quantiles of /metrics: a mean over every step since start also carries the
+  // few steps that recorded a decode graph (host time inside the device span), a median does not.
+  static constexpr size_t kRecentSteps = 1024;
   struct StepTimes {
     uint64_t steps = 0;
     double step_s = 0, loop_s = 0, device_s = 0;
+    std::vector<double> recent_step_s, recent_device_s;
+    size_t recent_next = 0;
+    void add_recent(double step_seconds, double device_seconds);
   };
   StepTimes decode_steps, mixed_steps;
 };

@@ -193,6 +193,12 @@ def test_64_concurrent_streams_while_adapters_load_and_unload(server):
         assert 0 < step <= loop
         # device time: the CPU backend has no device timer, so the counter is there and stays 0
         assert m[f'loramux_engine_device_seconds_total{{kind="{kind}"}}'] == 0
+        # the recent window's quantiles: ordered, within the steps' range, over at most 1024 steps
+        count = m[f'loramux_engine_step_seconds_count{{kind="{kind}"}}']
+        assert count == min(1024, m[f'loramux_engine_steps_total{{kind="{kind}"}}'])
+        q = [m[f'loramux_engine_step_seconds{{kind="{kind}",quantile="{p}"}}'] for p in ("0.5", "0.9", "0.99")]
+        assert 0 < q[0] <= q[1] <= q[2] <= m[f'loramux_engine_step_seconds_sum{{kind="{kind}"}}']
+        assert m[f'loramux_engine_step_device_seconds{{kind="{kind}",quantile="0.5"}}'] == 0
 
 
 def wait_idle(server, timeout=20):
