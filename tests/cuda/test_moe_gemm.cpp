@@ -381,35 +381,40 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       using cuda::MoeGemmKernel;
       constexpr MoeGemmKernel kMma = MoeGemmKernel::kMmaSync, kRing = MoeGemmKernel::kWgmma,
                               kWs = MoeGemmKernel::kWgmmaWarpSpecialized, kAuto = MoeGemmKernel::kAuto;
-      for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl, sorted] :
-           std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool, bool>>{
-               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMDecode, 128, kRing, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 4, false, false},
-               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 5, false, false},
-               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, true, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, true, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false, true},
-               {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false, false},
-               {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false, true},
-               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3, 0, false, false},
-               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, true},
-               {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, true},
-               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false, false},
-               {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false, false},
-               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false, false},
+      // The last field: the persistent kernel at BLOCK_M 128 × BLOCK_N 128 in CTA pairs sharing the A tile by
+      // multicast (the default), or one CTA per work item.
+      for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl, sorted, multicast] :
+           std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool, bool, bool>>{
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMDecode, 128, kRing, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 4, false, false, true},
+               {cuda::kMoeGemmBlockMDecode, 64, kRing, 0, 5, false, false, true},
+               {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, true, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, true, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kWs, 0, 0, false, true, true},
+               {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 256, kWs, 3, 0, false, true, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kRing, 3, 0, false, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 0, kMma, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMPrefill, 64, kRing, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, true, true},
+               {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, true, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false, false, true},
                // kAuto: persistent warp-specialized with the rows gathered (and the fused halves gate_up on
                // the ring), the ring without them
-               {cuda::kMoeGemmBlockMPrefill, 0, kAuto, 3, 0, false, true},
-               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 3, 0, false, true},
-               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 0, 0, false, false}}) {
+               {cuda::kMoeGemmBlockMPrefill, 0, kAuto, 3, 0, false, true, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 3, 0, false, true, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, true, false},
+               {cuda::kMoeGemmBlockMLarge, 0, kAuto, 0, 0, false, true, false}}) {
         cuda::set_moe_gemm_kernel(kernel);
+        cuda::set_moe_gemm_multicast(multicast);
         SCOPED_TRACE("T " + std::to_string(c.tokens) + " E " + std::to_string(c.experts) + " K " +
                      std::to_string(c.top_k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " BLOCK_M " +
                      std::to_string(block_m) + " BLOCK_N " + std::to_string(block_n) + (biases ? " biases" : "") +
@@ -418,7 +423,8 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
                       : kernel == kWs   ? " wgmma warp-specialized"
                                         : " auto") +
                      " CTA group " + std::to_string(cta_group) + " decode stages " + std::to_string(stages) +
-                     (pdl ? " pdl" : "") + (sorted ? " A rows gathered for TMA" : ""));
+                     (pdl ? " pdl" : "") + (sorted ? " A rows gathered for TMA" : "") +
+                     (multicast ? "" : " no multicast"));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
         // Scratch of the gathered A rows (warp-specialized kernel), poisoned: every row the GEMM reads must
         // have been written by the gather.
@@ -480,7 +486,8 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         sync();
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
       }
-      cuda::set_moe_gemm_kernel(kAuto);  // the default, for the tests after this one
+      cuda::set_moe_gemm_kernel(kAuto);  // the defaults, for the tests after this one
+      cuda::set_moe_gemm_multicast(true);
     }
   }
 }

@@ -570,6 +570,44 @@ __device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map
       "r"(shared_address(bar))
       : "memory");
 }
+// tma_load_2d into the same shared offset of every CTA in `cta_mask` (a thread-block cluster), each CTA's
+// barrier at `bar`'s offset counting the bytes that land in it.
+__device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtensorMap* map, int inner, int outer,
+                                                      uint64_t* bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(shared_address(shared)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(shared_address(bar)), "h"(cta_mask)
+      : "memory");
+}
+// One arrival on the barrier at `bar`'s offset in CTA `cta` of this cluster (release at cluster scope: this
+// thread's earlier shared-memory reads are done before that CTA's waiter sees the arrival).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, unsigned cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// As mbarrier_wait, acquiring at cluster scope (arrivals from the other CTAs of the cluster).
+__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, unsigned parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ unsigned cluster_cta_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// Every thread of every CTA of the cluster (no thread may have exited), shared memory ordered across it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 // One arrival on `bar` once every cp.async this thread issued so far has landed (counted in the init count).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar)) : "memory");
@@ -726,93 +764,130 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
 // the same sequence for producer and consumers. A consumer releases a stage once the wgmmas reading it
 // retired: the previous k-tile's after each wgmma_wait<1>, the item's last one after its wgmma_wait<0>.
 // The epilogue reads each row's pair straight from sorted_pairs (two loads per thread, L2 hits).
+// kClusterA (BLOCK_M 128 × BLOCK_N 128 only): CTA pairs of a thread-block cluster share the A tile. The
+// persistent loop walks units of one tile × two column blocks; cluster CTA r takes column block 2u + r, and
+// its producer loads A rows [64r, 64r + 64) of the tile once, multicast into both CTAs' stage, plus its own
+// weight box. Per CTA and k-tile that is 24 KB through L2 instead of 32: the kernel is bound by L2 → SM
+// bandwidth (ncu, perf-log run 38: 7.2–7.6 TB/s of L2 traffic at 45% of the FLOP floor, where cuBLASLt's
+// 192 × 192 tiles in clusters of 2 need 6.0–6.4 TB/s at 94%). A stage may be refilled only once the
+// consumers of both CTAs released it (each consumer warp arrives on its own and on the peer's `empty`), and
+// no thread exits before the closing cluster barrier (a peer may still write into this CTA's shared memory
+// or arrive on its barriers). An odd last column block makes rank 1 compute a block past `n`, never stored.
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
-// work_column_blocks == ceil(n / kBlockN).
-template <int kConsumers, int kBlockN, int kStages>
+// work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
+// a_map's box is 64 rows.
+template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
+  constexpr int kCtas = kClusterA ? 2 : 1;  // CTAs sharing a stage's A tile
+  static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
   __shared__ uint64_t full[kStages], empty[kStages];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 1);                 // the TMA issuer's expect_tx arrival
-      mbarrier_init(&empty[s], 4 * kConsumers);   // one arrival per consumer warp
+      mbarrier_init(&full[s], 1);                         // the TMA issuer's expect_tx arrival
+      mbarrier_init(&empty[s], 4 * kConsumers * kCtas);  // one arrival per consumer warp (of each CTA)
     }
+    if constexpr (kClusterA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kClusterA) cluster_sync();  // the peer's barriers exist before anything arrives on them
+  else __syncthreads();
   const int k_tiles = (p.in + kBlockK - 1) / kBlockK;
-  const int items = p.work_tiles * p.work_column_blocks, num_tiles = *p.num_tiles;
+  const int num_tiles = *p.num_tiles;
+  const unsigned rank = kClusterA ? cluster_cta_rank() : 0;
+  // Work units: tile × column block, or with kClusterA tile × pair of column blocks (one per cluster).
+  const int unit_columns = kClusterA ? (p.work_column_blocks + 1) / 2 : p.work_column_blocks;
+  const int units = p.work_tiles * unit_columns;
+  const int first = int(blockIdx.x) / kCtas, stride = int(gridDim.x) / kCtas;
+  auto work_of = [&](int id) {
+    int2 work = work_tile(p, id, p.work_tiles, unit_columns, kBlockN * kCtas);
+    work.y += int(rank) * kBlockN;
+    return work;
+  };
 
   if (threadIdx.x < 128) {  // producer warpgroup: one thread issues every copy
-    if constexpr (kConsumers == 2) release_registers<56>();  // .sync.aligned: the whole warpgroup, then exit
-    if (threadIdx.x != 0) return;
-    constexpr unsigned kStageBytes = (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
+    if constexpr (kConsumers == 2) release_registers<56>();  // .sync.aligned: the whole warpgroup
+    if (threadIdx.x == 0) {
+      constexpr unsigned kStageBytes = (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
+      int it = 0;
+      for (int id = first; id < units; id += stride) {
+        const int2 work = work_of(id);
+        if (work.x >= num_tiles) continue;  // the same tile for both CTAs of a cluster: both skip
+        const int expert = p.tile_group[work.x];
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int stage = it % kStages;
+          __nv_bfloat16* a_dst = stages + stage * kStageElems;
+          if constexpr (kClusterA) mbarrier_wait_cluster(&empty[stage], ((it / kStages) & 1) ^ 1);
+          else mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+          // A's bytes count here whichever CTA's copy writes them (the peer's may land before this arrival:
+          // the phase cannot complete without it)
+          mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
+          // k past `in`, rows past E·n: zeros; rows of the next expert are columns past n, never stored
+          if constexpr (kClusterA) {
+            tma_load_2d_multicast(a_dst + rank * 64 * kBlockK, &p.a_map, kt * kBlockK, work.x * kBlockM + int(rank) * 64,
+                                  &full[stage], uint16_t(0b11));
+          } else {
+            tma_load_2d(a_dst, &p.a_map, kt * kBlockK, work.x * kBlockM, &full[stage]);
+          }
+          tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
+        }
+      }
+    }
+  } else {  // consumer warpgroups
+    if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
+    const int consumer = threadIdx.x / 128 - 1;
+    const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
+    auto release = [&](int stage) {
+      if (lane != 0) return;
+      mbarrier_arrive(&empty[stage]);
+      if constexpr (kClusterA) mbarrier_arrive_cluster(&empty[stage], rank ^ 1u);
+    };
     int it = 0;
-    for (int id = blockIdx.x; id < items; id += gridDim.x) {
-      const int2 work = work_tile(p, id, p.work_tiles, p.work_column_blocks, kBlockN);
+    for (int id = first; id < units; id += stride) {
+      const int2 work = work_of(id);
       if (work.x >= num_tiles) continue;
-      const int expert = p.tile_group[work.x];
+      float acc[kAcc];
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int stage = it % kStages;
-        mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
-        __nv_bfloat16* a_dst = stages + stage * kStageElems;
-        mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
-        // k past `in`, rows past E·n: zeros; rows of the next expert are columns past n, never stored
-        tma_load_2d(a_dst, &p.a_map, kt * kBlockK, work.x * kBlockM, &full[stage]);
-        tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
+        mbarrier_wait(&full[stage], (it / kStages) & 1);
+        __syncwarp();  // converged again for the .aligned wgmma instructions
+        const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
+        const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
+        fence_operands(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
+        fence_operands(acc);
+        if (kt > 0) release((it - 1) % kStages);
       }
-    }
-    return;
-  }
-
-  // consumer warpgroups
-  if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
-  const int consumer = threadIdx.x / 128 - 1;
-  const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
-  int it = 0;
-  for (int id = blockIdx.x; id < items; id += gridDim.x) {
-    const int2 work = work_tile(p, id, p.work_tiles, p.work_column_blocks, kBlockN);
-    if (work.x >= num_tiles) continue;
-    float acc[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-      const int stage = it % kStages;
-      mbarrier_wait(&full[stage], (it / kStages) & 1);
-      __syncwarp();  // converged again for the .aligned wgmma instructions
-      const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
-      const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
+      wgmma_wait<0>();
       fence_operands(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
-      }
-      wgmma_commit();
-      wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
-      fence_operands(acc);
-      if (kt > 0 && lane == 0) mbarrier_arrive(&empty[(it - 1) % kStages]);
-    }
-    wgmma_wait<0>();
-    fence_operands(acc);
-    if (lane == 0) mbarrier_arrive(&empty[(it - 1) % kStages]);  // the item's last stage
+      release((it - 1) % kStages);  // the item's last stage
 
-    const int expert = p.tile_group[work.x];
+      const int expert = p.tile_group[work.x];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int pair = p.sorted_pairs[work.x * kBlockM + consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
-      if (pair >= p.pairs) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int pair = p.sorted_pairs[work.x * kBlockM + consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
+        if (pair >= p.pairs) continue;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        store_columns(p, expert, pair, work.y + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half],
-                      acc[4 * j + 2 * half + 1]);
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          store_columns(p, expert, pair, work.y + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half],
+                        acc[4 * j + 2 * half + 1]);
+        }
       }
     }
   }
+  if constexpr (kClusterA) cluster_sync();  // the peer is done writing into this CTA and arriving on it
 }
 
 struct GatherRowsKernelParams {
@@ -981,6 +1056,7 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 }
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
+bool gemm_multicast = true;                         // set_moe_gemm_multicast
 // The fold measured slower (perf-log runs 34-35: prefill 1600 with an adapter 53.4 ms folded vs 47.6 added
 // into h), so it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
@@ -1099,6 +1175,37 @@ PreparedPersistentKernel prepared_persistent_kernel() {
   return {{kernel, kThreads, shared_bytes}, ctas_per_sm};
 }
 
+// The multicast-A persistent kernel (BLOCK_M 128 × BLOCK_N 128, clusters of 2) and how many of its
+// clusters are resident at once (asked once).
+struct PreparedClusterKernel {
+  PreparedKernel kernel;
+  int clusters;
+};
+int multiprocessors();
+PreparedClusterKernel prepared_cluster_kernel() {
+  constexpr int kStages = 6, kThreads = 384;
+  const size_t shared_bytes = size_t(kStages) * (128 + 128) * kBlockK * sizeof(__nv_bfloat16) + 1024;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<2, 128, kStages, true>;
+  static const int clusters = [&] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 2;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(2 * multiprocessors()));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = shared_bytes;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int n = 0;
+    LMX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+    return std::max(n, 1);
+  }();
+  return {{kernel, kThreads, shared_bytes}, clusters};
+}
+
 int multiprocessors() {
   static const int count = [] {
     int device = 0, value = 0;
@@ -1213,6 +1320,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       with_maps.weight_map = tensor_map_2d(params.weight, params.weight_rows, params.in, block_n, "the weight");
     }
     with_maps.a_by_tma = sorted_rows.defined();
+    CUtensorMap half_tile_map{};  // the gathered rows in boxes of 64: the multicast kernel's A halves
     if (with_maps.a_by_tma) {  // the tiles' rows gathered into tile order first, then one box per stage
       auto* sorted = static_cast<__nv_bfloat16*>(sorted_rows.data);
       const GatherRowsKernelParams gather{.x = params.x, .sorted_pairs = params.sorted_pairs,
@@ -1224,6 +1332,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       gather_rows_kernel<<<dim3(unsigned(max_tiles * block_m), chunk_blocks), kGatherThreads, 0, stream>>>(gather);
       LMX_CUDA_CHECK_LAUNCH();
       with_maps.a_map = tensor_map_2d(sorted, capacity, params.in, block_m, "the gathered rows");
+      if (block_m == kMoeGemmBlockMLarge) half_tile_map = tensor_map_2d(sorted, capacity, params.in, 64, "the gathered rows");
     }
     if (with_maps.a_by_tma && with_maps.weight_by_tma) {  // both by TMA: the persistent form, about one wave
       const bool large = block_m == kMoeGemmBlockMLarge;
@@ -1232,6 +1341,28 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
                 : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
       with_maps.work_column_blocks = int(column_blocks);
+      if (large && block_n == 128 && gemm_multicast) {  // CTA pairs share each A tile (multicast)
+        const PreparedClusterKernel ck = prepared_cluster_kernel();
+        GemmKernelParams cluster_params = with_maps;
+        cluster_params.a_map = half_tile_map;
+        const int64_t units = max_tiles * ((column_blocks + 1) / 2);
+        const unsigned clusters = unsigned(std::min<int64_t>(units, ck.clusters));
+        cudaLaunchAttribute attribute{};
+        attribute.id = cudaLaunchAttributeClusterDimension;
+        attribute.val.clusterDim.x = 2;
+        attribute.val.clusterDim.y = 1;
+        attribute.val.clusterDim.z = 1;
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(2 * clusters);
+        config.blockDim = dim3(unsigned(ck.kernel.threads));
+        config.dynamicSmemBytes = ck.kernel.shared_bytes;
+        config.stream = stream;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, ck.kernel.kernel, cluster_params));
+        LMX_CUDA_CHECK_LAUNCH();
+        return;
+      }
       const int64_t items = max_tiles * column_blocks;
       const unsigned ctas = unsigned(std::min<int64_t>(items, int64_t(multiprocessors()) * pk.ctas_per_sm));
       pk.kernel.kernel<<<ctas, pk.kernel.threads, pk.kernel.shared_bytes, stream>>>(with_maps);
@@ -1268,6 +1399,7 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 }  // namespace
 
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
+void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {

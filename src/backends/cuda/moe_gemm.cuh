@@ -32,6 +32,9 @@ enum class MoeGemmKernel {
                           // operand that cannot come by TMA)
 };
 void set_moe_gemm_kernel(MoeGemmKernel kernel);
+// The persistent kernel at BLOCK_M 128 × BLOCK_N 128 in clusters of 2 CTAs that share each A tile by TMA
+// multicast (default on), or one CTA per work item as before (off: the benchmark's before/after row).
+void set_moe_gemm_multicast(bool on);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
