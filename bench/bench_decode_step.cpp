@@ -278,9 +278,9 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);
     row("same, MoE GEMMs on the ring kernel", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
-    cuda::set_moe_gemm_multicast(false);  // the persistent kernel one CTA per work item (before multicast A)
-    row("same, persistent MoE GEMM without multicast", time_prefill(**engine, o, vocab, rng), prefill_floor);
-    cuda::set_moe_gemm_multicast(true);
+    cuda::set_moe_gemm_multicast(true);  // the persistent kernel in CTA pairs sharing each A tile (off by default)
+    row("same, persistent MoE GEMM with multicast A", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_multicast(false);
     if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
       row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).

@@ -195,16 +195,18 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 time([&](int i) { block(i % kCopies); }));
     }
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
-    cuda::set_moe_gemm_multicast(false);  // the persistent kernel one CTA per work item (before multicast A)
+    cuda::set_moe_gemm_multicast(true);  // the persistent kernel in CTA pairs sharing each A tile (off by default)
     block(0);
     BENCH_CUDA(cudaStreamSynchronize(stream));
-    print_row("block (no LoRA), persistent, no multicast", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+    std::printf("  (multicast kernel: %d clusters of 2 resident, %d SMs)\n", cuda::moe_gemm_multicast_clusters(),
+                [] { int n = 0; cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0); return n; }());
+    print_row("block (no LoRA), persistent, multicast A", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-    print_row("  gate_up fused, persistent, no multicast", tokens, gate_up_bytes, gate_up_flops,
+    print_row("  gate_up fused, persistent, multicast A", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
-    print_row("  down, persistent, no multicast", tokens, down_bytes, down_flops,
+    print_row("  down, persistent, multicast A", tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 0, 8), stream); }));
-    cuda::set_moe_gemm_multicast(true);
+    cuda::set_moe_gemm_multicast(false);
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,

@@ -382,7 +382,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
       constexpr MoeGemmKernel kMma = MoeGemmKernel::kMmaSync, kRing = MoeGemmKernel::kWgmma,
                               kWs = MoeGemmKernel::kWgmmaWarpSpecialized, kAuto = MoeGemmKernel::kAuto;
       // The last field: the persistent kernel at BLOCK_M 128 × BLOCK_N 128 in CTA pairs sharing the A tile by
-      // multicast (the default), or one CTA per work item.
+      // multicast, or one CTA per work item (the default).
       for (const auto& [block_m, block_n, kernel, cta_group, stages, pdl, sorted, multicast] :
            std::vector<std::tuple<int, int, MoeGemmKernel, int, int, bool, bool, bool>>{
                {cuda::kMoeGemmBlockMDecode, 0, kRing, 0, 0, false, false, true},
@@ -424,7 +424,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
                                         : " auto") +
                      " CTA group " + std::to_string(cta_group) + " decode stages " + std::to_string(stages) +
                      (pdl ? " pdl" : "") + (sorted ? " A rows gathered for TMA" : "") +
-                     (multicast ? "" : " no multicast"));
+                     (multicast ? " multicast A" : ""));
         const Tiles tiles = align_by_expert(d_ids, pairs, c.experts, block_m, stream_);
         // Scratch of the gathered A rows (warp-specialized kernel), poisoned: every row the GEMM reads must
         // have been written by the gather.
@@ -487,7 +487,7 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
       }
       cuda::set_moe_gemm_kernel(kAuto);  // the defaults, for the tests after this one
-      cuda::set_moe_gemm_multicast(true);
+      cuda::set_moe_gemm_multicast(false);
     }
   }
 }

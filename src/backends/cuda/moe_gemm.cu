@@ -1056,7 +1056,7 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 }
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
-bool gemm_multicast = true;                         // set_moe_gemm_multicast
+bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 // The fold measured slower (perf-log runs 34-35: prefill 1600 with an adapter 53.4 ms folded vs 47.6 added
 // into h), so it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
@@ -1400,6 +1400,7 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
+int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {

@@ -33,8 +33,11 @@ enum class MoeGemmKernel {
 };
 void set_moe_gemm_kernel(MoeGemmKernel kernel);
 // The persistent kernel at BLOCK_M 128 × BLOCK_N 128 in clusters of 2 CTAs that share each A tile by TMA
-// multicast (default on), or one CTA per work item as before (off: the benchmark's before/after row).
+// multicast (on), or one CTA per work item (off, the default: the multicast form passed every test but
+// measured 1.6–1.7× slower, perf-log run 39; kept for the benchmark's row and further work).
 void set_moe_gemm_multicast(bool on);
+// How many clusters of the multicast kernel the GPU holds at once (its persistent grid; the bench prints it).
+int moe_gemm_multicast_clusters();
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
