@@ -74,6 +74,7 @@ class Engine {
   bool abort(uint64_t id);
 
   const Scheduler& scheduler() const { return *scheduler_; }
+  Scheduler& scheduler() { return *scheduler_; }  // benchmarks: e.g. hold KV pages to move a batch's pages
   // Padding rows run so far (decode steps padded up to their graph bucket).
   uint64_t num_padding_rows() const { return padding_rows_; }
   // Decode steps that replayed a recorded graph, and recordings made.

@@ -58,6 +58,9 @@ class Scheduler {
 
   const SchedulerLimits& limits() const { return limits_; }
   const kv::PageAllocator& pages() const { return pages_; }
+  // Pages taken here are invisible to scheduling (a benchmark holds some so that later sequences get pages
+  // further into the pool, as a long-running server's do); give them back with pages().release().
+  kv::PageAllocator& pages() { return pages_; }
   int num_running() const { return int(running_.size()); }
   int num_waiting() const { return int(waiting_.size()); }
   uint64_t num_preemptions() const { return preemptions_; }
