@@ -37,6 +37,8 @@ constexpr double kFlopsPerSecond = 750e12;  // dense bf16 (issue 4/5)
 struct Options {
   std::string model = "preset:gpt-oss-20b";
   int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600, profile = 0;
+  int max_batched_tokens = 0;         // 0: max(prefill, 4096)
+  double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
 };
 
 Options parse(int argc, char** argv) {
@@ -51,6 +53,8 @@ Options parse(int argc, char** argv) {
     else if (key == "--steps") o.steps = std::atoi(value.c_str());
     else if (key == "--prefill") o.prefill = std::atoi(value.c_str());
     else if (key == "--profile") o.profile = std::atoi(value.c_str());
+    else if (key == "--max-num-batched-tokens") o.max_batched_tokens = std::atoi(value.c_str());
+    else if (key == "--gpu-memory-utilization") o.gpu_memory_utilization = std::atof(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -210,7 +214,8 @@ int main(int argc, char** argv) {
 
   engine::EngineConfig config;
   config.scheduler.max_num_seqs = o.batch;
-  config.scheduler.max_num_batched_tokens = std::max(o.prefill, 4096);
+  config.scheduler.max_num_batched_tokens = o.max_batched_tokens > 0 ? o.max_batched_tokens : std::max(o.prefill, 4096);
+  config.gpu_memory_utilization = o.gpu_memory_utilization;  // the serve run's KV pool (the 0.7 ms question)
   // room for the staggered row: contexts up to --context + 300, 8 decode steps per later admission
   config.scheduler.max_model_len = std::max(o.context + 300 + o.steps + 8 * o.batch + 128, o.prefill + 16);
   config.max_loras = std::max(1, o.adapters);
