@@ -276,10 +276,15 @@ int main(int argc, char** argv) {
     // pages ever further into the pool (ids up to ~6700 after the yardstick's 48 requests); here 6000 low
     // pages are held first: the same batch, its KV ~100 MB further into each layer's cache.
     std::vector<int32_t> held;
-    if ((*engine)->scheduler().pages().allocate(6000, &held)) {
+    const int free_pages = (*engine)->scheduler().pages().num_free();
+    if (free_pages >= 6000 + o.batch * ((o.context + o.steps + 64) / 16 + 2) &&
+        (*engine)->scheduler().pages().allocate(6000, &held)) {
       row("decode step, adapters spread, pages past 6000 held ones",
           time_decode(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
       (*engine)->scheduler().pages().release(held);
+    } else {
+      std::printf("(row with 6000 held KV pages skipped: %d free pages; --gpu-memory-utilization 0.9 sizes the pool "
+                  "as loramux serve does)\n", free_pages);
     }
   }
   const double prefill_floor = prefill_flops(c, o.prefill) / kFlopsPerSecond;

@@ -580,24 +580,15 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtens
       "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(shared_address(bar)), "h"(cta_mask)
       : "memory");
 }
-// One arrival on the barrier at `bar`'s offset in CTA `cta` of this cluster (release at cluster scope: this
-// thread's earlier shared-memory reads are done before that CTA's waiter sees the arrival).
+// One arrival on the barrier at `bar`'s offset in CTA `cta` of this cluster. Default semantics, no
+// cluster-scope release: what it orders is this warp's wgmma reads of a stage (retired by wgmma_wait)
+// before the peer's TMA refills it, which the barrier itself guarantees. Run 39 used
+// .release.cluster here and .acquire.cluster in the producer's wait; that build was 1.6–1.8× slower, and
+// cluster-scope fences on every stage are the first suspect (not yet measured without them).
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, unsigned cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// As mbarrier_wait, acquiring at cluster scope (arrivals from the other CTAs of the cluster).
-__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, unsigned parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  }
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 __device__ __forceinline__ unsigned cluster_cta_rank() {
   unsigned rank;
@@ -821,8 +812,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
           const int stage = it % kStages;
           __nv_bfloat16* a_dst = stages + stage * kStageElems;
-          if constexpr (kClusterA) mbarrier_wait_cluster(&empty[stage], ((it / kStages) & 1) ^ 1);
-          else mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+          mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);  // with kClusterA: both CTAs' consumers
           // A's bytes count here whichever CTA's copy writes them (the peer's may land before this arrival:
           // the phase cannot complete without it)
           mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
