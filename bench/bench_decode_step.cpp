@@ -7,7 +7,9 @@
 // Weights are generated on the GPU (presets); adapters are random (make_dummy_adapter). Run by
 // scripts/device with a preset and shapes on the command line; numbers go to docs/benchmarks.md.
 //   bench_decode_step [--model preset:gpt-oss-20b] [--adapters 8] [--rank 32] [--batch 16] [--context 2000]
-//                     [--steps 12] [--prefill 1600] [--profile 1]
+//                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
+//                     [--max-num-batched-tokens 2048]
+// The last two size the KV pool (default: for the batch only) and the token budget as loramux serve does.
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 #include <algorithm>
 #include <chrono>
