@@ -1171,6 +1171,25 @@ struct PreparedClusterKernel {
   PreparedKernel kernel;
   int clusters;
 };
+// The launch configuration of `clusters` clusters of 2 CTAs along x.
+struct ClusterPairLaunch {
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+  ClusterPairLaunch(const PreparedKernel& k, unsigned clusters, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 2;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(2 * clusters);
+    config.blockDim = dim3(unsigned(k.threads));
+    config.dynamicSmemBytes = k.shared_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  ClusterPairLaunch(const ClusterPairLaunch&) = delete;  // config.attrs points into this object
+  ClusterPairLaunch& operator=(const ClusterPairLaunch&) = delete;
+};
 int multiprocessors();
 PreparedClusterKernel prepared_cluster_kernel() {
   constexpr int kStages = 6, kThreads = 384;
@@ -1178,19 +1197,9 @@ PreparedClusterKernel prepared_cluster_kernel() {
   GemmKernel kernel = grouped_gemm_persistent_kernel<2, 128, kStages, true>;
   static const int clusters = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = 2;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(2 * multiprocessors()));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = shared_bytes;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    ClusterPairLaunch launch({kernel, kThreads, shared_bytes}, unsigned(multiprocessors()), nullptr);
     int n = 0;
-    LMX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+    LMX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &launch.config));
     return std::max(n, 1);
   }();
   return {{kernel, kThreads, shared_bytes}, clusters};
@@ -1336,20 +1345,8 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
         GemmKernelParams cluster_params = with_maps;
         cluster_params.a_map = half_tile_map;
         const int64_t units = max_tiles * ((column_blocks + 1) / 2);
-        const unsigned clusters = unsigned(std::min<int64_t>(units, ck.clusters));
-        cudaLaunchAttribute attribute{};
-        attribute.id = cudaLaunchAttributeClusterDimension;
-        attribute.val.clusterDim.x = 2;
-        attribute.val.clusterDim.y = 1;
-        attribute.val.clusterDim.z = 1;
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(2 * clusters);
-        config.blockDim = dim3(unsigned(ck.kernel.threads));
-        config.dynamicSmemBytes = ck.kernel.shared_bytes;
-        config.stream = stream;
-        config.attrs = &attribute;
-        config.numAttrs = 1;
-        LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, ck.kernel.kernel, cluster_params));
+        ClusterPairLaunch launch(ck.kernel, unsigned(std::min<int64_t>(units, ck.clusters)), stream);
+        LMX_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, ck.kernel.kernel, cluster_params));
         LMX_CUDA_CHECK_LAUNCH();
         return;
       }
