@@ -32,7 +32,8 @@ def test_yardstick_script_serves_benches_and_stops():
         cmd = [os.path.join(ROOT, "scripts", "yardstick"), "--device", "cpu", "--bin", BIN, "--model", "preset:tiny-moe",
                "--tokenizer", QWEN3, "--sonnet", os.path.join(SHARED, "sonnet.txt"), "--loras", "2", "--rank", "8",
                "--concurrency", "2", "--num-prompts", "4", "--input-len", "64", "--output-len", "4", "--out", out,
-               "--port", str(port), "--name", "smoke"]
+               "--port", str(port), "--name", "smoke", "--max-num-batched-tokens", "512",
+               "--serve-arg", "--no-enable-prefix-caching"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         r = json.load(open(os.path.join(out, "smoke.json")))
@@ -41,6 +42,10 @@ def test_yardstick_script_serves_benches_and_stops():
         assert r["per_adapter"]["lora0"]["completed"] == 2 and r["per_adapter"]["lora1"]["completed"] == 2
         serve_log = open(os.path.join(out, "smoke.serve.log")).read()
         assert "decode graphs" in serve_log and "drained" in serve_log, serve_log[-2000:]
+        # the step budget and the extra serve flag reached the server
+        config = [line.split() for line in serve_log.splitlines() if line.startswith("  ")]
+        assert ["max-num-batched-tokens", "512"] in config, serve_log[:2000]
+        assert ["prefix", "caching", "off"] in config, serve_log[:2000]
         # The server is gone: its port is free again.
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
