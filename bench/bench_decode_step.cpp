@@ -302,6 +302,12 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_multicast(true);  // the persistent kernel in CTA pairs sharing each A tile (off by default)
     row("same, persistent MoE GEMM with multicast A", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_multicast(false);
+    cuda::set_moe_gemm_large_block_n(256);  // 128 × 256 tiles for the 128-row MoE GEMMs
+    row("same, MoE GEMMs at BLOCK_N 256", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_large_block_n(128);
+    cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
+    row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_compact_epilogue(true);
     if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
       row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).

@@ -262,6 +262,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, block_n, 8), stream); }));
       print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, block_n, 8), stream); }));
+      // before: the per-column general epilogue for every work item
+      cuda::set_moe_gemm_compact_epilogue(false);
+      print_row(("  gate_up fused" + suffix + ", general epilogue").c_str(), tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, block_n, 8), stream); }));
+      print_row(("  down" + suffix + ", general epilogue").c_str(), tokens, down_bytes, down_flops,
+                time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, block_n, 8), stream); }));
+      cuda::set_moe_gemm_compact_epilogue(true);
     }
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
   }

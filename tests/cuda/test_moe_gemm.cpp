@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -238,6 +239,15 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
       EXPECT_TRUE(all_close(wgmma, widen(mma), 1.0 / 64.0));
     }
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
+    // The default kernel with 128 × 256 tiles, and with the general epilogue for every work item (the
+    // compact forms are bit-identical to it: same arithmetic per element).
+    const OwnedTensor compact = run_block(c, b, true, stream_);
+    cuda::set_moe_gemm_large_block_n(256);
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "BLOCK_N 256";
+    cuda::set_moe_gemm_large_block_n(128);
+    cuda::set_moe_gemm_compact_epilogue(false);
+    EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
+    cuda::set_moe_gemm_compact_epilogue(true);
   }
 }
 
@@ -276,6 +286,9 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
       EXPECT_TRUE(all_close(got, want, kTolMoeBlock));
     }
     cuda::set_moe_lora_in_epilogue(false);
+    cuda::set_moe_gemm_large_block_n(256);  // 128-row tiles as 128 × 256 (the other BLOCK_M: unchanged)
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "BLOCK_N 256 at BLOCK_M 128";
+    cuda::set_moe_gemm_large_block_n(128);
   }
 }
 
@@ -559,6 +572,7 @@ TEST_F(CudaMoeGemm, CombineMatchesReference) {
 // Contract violations abort with a message naming the field, the expectation and what was found.
 TEST_F(CudaMoeGemm, BadInputNamesTheField) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_THROW(cuda::set_moe_gemm_large_block_n(64), std::invalid_argument);
   const int64_t tokens = 4, top_k = 2, experts = 8, H = 64, I = 64, pairs = tokens * top_k;
   Routing routing = make_routing(rng(), tokens, top_k, experts);
   OwnedTensor d_ids = cuda::upload(routing.ids), d_weights = cuda::upload(routing.weights);

@@ -26,14 +26,15 @@ def free_port():
 
 @pytest.mark.skipif(not (QWEN3 and os.path.exists(os.path.join(QWEN3, "tokenizer.json"))),
                     reason="SKIPPED LOUDLY: no ../shared/data — scripts/yardstick is untested")
-def test_yardstick_script_serves_benches_and_stops():
+@pytest.mark.parametrize("dataset", ["sonnet", "random"])
+def test_yardstick_script_serves_benches_and_stops(dataset):
     with tempfile.TemporaryDirectory() as out:
         port = free_port()
         cmd = [os.path.join(ROOT, "scripts", "yardstick"), "--device", "cpu", "--bin", BIN, "--model", "preset:tiny-moe",
                "--tokenizer", QWEN3, "--sonnet", os.path.join(SHARED, "sonnet.txt"), "--loras", "2", "--rank", "8",
                "--concurrency", "2", "--num-prompts", "4", "--input-len", "64", "--output-len", "4", "--out", out,
                "--port", str(port), "--name", "smoke", "--max-num-batched-tokens", "512",
-               "--serve-arg", "--no-enable-prefix-caching"]
+               "--serve-arg", "--no-enable-prefix-caching", "--dataset", dataset]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         r = json.load(open(os.path.join(out, "smoke.json")))
@@ -49,3 +50,10 @@ def test_yardstick_script_serves_benches_and_stops():
         # The server is gone: its port is free again.
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_yardstick_script_rejects_unknown_dataset():
+    p = subprocess.run([os.path.join(ROOT, "scripts", "yardstick"), "--bin", BIN, "--dataset", "shakespeare"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2
+    assert "--dataset shakespeare: expected sonnet or random" in p.stderr

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "backends/cuda/check.h"
@@ -71,6 +72,7 @@ struct GemmKernelParams {
   bool a_by_tma;                // warp-specialized kernel: A tiles come through a_map (rows gathered in tile order)
   int work_tiles;               // persistent kernel: tiles (max_tiles) × work_column_blocks work items
   int work_column_blocks;
+  bool compact_epilogue;        // persistent kernel: the epilogue form chosen once per work item (Epilogue)
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
@@ -174,6 +176,53 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
   } else {
     p.out[int64_t(pair) * p.n + column] = __float2bfloat16_rn(v0);
     if (has_second) p.out[int64_t(pair) * p.n + column + 1] = __float2bfloat16_rn(v1);
+  }
+}
+
+// The epilogue form of one work item (uniform across the CTA), chosen once per item so the executed path
+// carries none of store_columns' per-column branches: kFused / kStore need every column of the block inside n,
+// the interleaved layout and no LoRA fold; anything else takes store_columns (kGeneral).
+enum class Epilogue { kGeneral, kFused, kStore };
+__device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int first_column, int block_n) {
+  if (first_column + block_n > p.n || p.lora_h != nullptr || p.halves) return Epilogue::kGeneral;
+  if (p.fuse_activation) return Epilogue::kFused;
+  return p.n % 2 == 0 ? Epilogue::kStore : Epilogue::kGeneral;
+}
+
+// A warpgroup's 64 × kBlockN accumulators (wgmma layout: thread lane holds rows lane / 4 and + 8 of its warp's
+// 16, columns 8j + 2(lane % 4) and + 1) through the kFused or kStore form; the same arithmetic as
+// store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
+// (>= p.pairs on padding, not stored); column0: the thread's first column.
+template <Epilogue kCase, int kBlockN>
+__device__ __forceinline__ void store_tile(const GemmKernelParams& p, int expert, const int (&pair)[2], int column0,
+                                           const float (&acc)[kBlockN / 2]) {
+  static_assert(kCase != Epilogue::kGeneral);
+  const __nv_bfloat16* bias = p.bias == nullptr ? nullptr : p.bias + int64_t(expert) * p.n;
+  const int64_t out_stride = kCase == Epilogue::kFused ? p.n / 2 : p.n;
+  __nv_bfloat16* out[2];
+  bool stored[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    stored[half] = pair[half] < p.pairs;
+    out[half] = p.out + (stored[half] ? int64_t(pair[half]) * out_stride : 0);
+  }
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const int column = column0 + 8 * j;
+    float2 b{0.0f, 0.0f};
+    if (bias != nullptr) b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + column));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (!stored[half]) continue;
+      const float v0 = acc[4 * j + 2 * half] + b.x, v1 = acc[4 * j + 2 * half + 1] + b.y;
+      if constexpr (kCase == Epilogue::kFused) {
+        const float gate = __bfloat162float(__float2bfloat16_rn(v0));
+        const float up = __bfloat162float(__float2bfloat16_rn(v1));
+        out[half][column / 2] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(out[half] + column) = __floats2bfloat162_rn(v0, v1);
+      }
+    }
   }
 }
 
@@ -865,14 +914,25 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       release((it - 1) % kStages);  // the item's last stage
 
       const int expert = p.tile_group[work.x];
+      int pair[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int pair = p.sorted_pairs[work.x * kBlockM + consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
-        if (pair >= p.pairs) continue;
+        pair[half] = p.sorted_pairs[work.x * kBlockM + consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
+      }
+      const Epilogue how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN) : Epilogue::kGeneral;
+      if (how == Epilogue::kFused) {
+        store_tile<Epilogue::kFused, kBlockN>(p, expert, pair, work.y + 2 * (lane % 4), acc);
+      } else if (how == Epilogue::kStore) {
+        store_tile<Epilogue::kStore, kBlockN>(p, expert, pair, work.y + 2 * (lane % 4), acc);
+      } else {
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-          store_columns(p, expert, pair, work.y + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half],
-                        acc[4 * j + 2 * half + 1]);
+        for (int half = 0; half < 2; ++half) {
+          if (pair[half] >= p.pairs) continue;
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            store_columns(p, expert, pair[half], work.y + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half],
+                          acc[4 * j + 2 * half + 1]);
+          }
         }
       }
     }
@@ -1047,6 +1107,8 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
+bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
+int gemm_large_block_n = 128;                       // set_moe_gemm_large_block_n
 // The fold measured slower (perf-log runs 34-35: prefill 1600 with an adapter 53.4 ms folded vs 47.6 added
 // into h), so it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
@@ -1276,8 +1338,11 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
                  const Tensor& sorted_rows, cudaStream_t stream) {
+  const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   if (block_n == 0) {  // the defaults, in one place
-    block_n = block_m == kMoeGemmBlockMDecode ? 64 : 128;
+    block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
+              : block_m == kMoeGemmBlockMLarge && kernel != MoeGemmKernel::kMmaSync ? gemm_large_block_n
+                                                                                 : 128;
   }
   if (max_tiles == 0 || params.pairs == 0 || params.n == 0) return;
   const int64_t column_blocks = (params.n + block_n - 1) / block_n;
@@ -1285,7 +1350,6 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
   const dim3 grid{unsigned(max_tiles), unsigned(column_blocks), 1};
   const bool even_k = params.in % kBlockK == 0;
   PreparedKernel k{};
-  const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   const bool use_wgmma = kernel == MoeGemmKernel::kWgmma;
   // PDL is built into grouped_gemm_kernel only (BLOCK_M 16, and every BLOCK_M on mma.sync); the wgmma
   // kernels never wait, so they run as plain launches whatever params.pdl says.
@@ -1339,6 +1403,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
           large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4>() : prepared_persistent_kernel<2, 128, 6>())
                 : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
+      with_maps.compact_epilogue = gemm_compact_epilogue;
       with_maps.work_column_blocks = int(column_blocks);
       if (large && block_n == 128 && gemm_multicast) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
@@ -1387,6 +1452,14 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
+void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
+void set_moe_gemm_large_block_n(int block_n) {
+  if (block_n != 128 && block_n != 256) {
+    throw std::invalid_argument("set_moe_gemm_large_block_n: block_n = " + std::to_string(block_n) +
+                                ", expected 128 or 256 (the wgmma kernels' BLOCK_N at BLOCK_M 128)");
+  }
+  gemm_large_block_n = block_n;
+}
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 

@@ -38,6 +38,13 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel);
 void set_moe_gemm_multicast(bool on);
 // How many clusters of the multicast kernel the GPU holds at once (its persistent grid; the bench prints it).
 int moe_gemm_multicast_clusters();
+// The persistent kernel's epilogue: its form (fused activation, plain store, or the general per-column
+// checks) chosen once per work item (on, the default), or the general form for every item (the bench's
+// before row).
+void set_moe_gemm_compact_epilogue(bool on);
+// The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 128 (the default) or 256
+// (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps 128. Throws std::invalid_argument otherwise.
+void set_moe_gemm_large_block_n(int block_n);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
