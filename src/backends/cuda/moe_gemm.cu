@@ -192,35 +192,28 @@ __device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int
 // A warpgroup's 64 × kBlockN accumulators (wgmma layout: thread lane holds rows lane / 4 and + 8 of its warp's
 // 16, columns 8j + 2(lane % 4) and + 1) through the kFused or kStore form; the same arithmetic as
 // store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
-// (>= p.pairs on padding, not stored); column0: the thread's first column.
+// (>= p.pairs on padding, not stored); column0: the thread's first column; bias[j]: the biases of columns
+// column0 + 8j and + 1 (zeros without a bias).
 template <Epilogue kCase, int kBlockN>
-__device__ __forceinline__ void store_tile(const GemmKernelParams& p, int expert, const int (&pair)[2], int column0,
-                                           const float (&acc)[kBlockN / 2]) {
+__device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], int column0,
+                                           const __nv_bfloat162 (&bias)[kBlockN / 8], const float (&acc)[kBlockN / 2]) {
   static_assert(kCase != Epilogue::kGeneral);
-  const __nv_bfloat16* bias = p.bias == nullptr ? nullptr : p.bias + int64_t(expert) * p.n;
   const int64_t out_stride = kCase == Epilogue::kFused ? p.n / 2 : p.n;
-  __nv_bfloat16* out[2];
-  bool stored[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    stored[half] = pair[half] < p.pairs;
-    out[half] = p.out + (stored[half] ? int64_t(pair[half]) * out_stride : 0);
-  }
+    if (pair[half] >= p.pairs) continue;
+    __nv_bfloat16* out = p.out + int64_t(pair[half]) * out_stride;
 #pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
-    const int column = column0 + 8 * j;
-    float2 b{0.0f, 0.0f};
-    if (bias != nullptr) b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + column));
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (!stored[half]) continue;
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int column = column0 + 8 * j;
+      const float2 b = __bfloat1622float2(bias[j]);
       const float v0 = acc[4 * j + 2 * half] + b.x, v1 = acc[4 * j + 2 * half + 1] + b.y;
       if constexpr (kCase == Epilogue::kFused) {
         const float gate = __bfloat162float(__float2bfloat16_rn(v0));
         const float up = __bfloat162float(__float2bfloat16_rn(v1));
-        out[half][column / 2] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
+        out[column / 2] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
       } else {
-        *reinterpret_cast<__nv_bfloat162*>(out[half] + column) = __floats2bfloat162_rn(v0, v1);
+        *reinterpret_cast<__nv_bfloat162*>(out + column) = __floats2bfloat162_rn(v0, v1);
       }
     }
   }
@@ -816,6 +809,52 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
 // a_map's box is 64 rows.
+// What the persistent kernel's epilogue of one work item reads from global memory, loaded in one go: at
+// BLOCK_N 128 before the item's k-loop, so the loads' latency hides behind its MMAs (ncu, perf-log run 42:
+// L1TEX scoreboard waits were 31% of the consumers' stalls with the loads inside the epilogue); at BLOCK_N
+// 256 after it (its 32 bias registers do not fit beside 128 accumulators). row0: the warp's first tile row.
+template <int kBlockM, int kBlockN>
+struct EpilogueInputs {
+  int expert, column0;
+  int pair[2];  // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
+  Epilogue how;
+  __nv_bfloat162 bias[kBlockN / 8];  // kFused / kStore: the thread's column pairs' biases (zeros without)
+
+  __device__ __forceinline__ EpilogueInputs(const GemmKernelParams& p, int2 work, int row0, int lane) {
+    expert = p.tile_group[work.x];
+    column0 = work.y + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) pair[half] = p.sorted_pairs[work.x * kBlockM + row0 + lane / 4 + 8 * half];
+    how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN) : Epilogue::kGeneral;
+    const bool load_bias = how != Epilogue::kGeneral && p.bias != nullptr;
+    const __nv_bfloat16* bias_row = p.bias + (load_bias ? int64_t(expert) * p.n + column0 : 0);
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      bias[j] = load_bias ? *reinterpret_cast<const __nv_bfloat162*>(bias_row + 8 * j) : __float2bfloat162_rn(0.0f);
+    }
+  }
+};
+
+// The persistent kernel's epilogue of one work item (the form chosen per item: Epilogue).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, const EpilogueInputs<kBlockM, kBlockN>& in,
+                                                    const float (&acc)[kBlockN / 2]) {
+  if (in.how == Epilogue::kFused) {
+    store_tile<Epilogue::kFused, kBlockN>(p, in.pair, in.column0, in.bias, acc);
+  } else if (in.how == Epilogue::kStore) {
+    store_tile<Epilogue::kStore, kBlockN>(p, in.pair, in.column0, in.bias, acc);
+  } else {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (in.pair[half] >= p.pairs) continue;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+}
+
 template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
@@ -885,55 +924,56 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       mbarrier_arrive(&empty[stage]);
       if constexpr (kClusterA) mbarrier_arrive_cluster(&empty[stage], rank ^ 1u);
     };
+    const int row0 = consumer * 64 + warp_in_group * 16;
     int it = 0;
+    // One k-tile of the item in `acc`: issue() waits for its stage and issues its wgmmas; retire(), after
+    // whatever runs while they are in flight, releases the previous k-tile's stage once its wgmmas retired.
+    auto issue = [&](float (&acc)[kAcc]) {
+      const int stage = it % kStages;
+      mbarrier_wait(&full[stage], (it / kStages) & 1);
+      __syncwarp();  // converged again for the .aligned wgmma instructions
+      const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
+      const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+      }
+      wgmma_commit();
+    };
+    auto retire = [&](float (&acc)[kAcc], int kt) {
+      wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
+      fence_operands(acc);
+      if (kt > 0) release((it - 1) % kStages);
+      ++it;
+    };
+    auto finish = [&](float (&acc)[kAcc]) {
+      wgmma_wait<0>();
+      fence_operands(acc);
+      release((it - 1) % kStages);  // the item's last stage
+    };
     for (int id = first; id < units; id += stride) {
       const int2 work = work_of(id);
       if (work.x >= num_tiles) continue;
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int stage = it % kStages;
-        mbarrier_wait(&full[stage], (it / kStages) & 1);
-        __syncwarp();  // converged again for the .aligned wgmma instructions
-        const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
-        const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
-        fence_operands(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockK / 16; ++kk) {
-          wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+      if constexpr (kBlockN == 128) {
+        const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          issue(acc);
+          retire(acc, kt);
         }
-        wgmma_commit();
-        wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
-        fence_operands(acc);
-        if (kt > 0) release((it - 1) % kStages);
-      }
-      wgmma_wait<0>();
-      fence_operands(acc);
-      release((it - 1) % kStages);  // the item's last stage
-
-      const int expert = p.tile_group[work.x];
-      int pair[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        pair[half] = p.sorted_pairs[work.x * kBlockM + consumer * 64 + warp_in_group * 16 + lane / 4 + 8 * half];
-      }
-      const Epilogue how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN) : Epilogue::kGeneral;
-      if (how == Epilogue::kFused) {
-        store_tile<Epilogue::kFused, kBlockN>(p, expert, pair, work.y + 2 * (lane % 4), acc);
-      } else if (how == Epilogue::kStore) {
-        store_tile<Epilogue::kStore, kBlockN>(p, expert, pair, work.y + 2 * (lane % 4), acc);
+        finish(acc);
+        persistent_epilogue(p, in, acc);
       } else {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          if (pair[half] >= p.pairs) continue;
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
-            store_columns(p, expert, pair[half], work.y + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half],
-                          acc[4 * j + 2 * half + 1]);
-          }
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          issue(acc);
+          retire(acc, kt);
         }
+        finish(acc);
+        persistent_epilogue(p, EpilogueInputs<kBlockM, kBlockN>(p, work, row0, lane), acc);
       }
     }
   }
