@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 #include "engine/engine.h"
 #include "engine/setup.h"
 #include "lora/adapter.h"
+#include "ops/kernel_configs.h"
 #include "op_profiler.h"
 
 namespace lmx {
@@ -41,6 +43,9 @@ struct Options {
   int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600, profile = 0;
   int max_batched_tokens = 0;         // 0: max(prefill, 4096)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
+  // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
+  // backend's built-in defaults (what this bench measured before perf-log run 44).
+  std::string kernel_configs;
 };
 
 Options parse(int argc, char** argv) {
@@ -57,6 +62,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--profile") o.profile = std::atoi(value.c_str());
     else if (key == "--max-num-batched-tokens") o.max_batched_tokens = std::atoi(value.c_str());
     else if (key == "--gpu-memory-utilization") o.gpu_memory_utilization = std::atof(value.c_str());
+    else if (key == "--kernel-configs") o.kernel_configs = value;
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -201,7 +207,22 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
-  cuda::CudaBackend cuda_backend;
+  ops::KernelConfigs kernel_configs;
+  std::string configs_dir = o.kernel_configs;
+  if (configs_dir.empty() && std::filesystem::is_directory(std::string(LORAMUX_SOURCE_DIR) + "/configs/kernels")) {
+    configs_dir = std::string(LORAMUX_SOURCE_DIR) + "/configs/kernels";
+  }
+  if (!configs_dir.empty() && configs_dir != "none") {
+    Result<ops::KernelConfigs> loaded = ops::KernelConfigs::load_dir(configs_dir);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "bench_decode_step: --kernel-configs: %s\n", loaded.status().message().c_str());
+      return 1;
+    }
+    kernel_configs = std::move(loaded).value();
+  }
+  std::printf("bench_decode_step: kernel configs %s\n", configs_dir.empty() || configs_dir == "none"
+                                                           ? "none (built-in defaults)" : configs_dir.c_str());
+  cuda::CudaBackend cuda_backend(kernel_configs);
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
   const auto t_load = std::chrono::steady_clock::now();
   Result<model::ModelWeights> weights = engine::load_base_model(o.model, 1, 0, &backend);
