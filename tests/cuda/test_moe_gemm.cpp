@@ -272,6 +272,9 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
       {1024, 4, 1, 512, 256, kSilu, kHalves, false},
       {600, 8, 4, 128, 192, kSilu, kHalves, true, 2, 16, 16},
       {200, 4, 2, 192, 320, kGptOss, kHalves, true, 3, 8, 32},
+      // BLOCK_M 128 (256 pairs per expert), interleaved, whole 128-column blocks: the persistent kernel's
+      // fused epilogue forms, with the LoRA fold its kFusedDelta form
+      {2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 3, 16, 16},
   };
   for (const BlockCase& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -298,14 +301,19 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
 TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
   for (int32_t only_slot : {-1, 0}) {
     for (const BlockCase& c : {BlockCase{16, 32, 4, 320, 96, kGptOss, kInterleaved, true, 4, 32, 16},
-                               BlockCase{300, 8, 2, 200, 136, kSilu, kHalves, false, 3, 16, 16}}) {
+                               BlockCase{300, 8, 2, 200, 136, kSilu, kHalves, false, 3, 16, 16},
+                               BlockCase{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 3, 16, 16}}) {
       SCOPED_TRACE(describe(c) + " slot " + std::to_string(only_slot));
       BlockData b = make_block_data(rng(), c);
       for (int64_t t = 0; t < c.tokens; ++t) b.token_slot.view.ptr<int32_t>()[t] = only_slot;
       b.d_slot = cuda::upload(b.token_slot);
-      const OwnedTensor with_stacks = run_block(c, b, true, stream_);
       const OwnedTensor base = run_block(c, b, false, stream_);
-      EXPECT_TRUE(bitwise_equal(with_stacks, base));
+      for (bool fold : {false, true}) {  // the LoRA added into h, or folded into the fused activation
+        SCOPED_TRACE(fold ? "LoRA folded into the activation" : "LoRA added into h");
+        cuda::set_moe_lora_in_epilogue(fold);
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base));
+      }
+      cuda::set_moe_lora_in_epilogue(false);
       EXPECT_TRUE(all_close(base, cpu_block(cpu_, c, b), kTolMoeBlock));
     }
   }

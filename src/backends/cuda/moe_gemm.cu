@@ -157,8 +157,7 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
     if (has_second) v1 += __bfloat162float(bias[row1]);
   }
   // The MoE-LoRA's delta of h (fused only), by read-only loads (__ldg) so they need not wait behind the
-  // previous columns' stores to `out`; the fold still measured ~240 µs a layer slower than adding the LoRA
-  // into h (perf-log run 35), so moe_block does not fold by default.
+  // previous columns' stores to `out` (the persistent kernel's whole blocks take kFusedDelta instead).
   if (p.lora_h != nullptr && __ldg(p.token_slot + pair / p.row_div) >= 0) {
     const __nv_bfloat16* delta = p.lora_h + int64_t(pair) * p.n;
     v0 += __bfloat162float(__ldg(delta + row0));
@@ -181,10 +180,15 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
 
 // The epilogue form of one work item (uniform across the CTA), chosen once per item so the executed path
 // carries none of store_columns' per-column branches: kFused / kStore need every column of the block inside n,
-// the interleaved layout and no LoRA fold; anything else takes store_columns (kGeneral).
-enum class Epilogue { kGeneral, kFused, kStore };
-__device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int first_column, int block_n) {
-  if (first_column + block_n > p.n || p.lora_h != nullptr || p.halves) return Epilogue::kGeneral;
+// the interleaved layout (and for the LoRA fold BLOCK_N 128); anything else takes store_columns (kGeneral).
+// kFusedDelta: kFused with the MoE-LoRA delta (lora_h) added before the activation, where the kernel has
+// registers for it (delta_form: BLOCK_M 128 × BLOCK_N 128; 32 more per thread spill at BLOCK_N 256 or in
+// BLOCK_M 64's 128 registers).
+enum class Epilogue { kGeneral, kFused, kFusedDelta, kStore };
+__device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int first_column, int block_n,
+                                                  bool delta_form) {
+  if (first_column + block_n > p.n || p.halves) return Epilogue::kGeneral;
+  if (p.lora_h != nullptr) return p.fuse_activation && delta_form ? Epilogue::kFusedDelta : Epilogue::kGeneral;
   if (p.fuse_activation) return Epilogue::kFused;
   return p.n % 2 == 0 ? Epilogue::kStore : Epilogue::kGeneral;
 }
@@ -193,12 +197,16 @@ __device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int
 // 16, columns 8j + 2(lane % 4) and + 1) through the kFused or kStore form; the same arithmetic as
 // store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
 // (>= p.pairs on padding, not stored); column0: the thread's first column; bias[j]: the biases of columns
-// column0 + 8j and + 1 (zeros without a bias).
-template <Epilogue kCase, int kBlockN>
+// column0 + 8j and + 1 (zeros without a bias); delta[half][j] (kFusedDelta): lora_h of those columns, added
+// where has_delta[half] (the row's token has a slot).
+template <Epilogue kCase, int kBlockN, int kDelta>
 __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], int column0,
-                                           const __nv_bfloat162 (&bias)[kBlockN / 8], const float (&acc)[kBlockN / 2]) {
-  static_assert(kCase != Epilogue::kGeneral);
-  const int64_t out_stride = kCase == Epilogue::kFused ? p.n / 2 : p.n;
+                                           const __nv_bfloat162 (&bias)[kBlockN / 8],
+                                           const __nv_bfloat162 (&delta)[2][kDelta], const bool (&has_delta)[2],
+                                           const float (&acc)[kBlockN / 2]) {
+  static_assert(kCase != Epilogue::kGeneral && (kCase != Epilogue::kFusedDelta || kDelta == kBlockN / 8));
+  constexpr bool kActivated = kCase == Epilogue::kFused || kCase == Epilogue::kFusedDelta;
+  const int64_t out_stride = kActivated ? p.n / 2 : p.n;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (pair[half] >= p.pairs) continue;
@@ -207,8 +215,15 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
     for (int j = 0; j < kBlockN / 8; ++j) {
       const int column = column0 + 8 * j;
       const float2 b = __bfloat1622float2(bias[j]);
-      const float v0 = acc[4 * j + 2 * half] + b.x, v1 = acc[4 * j + 2 * half + 1] + b.y;
-      if constexpr (kCase == Epilogue::kFused) {
+      float v0 = acc[4 * j + 2 * half] + b.x, v1 = acc[4 * j + 2 * half + 1] + b.y;
+      if constexpr (kCase == Epilogue::kFusedDelta) {
+        if (has_delta[half]) {  // only with a slot: no +0 added (a -0 stays -0, as without the LoRA)
+          const float2 d = __bfloat1622float2(delta[half][j]);
+          v0 += d.x;
+          v1 += d.y;
+        }
+      }
+      if constexpr (kActivated) {
         const float gate = __bfloat162float(__float2bfloat16_rn(v0));
         const float up = __bfloat162float(__float2bfloat16_rn(v1));
         out[column / 2] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
@@ -786,6 +801,77 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   }
 }
 
+// What the persistent kernel's epilogue of one work item reads from global memory, loaded in one go: at
+// BLOCK_M 128 × BLOCK_N 128 before the item's k-loop, so the loads' latency hides behind its MMAs (ncu,
+// perf-log run 42: L1TEX scoreboard waits were 31% of the consumers' stalls with the loads inside the
+// epilogue); otherwise after it (BLOCK_N 256: 32 bias registers do not fit beside 128 accumulators; BLOCK_M
+// 64 runs two CTAs per SM in 128 registers). row0: the warp's first tile row.
+template <int kBlockM, int kBlockN>
+struct EpilogueInputs {
+  int expert, column0;
+  int pair[2];  // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
+  Epilogue how;
+  __nv_bfloat162 bias[kBlockN / 8];  // kFused / kStore: the thread's column pairs' biases (zeros without)
+  static constexpr bool kDeltaForm = kBlockM == 128 && kBlockN == 128;
+  static constexpr int kDelta = kDeltaForm ? kBlockN / 8 : 1;
+  __nv_bfloat162 delta[2][kDelta];    // kFusedDelta: lora_h of those columns per row
+  bool has_delta[2];                  // kFusedDelta: the row's token has a slot
+
+  __device__ __forceinline__ EpilogueInputs(const GemmKernelParams& p, int2 work, int row0, int lane) {
+    expert = p.tile_group[work.x];
+    column0 = work.y + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) pair[half] = p.sorted_pairs[work.x * kBlockM + row0 + lane / 4 + 8 * half];
+    how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN, kDeltaForm) : Epilogue::kGeneral;
+    const bool load_bias = how != Epilogue::kGeneral && p.bias != nullptr;
+    const __nv_bfloat16* bias_row = p.bias + (load_bias ? int64_t(expert) * p.n + column0 : 0);
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      bias[j] = load_bias ? *reinterpret_cast<const __nv_bfloat162*>(bias_row + 8 * j) : __float2bfloat162_rn(0.0f);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) has_delta[half] = false;
+    if constexpr (kDeltaForm) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool has = how == Epilogue::kFusedDelta && pair[half] < p.pairs &&
+                         __ldg(p.token_slot + pair[half] / p.row_div) >= 0;
+        has_delta[half] = has;
+        const __nv_bfloat16* row = p.lora_h + (has ? int64_t(pair[half]) * p.n + column0 : 0);
+#pragma unroll
+        for (int j = 0; j < kDelta; ++j) {
+          delta[half][j] = has ? *reinterpret_cast<const __nv_bfloat162*>(row + 8 * j) : __float2bfloat162_rn(0.0f);
+        }
+      }
+    }
+  }
+};
+
+// The persistent kernel's epilogue of one work item (the form chosen per item: Epilogue).
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, const EpilogueInputs<kBlockM, kBlockN>& in,
+                                                    const float (&acc)[kBlockN / 2]) {
+  using In = EpilogueInputs<kBlockM, kBlockN>;
+  if (in.how == Epilogue::kFused) {
+    store_tile<Epilogue::kFused, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+  } else if (in.how == Epilogue::kStore) {
+    store_tile<Epilogue::kStore, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+  } else if (In::kDeltaForm && in.how == Epilogue::kFusedDelta) {
+    if constexpr (In::kDeltaForm) {
+      store_tile<Epilogue::kFusedDelta, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+    }
+  } else {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (in.pair[half] >= p.pairs) continue;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+}
+
 // Persistent form of the warp-specialized kernel for both operands by TMA (the A rows gathered into tile
 // order, weights not in the halves layout): a grid of about one wave; each CTA walks the work items
 // blockIdx.x, blockIdx.x + gridDim.x, ... (tile × column block, mapped as cta_tile maps CTAs). One producer
@@ -809,52 +895,6 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
 // a_map's box is 64 rows.
-// What the persistent kernel's epilogue of one work item reads from global memory, loaded in one go: at
-// BLOCK_N 128 before the item's k-loop, so the loads' latency hides behind its MMAs (ncu, perf-log run 42:
-// L1TEX scoreboard waits were 31% of the consumers' stalls with the loads inside the epilogue); at BLOCK_N
-// 256 after it (its 32 bias registers do not fit beside 128 accumulators). row0: the warp's first tile row.
-template <int kBlockM, int kBlockN>
-struct EpilogueInputs {
-  int expert, column0;
-  int pair[2];  // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
-  Epilogue how;
-  __nv_bfloat162 bias[kBlockN / 8];  // kFused / kStore: the thread's column pairs' biases (zeros without)
-
-  __device__ __forceinline__ EpilogueInputs(const GemmKernelParams& p, int2 work, int row0, int lane) {
-    expert = p.tile_group[work.x];
-    column0 = work.y + 2 * (lane % 4);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) pair[half] = p.sorted_pairs[work.x * kBlockM + row0 + lane / 4 + 8 * half];
-    how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN) : Epilogue::kGeneral;
-    const bool load_bias = how != Epilogue::kGeneral && p.bias != nullptr;
-    const __nv_bfloat16* bias_row = p.bias + (load_bias ? int64_t(expert) * p.n + column0 : 0);
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      bias[j] = load_bias ? *reinterpret_cast<const __nv_bfloat162*>(bias_row + 8 * j) : __float2bfloat162_rn(0.0f);
-    }
-  }
-};
-
-// The persistent kernel's epilogue of one work item (the form chosen per item: Epilogue).
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, const EpilogueInputs<kBlockM, kBlockN>& in,
-                                                    const float (&acc)[kBlockN / 2]) {
-  if (in.how == Epilogue::kFused) {
-    store_tile<Epilogue::kFused, kBlockN>(p, in.pair, in.column0, in.bias, acc);
-  } else if (in.how == Epilogue::kStore) {
-    store_tile<Epilogue::kStore, kBlockN>(p, in.pair, in.column0, in.bias, acc);
-  } else {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (in.pair[half] >= p.pairs) continue;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      }
-    }
-  }
-}
-
 template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
@@ -959,7 +999,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-      if constexpr (kBlockN == 128) {
+      if constexpr (kBlockN == 128 && kConsumers == 2) {
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
         for (int kt = 0; kt < k_tiles; ++kt) {
           issue(acc);
@@ -1149,8 +1189,9 @@ MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 int gemm_large_block_n = 128;                       // set_moe_gemm_large_block_n
-// The fold measured slower (perf-log runs 34-35: prefill 1600 with an adapter 53.4 ms folded vs 47.6 added
-// into h), so it is off unless a bench or test asks for it.
+// The fold measured slower with the per-column epilogue (perf-log runs 34-35: prefill 1600 with an adapter
+// 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
+// it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
