@@ -324,8 +324,11 @@ int main(int argc, char** argv) {
     row("same, persistent MoE GEMM with multicast A", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_multicast(false);
     cuda::set_moe_gemm_large_block_n(256);  // 128 × 256 tiles for the 128-row MoE GEMMs
-    row("same, MoE GEMMs at BLOCK_N 256", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    row("same, gate_up GEMM at BLOCK_N 256 too", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_large_block_n(128);
+    cuda::set_moe_block_down_block_n(128);  // before: down at 128 × 128 like gate_up
+    row("same, down GEMM at BLOCK_N 128", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_block_down_block_n(256);
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);

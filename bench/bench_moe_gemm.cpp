@@ -178,6 +178,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (block_m == cuda::kMoeGemmBlockMLarge) {  // before/after of moe_block's down at BLOCK_N 256
+    cuda::set_moe_block_down_block_n(128);
+    print_row("block (no LoRA), down at BLOCK_N 128", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+    cuda::set_moe_block_down_block_n(256);
+  }
   if (block_m == cuda::kMoeGemmBlockMDecode) {  // before/after of gate_up and down as programmatic dependents
     print_row("block (no LoRA), GEMMs without PDL", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, false); }));

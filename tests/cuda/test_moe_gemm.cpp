@@ -245,6 +245,9 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     cuda::set_moe_gemm_large_block_n(256);
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "BLOCK_N 256";
     cuda::set_moe_gemm_large_block_n(128);
+    cuda::set_moe_block_down_block_n(128);  // moe_block's down at 128 × 128 (its default at BLOCK_M 128: 256)
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "down at BLOCK_N 128";
+    cuda::set_moe_block_down_block_n(256);
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
     cuda::set_moe_gemm_compact_epilogue(true);
@@ -581,6 +584,7 @@ TEST_F(CudaMoeGemm, CombineMatchesReference) {
 TEST_F(CudaMoeGemm, BadInputNamesTheField) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_THROW(cuda::set_moe_gemm_large_block_n(64), std::invalid_argument);
+  EXPECT_THROW(cuda::set_moe_block_down_block_n(64), std::invalid_argument);
   const int64_t tokens = 4, top_k = 2, experts = 8, H = 64, I = 64, pairs = tokens * top_k;
   Routing routing = make_routing(rng(), tokens, top_k, experts);
   OwnedTensor d_ids = cuda::upload(routing.ids), d_weights = cuda::upload(routing.weights);

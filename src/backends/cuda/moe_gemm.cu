@@ -1189,6 +1189,9 @@ MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 int gemm_large_block_n = 128;                       // set_moe_gemm_large_block_n
+// moe_block's down GEMM at BLOCK_M 128 on the persistent kernel: BLOCK_N 256 (GPT-OSS-20B T 1600 down 335 →
+// 289 µs, T 4096 667 → 657, perf-log run 43; gate_up stays at 128: 552 vs 624 at T 1600).
+int block_down_block_n = 256;                       // set_moe_block_down_block_n
 // The fold measured slower with the per-column epilogue (perf-log runs 34-35: prefill 1600 with an adapter
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
 // it is off unless a bench or test asks for it.
@@ -1534,6 +1537,13 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
+void set_moe_block_down_block_n(int block_n) {
+  if (block_n != 128 && block_n != 256) {
+    throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +
+                                ", expected 128 or 256");
+  }
+  block_down_block_n = block_n;
+}
 void set_moe_gemm_large_block_n(int block_n) {
   if (block_n != 128 && block_n != 256) {
     throw std::invalid_argument("set_moe_gemm_large_block_n: block_n = " + std::to_string(block_n) +
@@ -1954,7 +1964,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   }
 
   // 4. down (+ LoRA into d), 5. combine.
-  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d, .cta_group = cta_group,
+  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
+            .block_n = block_m == kMoeGemmBlockMLarge && gather_rows ? block_down_block_n : 0, .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
             .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor()},
            stream);

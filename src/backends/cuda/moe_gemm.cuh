@@ -45,6 +45,9 @@ void set_moe_gemm_compact_epilogue(bool on);
 // The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 128 (the default) or 256
 // (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps 128. Throws std::invalid_argument otherwise.
 void set_moe_gemm_large_block_n(int block_n);
+// moe_block's down GEMM where it runs 128-row tiles on the persistent kernel: BLOCK_N 256 (the default) or
+// 128 (the bench's before row). Throws std::invalid_argument otherwise.
+void set_moe_block_down_block_n(int block_n);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
