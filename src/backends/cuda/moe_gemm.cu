@@ -501,6 +501,19 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t a, 
   if constexpr (kBlockN == 256) wgmma_m64n256k16(d, a, b);
   else wgmma_m64n128k16(d, a, b);
 }
+// One k-tile of a consumer warpgroup (the warp-specialized kernels): acc += A(64 × 64 at a_tile)·B(kBlockN ×
+// 64 at b_tile)ᵀ from 128B-swizzled shared tiles, issued as one committed wgmma group.
+template <int kBlockN>
+__device__ __forceinline__ void wgmma_k_tile(float (&acc)[kBlockN / 2], const __nv_bfloat16* a_tile,
+                                             const __nv_bfloat16* b_tile) {
+  fence_operands(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk) {
+    wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
+  }
+  wgmma_commit();
+}
 
 // BLOCK_M = 64·kWarpgroups rows × kBlockN (128 or 256) columns; 128·kWarpgroups threads, all of which issue the
 // cp.async copies (no producer warp: the gathered A rows need per-row addresses anyway). kStages shared
@@ -775,15 +788,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     mbarrier_wait(&full[stage], (kt / kStages) & 1);
     __syncwarp();         // converged again for the .aligned wgmma instructions
     fence_proxy_async();  // the copies' generic-proxy writes, now visible here, ordered before the wgmma reads
-    const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
-    const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
-    fence_operands(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
-    }
-    wgmma_commit();
+    wgmma_k_tile<kBlockN>(acc, stages + stage * kStageElems + consumer * 64 * kBlockK,
+                          stages + stage * kStageElems + kBlockM * kBlockK);
     wgmma_wait<1>();  // the wgmmas of k-tile kt - 1 retired: their stage may be refilled
     fence_operands(acc);
     if (kt > 0 && lane == 0) mbarrier_arrive(&empty[(kt - 1) % kStages]);
@@ -973,15 +979,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       const int stage = it % kStages;
       mbarrier_wait(&full[stage], (it / kStages) & 1);
       __syncwarp();  // converged again for the .aligned wgmma instructions
-      const __nv_bfloat16* a_tile = stages + stage * kStageElems + consumer * 64 * kBlockK;
-      const __nv_bfloat16* b_tile = stages + stage * kStageElems + kBlockM * kBlockK;
-      fence_operands(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
-      }
-      wgmma_commit();
+      wgmma_k_tile<kBlockN>(acc, stages + stage * kStageElems + consumer * 64 * kBlockK,
+                            stages + stage * kStageElems + kBlockM * kBlockK);
     };
     auto retire = [&](float (&acc)[kAcc], int kt) {
       wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
