@@ -501,7 +501,7 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t a, 
   if constexpr (kBlockN == 256) wgmma_m64n256k16(d, a, b);
   else wgmma_m64n128k16(d, a, b);
 }
-// One k-tile of a consumer warpgroup (the warp-specialized kernels): acc += A(64 × 64 at a_tile)·B(kBlockN ×
+// One k-tile of a warpgroup (every wgmma kernel): acc += A(64 × 64 at a_tile)·B(kBlockN ×
 // 64 at b_tile)ᵀ from 128B-swizzled shared tiles, issued as one committed wgmma group.
 template <int kBlockN>
 __device__ __forceinline__ void wgmma_k_tile(float (&acc)[kBlockN / 2], const __nv_bfloat16* a_tile,
@@ -563,15 +563,8 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
     const int next = kt + kAhead;
     if (next < k_tiles) load_stage(next % kStages, next * kBlockK);
     cp_async_commit();
-    const __nv_bfloat16* a_tile = stages + (kt % kStages) * kStageElems + warpgroup * 64 * kBlockK;
-    const __nv_bfloat16* b_tile = stages + (kt % kStages) * kStageElems + kBlockM * kBlockK;
-    fence_operands(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk) {
-      wgmma_tile<kBlockN>(acc, sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
-    }
-    wgmma_commit();
+    wgmma_k_tile<kBlockN>(acc, stages + (kt % kStages) * kStageElems + warpgroup * 64 * kBlockK,
+                          stages + (kt % kStages) * kStageElems + kBlockM * kBlockK);
     wgmma_wait<1>();
     fence_operands(acc);
   }
