@@ -398,16 +398,18 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
 // One stage of the expand's ring: a BLOCK_N chunk of the B slice and the tile's y rows over that chunk.
 // Rows of kRankCap + 8 bf16 (48 / 80 / 144 / 272 B for the rank tiers 16 / 32 / 64 / 128) and of kBlockN + 8
 // bf16 keep the 2-byte B fragment reads and the bf16-pair y updates of 8 rows × 4 lanes on 32 distinct banks.
-template <int kRankCap, int kBlockN>
+// kRows: the pairs of the CTA's tiles (16 per tile; kMembers tiles of one group in run mode).
+template <int kRankCap, int kBlockN, int kRows>
 struct ExpandStage {
   __nv_bfloat16 b[kBlockN][kRankCap + 8];  // [chunk, rank] bf16
-  __nv_bfloat16 y[kBlockM][kBlockN + 8];   // [16 pairs, chunk] bf16, updated in place, then stored
+  __nv_bfloat16 y[kRows][kBlockN + 8];     // [pairs, chunk] bf16, updated in place, then stored
 };
-template <int kRankCap, int kBlockN>
+template <int kRankCap, int kBlockN, int kMembers = 1>
 struct ExpandShared {
-  ExpandStage<kRankCap, kBlockN> stages[kExpandStages];
-  float z[kBlockM][kRankCap + 4];  // [16 pairs, rank] f32 (+4: A-fragment reads on 32 banks)
-  int pairs[kBlockM];
+  static constexpr int kRows = kMembers * kBlockM;
+  ExpandStage<kRankCap, kBlockN, kRows> stages[kExpandStages];
+  float z[kRows][kRankCap + 4];  // [pairs, rank] f32 (+4: A-fragment reads on 32 banks)
+  int pairs[kRows];
   int last_reader;
 };
 
@@ -415,22 +417,31 @@ struct ExpandShared {
 // z·Bᵀ and writes y back; a CTA walks `chunks_per_piece` chunks through a kExpandStages-deep cp.async
 // ring, so two chunks (B + y, ~24 KB at R 32, N 128) are in flight while one is computed and stored.
 // z is read once per CTA; the self-cleaning arrival happens once per CTA, right after that read.
+// Run mode (kMembers 2 or 4, MoeLoraConfig::expand_tiles_per_cta): as shrink_run_kernel, the CTA of a run's
+// first tile takes its group's tiles up to the next multiple of kMembers and every other CTA exits; each B
+// fragment then serves every member tile (B staged once per kMembers · 16 pairs instead of per 16), and the
+// run's first tile's counter does the self-cleaning for all of its rows.
 // PRECOND: blockDim.x == kThreads; out % 2 == 0; R % 8 == 0, R <= kRankCap; b 16-byte aligned, y 4-byte
 // aligned (16 with out % 8 == 0 when y_vector); pieces == ceil(ceil(out / kBlockN) / chunks_per_piece);
 // dynamic shared memory = sizeof(ExpandShared); z holds the shrink of every pair of the tile once
 // griddepcontrol.wait returns. y is read only after that wait (its producer may precede the shrink).
-template <int kRankCap, int kBlockN>
+template <int kRankCap, int kBlockN, int kMembers = 1>
 __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_constant__ LoraKernelParams p) {
   constexpr int kWarpN = kBlockN / kWarps;  // outputs per warp and chunk
   constexpr int kTilesN = kWarpN / 8;       // mma n-tiles per warp
   constexpr int kRankSteps = kRankCap / 8;  // mma k-steps at the tier's full rank
+  using Shared = ExpandShared<kRankCap, kBlockN, kMembers>;
+  constexpr int kRows = Shared::kRows;
+  static_assert((kMembers & (kMembers - 1)) == 0 && kMembers <= kWarps);
   extern __shared__ __align__(16) unsigned char expand_shared[];
-  auto& smem = *reinterpret_cast<ExpandShared<kRankCap, kBlockN>*>(expand_shared);
+  auto& smem = *reinterpret_cast<Shared*>(expand_shared);
   int tile, piece;
   cta_coords(p, tile, piece);
   // moe_align's outputs and the ranks were complete before the shrink started: safe before pdl_wait.
-  if (tile >= *p.num_tiles) return;
+  const int tiles = *p.num_tiles;
+  if (tile >= tiles) return;
   const int group = p.tile_group[tile];
+  if (kMembers > 1 && tile % kMembers != 0 && p.tile_group[tile - 1] == group) return;  // not a run's first tile
   const int slot = group / p.experts;
   const int rank = p.rank[slot];
   if (rank == 0 && !p.overwrite) return;  // overwrite: the tile's rows still get their zeros
@@ -441,7 +452,7 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
 
   auto load_b = [&](int chunk) {
     const int n0 = chunk * kBlockN;
-    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
+    ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(chunk - c_begin) % kExpandStages];
     for (int i = threadIdx.x; i < kBlockN * rank_vectors; i += kThreads) {
       const int n = i / rank_vectors, v = i % rank_vectors;
       const bool in_range = n0 + n < p.out;
@@ -452,7 +463,7 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   auto load_y = [&](int chunk) {  // rows of real pairs only; columns past `out` are never read
     if (p.overwrite) return;       // y is only written
     const int n0 = chunk * kBlockN;
-    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
+    ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(chunk - c_begin) % kExpandStages];
     if (p.y_vector) {
       constexpr int kVectors = kBlockN / 8;
       for (int i = threadIdx.x; i < valid * kVectors; i += kThreads) {
@@ -473,7 +484,16 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   for (int s = 0; s < kExpandStages - 1; ++s) {
     if (c_begin + s < c_end) load_b(c_begin + s);
   }
-  valid = load_tile_pairs(p, tile, smem.pairs);  // its latency overlaps the B loads in flight
+  // The run's pairs (sentinels past it and on padding; real pairs come first: a group pads at its end).
+  if (threadIdx.x < kRows) {
+    const int member = tile + int(threadIdx.x) / kBlockM;  // tiles of one group are contiguous
+    const bool in_run = kMembers == 1 || (member <= (tile | (kMembers - 1)) && member < tiles &&
+                                          p.tile_group[member] == group);
+    smem.pairs[threadIdx.x] = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
+  }
+  __syncthreads();  // its latency overlaps the B loads in flight
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) valid += smem.pairs[m] != p.pairs;
   pdl_wait();  // z is the shrink's output; y may be its predecessor's
 #pragma unroll
   for (int s = 0; s < kExpandStages - 1; ++s) {
@@ -481,7 +501,7 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
     cp_async_commit();  // group s holds y of chunk s (and group 0 every prologue B): waits stay uniform
   }
   const int rank8 = rank_vectors * 8;
-  for (int i = threadIdx.x; i < kBlockM * rank8; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * rank8; i += kThreads) {
     const int m = i / rank8, r = i % rank8;
     smem.z[m][r] = (m < valid && r < rank) ? p.z[int64_t(smem.pairs[m]) * p.capacity_rank + r] : 0.0f;
   }
@@ -497,15 +517,20 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // A fragments (z, tf32) for every k-step of 8 ranks: (g, t), (g+8, t), (g, t+4), (g+8, t+4).
-  unsigned frag_z[kRankSteps][4];
+  // A fragments (z, tf32) of each member tile for every k-step of 8 ranks: rows (g, t), (g+8, t), (g, t+4),
+  // (g+8, t+4) of the member's 16.
+  unsigned frag_z[kMembers][kRankSteps][4];
 #pragma unroll
-  for (int ks = 0; ks < kRankSteps; ++ks) {
-    if (ks < rank_vectors) {
-      frag_z[ks][0] = to_tf32(smem.z[g][ks * 8 + t]);
-      frag_z[ks][1] = to_tf32(smem.z[g + 8][ks * 8 + t]);
-      frag_z[ks][2] = to_tf32(smem.z[g][ks * 8 + t + 4]);
-      frag_z[ks][3] = to_tf32(smem.z[g + 8][ks * 8 + t + 4]);
+  for (int mi = 0; mi < kMembers; ++mi) {
+    const int r0 = mi * kBlockM + g;
+#pragma unroll
+    for (int ks = 0; ks < kRankSteps; ++ks) {
+      if (ks < rank_vectors) {
+        frag_z[mi][ks][0] = to_tf32(smem.z[r0][ks * 8 + t]);
+        frag_z[mi][ks][1] = to_tf32(smem.z[r0 + 8][ks * 8 + t]);
+        frag_z[mi][ks][2] = to_tf32(smem.z[r0][ks * 8 + t + 4]);
+        frag_z[mi][ks][3] = to_tf32(smem.z[r0 + 8][ks * 8 + t + 4]);
+      }
     }
   }
 
@@ -518,32 +543,36 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
       load_y(next);
     }
     cp_async_commit();
-    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(c - c_begin) % kExpandStages];
+    ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(c - c_begin) % kExpandStages];
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt) {
       const int n = warp * kWarpN + nt * 8 + g;  // B fragment: (k = t, n = g) and (k = t + 4, n = g)
       const auto* row = reinterpret_cast<const unsigned short*>(&s.b[n][0]);
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float acc[kMembers][4] = {};
 #pragma unroll
       for (int ks = 0; ks < kRankSteps; ++ks) {
         if (ks < rank_vectors) {
           // Padding ranks of B may hold anything (z is 0 there, but 0·NaN is not): masked to 0.
           const unsigned b0 = ks * 8 + t < rank ? bf16_bits_to_tf32(row[ks * 8 + t]) : 0u;
           const unsigned b1 = ks * 8 + t + 4 < rank ? bf16_bits_to_tf32(row[ks * 8 + t + 4]) : 0u;
-          mma_tf32(acc, frag_z[ks], b0, b1);
+#pragma unroll
+          for (int mi = 0; mi < kMembers; ++mi) {
+            if (mi * kBlockM < valid) mma_tf32(acc[mi], frag_z[mi][ks], b0, b1);  // warp-uniform
+          }
         }
       }
-      // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8).
+      // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8 of each member).
       const int col = warp * kWarpN + nt * 8 + 2 * t;
-      if (g < valid) {
-        auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[g][col]);
-        const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
-        *y2 = __floats2bfloat162_rn(old.x + acc[0], old.y + acc[1]);
-      }
-      if (g + 8 < valid) {
-        auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[g + 8][col]);
-        const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
-        *y2 = __floats2bfloat162_rn(old.x + acc[2], old.y + acc[3]);
+#pragma unroll
+      for (int mi = 0; mi < kMembers; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int m = mi * kBlockM + g + 8 * half;
+          if (m >= valid) continue;
+          auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[m][col]);
+          const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
+          *y2 = __floats2bfloat162_rn(old.x + acc[mi][2 * half], old.y + acc[mi][2 * half + 1]);
+        }
       }
     }
     __syncthreads();  // the updated y chunk is complete
@@ -641,6 +670,10 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
     detail::contract_failure(op, "config.shrink_tiles_per_cta", p.x,
                              ("0 (auto), 1 or " + std::to_string(kRunTiles) + ", found " +
                               std::to_string(config.shrink_tiles_per_cta)).c_str());
+  }
+  if (config.expand_tiles_per_cta != 1 && config.expand_tiles_per_cta != 2 && config.expand_tiles_per_cta != 4) {
+    detail::contract_failure(op, "config.expand_tiles_per_cta", p.y,
+                             ("1, 2 or 4, found " + std::to_string(config.expand_tiles_per_cta)).c_str());
   }
   if (config.expand_chunks < 0) {
     detail::contract_failure(op, "config.expand_chunks", p.y,
@@ -781,6 +814,20 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
   LMX_CUDA_CHECK_LAUNCH();
 }
 
+// The expand of rank tier kCap at kBlockN in run mode with up to `members` tiles per CTA, capped by the tier:
+// each member keeps kCap / 2 fragment registers of z (tiers 16 / 32: 4 members, 64: 2, 128: 1).
+template <int kCap, int kBlockN, typename Run>
+void run_expand_tier(int members, Run&& run) {
+  constexpr int kMaxMembers = kCap <= 32 ? 4 : (kCap <= 64 ? 2 : 1);
+  if constexpr (kMaxMembers >= 4) {
+    if (members >= 4) return run(expand_kernel<kCap, kBlockN, 4>, sizeof(ExpandShared<kCap, kBlockN, 4>));
+  }
+  if constexpr (kMaxMembers >= 2) {
+    if (members >= 2) return run(expand_kernel<kCap, kBlockN, 2>, sizeof(ExpandShared<kCap, kBlockN, 2>));
+  }
+  run(expand_kernel<kCap, kBlockN, 1>, sizeof(ExpandShared<kCap, kBlockN, 1>));
+}
+
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   if (!p.w.defined()) return;
   Checked c = check_and_pack(p, "moe_lora_expand");
@@ -807,19 +854,20 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   };
   // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64 / 128) × BLOCK_N.
   // Tier 128 stages 2× the B bytes per chunk of tier 64: 126 KB at BLOCK_N 128 (one CTA per SM), 68 KB at 64.
-  const int rank_cap = c.params.capacity_rank;
+  // Run mode (expand_tiles_per_cta 2 / 4) within the tier's cap.
+  const int rank_cap = c.params.capacity_rank, members = p.config.expand_tiles_per_cta;
   if (rank_cap <= 16) {
-    if (block_n == 128) run(expand_kernel<16, 128>, sizeof(ExpandShared<16, 128>));
-    else run(expand_kernel<16, 64>, sizeof(ExpandShared<16, 64>));
+    if (block_n == 128) run_expand_tier<16, 128>(members, run);
+    else run_expand_tier<16, 64>(members, run);
   } else if (rank_cap <= 32) {
-    if (block_n == 128) run(expand_kernel<32, 128>, sizeof(ExpandShared<32, 128>));
-    else run(expand_kernel<32, 64>, sizeof(ExpandShared<32, 64>));
+    if (block_n == 128) run_expand_tier<32, 128>(members, run);
+    else run_expand_tier<32, 64>(members, run);
   } else if (rank_cap <= 64) {
-    if (block_n == 128) run(expand_kernel<64, 128>, sizeof(ExpandShared<64, 128>));
-    else run(expand_kernel<64, 64>, sizeof(ExpandShared<64, 64>));
+    if (block_n == 128) run_expand_tier<64, 128>(members, run);
+    else run_expand_tier<64, 64>(members, run);
   } else {
-    if (block_n == 128) run(expand_kernel<128, 128>, sizeof(ExpandShared<128, 128>));
-    else run(expand_kernel<128, 64>, sizeof(ExpandShared<128, 64>));
+    if (block_n == 128) run_expand_tier<128, 128>(members, run);
+    else run_expand_tier<128, 64>(members, run);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
