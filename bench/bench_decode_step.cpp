@@ -8,8 +8,11 @@
 // scripts/device with a preset and shapes on the command line; numbers go to docs/benchmarks.md.
 //   bench_decode_step [--model preset:gpt-oss-20b] [--adapters 8] [--rank 32] [--batch 16] [--context 2000]
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
-//                     [--max-num-batched-tokens 2048]
-// The last two size the KV pool (default: for the batch only) and the token budget as loramux serve does.
+//                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
+// --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
+// token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
+// serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
+// tokens the batch sampled.
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 #include <algorithm>
 #include <chrono>
@@ -20,6 +23,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +46,8 @@ struct Options {
   std::string model = "preset:gpt-oss-20b";
   int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600, profile = 0;
   int max_batched_tokens = 0;         // 0: max(prefill, 4096)
+  int decode_warmup = 3;              // full-batch decode steps before the timed ones (the serve run's steps
+                                      // sit hundreds of tokens into each generation)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -63,6 +69,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--max-num-batched-tokens") o.max_batched_tokens = std::atoi(value.c_str());
     else if (key == "--gpu-memory-utilization") o.gpu_memory_utilization = std::atof(value.c_str());
     else if (key == "--kernel-configs") o.kernel_configs = value;
+    else if (key == "--decode-warmup") o.decode_warmup = std::max(1, std::atoi(value.c_str()));
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -146,7 +153,7 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
     r.adapter = adapter_of(i);
     const int spread = staggered && o.batch > 1 ? 600 * i / (o.batch - 1) - 300 : 0;
     r.prompt_ids = random_prompt(rng, std::max(1, o.context - 1 + spread), vocab);
-    r.sampling.max_tokens = o.steps + 64 + (staggered ? 8 * o.batch : 0);  // decodes through the admissions
+    r.sampling.max_tokens = o.decode_warmup + o.steps + 64 + (staggered ? 8 * o.batch : 0);  // decodes through the admissions
     r.sampling.ignore_eos = true;
     Result<uint64_t> id = engine.add_request(r);
     if (!id.ok()) {
@@ -161,17 +168,29 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   }
   // Prefill everything (chunked), then a few warm-up decode steps.
   int guard = 0;
-  while (engine.scheduler().num_waiting() > 0 || guard < 3) {
+  while (engine.scheduler().num_waiting() > 0 || guard < o.decode_warmup) {
     if (engine.step().num_tokens == o.batch) ++guard;
   }
   std::vector<double> seconds;
   if (profiler) profiler->reset();
+  // The sampled tokens: with generated weights greedy decoding may repeat one token across the batch, which
+  // routes every sequence to the same experts at layer 0 (fewer expert bytes than the floor assumes).
+  std::set<int32_t> last_tokens, all_tokens;
   for (int s = 0; s < o.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int tokens = engine.step().num_tokens;
+    const engine::Engine::StepReport report = engine.step();
     seconds.push_back(seconds_since(t0));
-    if (tokens != o.batch) std::fprintf(stderr, "bench_decode_step: a step ran %d tokens, not %d\n", tokens, o.batch);
+    if (report.num_tokens != o.batch) {
+      std::fprintf(stderr, "bench_decode_step: a step ran %d tokens, not %d\n", report.num_tokens, o.batch);
+    }
+    last_tokens.clear();
+    for (const engine::StepOutput& out : report.outputs) {
+      last_tokens.insert(out.token);
+      all_tokens.insert(out.token);
+    }
   }
+  std::printf("  (%zu distinct tokens among the batch's last step, %zu over the %d timed steps, after %d decode "
+              "steps of warm-up)\n", last_tokens.size(), all_tokens.size(), o.steps, o.decode_warmup);
   for (uint64_t id : ids) engine.abort(id);
   std::sort(seconds.begin(), seconds.end());
   if (profiler) profiler->print(o.steps, seconds[seconds.size() / 2]);
@@ -240,7 +259,8 @@ int main(int argc, char** argv) {
   config.scheduler.max_num_batched_tokens = o.max_batched_tokens > 0 ? o.max_batched_tokens : std::max(o.prefill, 4096);
   config.gpu_memory_utilization = o.gpu_memory_utilization;  // the serve run's KV pool (the 0.7 ms question)
   // room for the staggered row: contexts up to --context + 300, 8 decode steps per later admission
-  config.scheduler.max_model_len = std::max(o.context + 300 + o.steps + 8 * o.batch + 128, o.prefill + 16);
+  config.scheduler.max_model_len =
+      std::max(o.context + 300 + o.decode_warmup + o.steps + 8 * o.batch + 128, o.prefill + 16);
   config.max_loras = std::max(1, o.adapters);
   config.max_lora_rank = o.rank;
   config.scheduler.enable_prefix_caching = false;  // every step must do its full work
