@@ -190,12 +190,13 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   OwnedTensor first = cuda::download(out);
   // Again on the same workspace: the MoE-LoRA scratch cleaned itself, so the result is the same up to the
-  // order of the split-K shrink's fp32 atomic adds (a bf16 rounding step at most; a z left over from the
-  // first run would double the LoRA term, far outside this bound).
+  // order of the split-K shrink's fp32 atomic adds. That order can flip the bf16 rounding of an h element,
+  // and the down product carries the flip into the output (seen: 5 ulps at 1.3, scaled error 0.0098), so
+  // the bound is 1/64; a z left over from the first run would double the LoRA term, far outside it.
   cuda::fill_bytes(out.view, 0xff);
   cuda::moe_block(p, workspace, stream);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_TRUE(all_close(cuda::download(out), widen(first), 1.0 / 128.0))
+  EXPECT_TRUE(all_close(cuda::download(out), widen(first), 1.0 / 64.0))
       << "second moe_block on the same workspace differs";
   return first;
 }

@@ -7,8 +7,9 @@
 //    rank columns, the 4 warps are summed in shared memory, then fp32 atomics (split) or stores into z.
 //    Run mode (large batches): a CTA takes up to 4 consecutive tiles of one (slot, expert), a tile per
 //    warp over all 64 inputs of each chunk, so one staged A chunk serves 64 pairs (less L2 traffic).
-//  expand: y[16, n-piece] += z[16, r]·B[s,e][n-piece, r]ᵀ, tf32 m16n8k8 (z is fp32 and would lose 8 bits
-//    as bf16; bf16 B is exact in tf32). A streaming op: the CTA walks its piece in BLOCK_N chunks through
+//  expand: y[16, n-piece] += z[16, r]·B[s,e][n-piece, r]ᵀ, bf16 m16n8k16 twice, z split into bf16 hi + lo
+//    (16 significant bits; z alone as bf16 would keep 8), B by ldmatrix with its padding ranks zero-filled
+//    by cp.async, so no per-element work on B. A streaming op: the CTA walks its piece in BLOCK_N chunks through
 //    a 3-stage cp.async ring (B rows of the chunk + the tile's y rows as 16-byte vectors), adds the fp32
 //    accumulators into the staged y in place (one rounding) and stores it back; z is read once per CTA.
 //    The first B chunks are staged before griddepcontrol.wait (PDL), y and z after it.
@@ -74,22 +75,15 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d += a·b, m16n8k8, tf32 in, fp32 accumulate.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Two fp32 values as packed bf16 pairs hi + lo with hi = bf16(v), lo = bf16(v - hi): 16 significant bits
+// (v - hi is exact in fp32), so a product against a bf16 operand through two bf16 MMAs loses ~2⁻¹⁷.
+__device__ __forceinline__ void split_bf16(float2 v, unsigned& hi, unsigned& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+  const float2 back = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(v.x - back.x, v.y - back.y);
+  hi = *reinterpret_cast<const unsigned*>(&h);
+  lo = *reinterpret_cast<const unsigned*>(&l);
 }
-
-__device__ __forceinline__ unsigned to_tf32(float f) {  // round to nearest, ties away (cvt.rna)
-  unsigned u;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(f));
-  return u;
-}
-
-// bf16 bits -> the fp32 (and tf32: 8 mantissa bits fit in 10) pattern of the same value; exact.
-__device__ __forceinline__ unsigned bf16_bits_to_tf32(unsigned short bits) { return unsigned(bits) << 16; }
 
 // Programmatic dependent launch (sm_90): the primary lets its dependents start; the dependent waits for
 // the primary's completion and memory. Both are no-ops when the launch had no PDL attribute.
@@ -425,11 +419,16 @@ struct ExpandShared {
 // aligned (16 with out % 8 == 0 when y_vector); pieces == ceil(ceil(out / kBlockN) / chunks_per_piece);
 // dynamic shared memory = sizeof(ExpandShared); z holds the shrink of every pair of the tile once
 // griddepcontrol.wait returns. y is read only after that wait (its producer may precede the shrink).
+// Latency-bound (a few KB in flight per CTA), so CTAs per SM matter: one tile per CTA at tiers 16 / 32
+// is held to 72 registers (7 CTAs per SM, no spills; the hi/lo z fragments would otherwise take 93).
+template <int kRankCap, int kMembers>
+constexpr int expand_min_blocks() { return kMembers == 1 && kRankCap <= 32 ? 7 : 1; }
 template <int kRankCap, int kBlockN, int kMembers = 1>
-__global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_constant__ LoraKernelParams p) {
+__global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, kMembers>())
+    expand_kernel(const __grid_constant__ LoraKernelParams p) {
   constexpr int kWarpN = kBlockN / kWarps;  // outputs per warp and chunk
   constexpr int kTilesN = kWarpN / 8;       // mma n-tiles per warp
-  constexpr int kRankSteps = kRankCap / 8;  // mma k-steps at the tier's full rank
+  constexpr int kRankSteps = kRankCap / 16;  // mma k-steps at the tier's full rank
   using Shared = ExpandShared<kRankCap, kBlockN, kMembers>;
   constexpr int kRows = Shared::kRows;
   static_assert((kMembers & (kMembers - 1)) == 0 && kMembers <= kWarps);
@@ -447,16 +446,21 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   if (rank == 0 && !p.overwrite) return;  // overwrite: the tile's rows still get their zeros
   const int chunks = (p.out + kBlockN - 1) / kBlockN;
   const int c_begin = piece * p.chunks_per_piece, c_end = min(c_begin + p.chunks_per_piece, chunks);
-  const int rank_vectors = (rank + 7) / 8;  // 8 ranks = 16 bytes of a B row
+  const int rank_steps = (rank + 15) / 16;  // mma k-steps of 16 ranks
   const __nv_bfloat16* b = p.b + int64_t(group) * p.out * p.capacity_rank;  // [out, R] of (slot, expert)
 
+  // B rows of a chunk over the k-steps' ranks: the true ranks copied, the rest of each step (ranks past
+  // `rank`, which may hold anything in the stack, and rows past `out`) zero-filled by cp.async's source
+  // size, so the MMAs need no masking (z is 0 there too, but 0·NaN is not 0).
+  constexpr int kVectors = kRankCap / 8;  // 16-byte vectors of a staged B row
   auto load_b = [&](int chunk) {
     const int n0 = chunk * kBlockN;
     ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(chunk - c_begin) % kExpandStages];
-    for (int i = threadIdx.x; i < kBlockN * rank_vectors; i += kThreads) {
-      const int n = i / rank_vectors, v = i % rank_vectors;
-      const bool in_range = n0 + n < p.out;
-      cp_async16(&s.b[n][v * 8], in_range ? b + int64_t(n0 + n) * p.capacity_rank + v * 8 : b, in_range ? 16 : 0);
+    for (int i = threadIdx.x; i < kBlockN * kVectors; i += kThreads) {
+      const int n = i / kVectors, v = i % kVectors;
+      if (v >= 2 * rank_steps) continue;
+      const int bytes = n0 + n < p.out ? 2 * min(8, max(0, rank - v * 8)) : 0;
+      cp_async16(&s.b[n][v * 8], bytes > 0 ? b + int64_t(n0 + n) * p.capacity_rank + v * 8 : b, bytes);
     }
   };
   int valid = 0;                  // real pairs of the tile, known after the B prologue
@@ -500,9 +504,9 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
     if (c_begin + s < c_end) load_y(c_begin + s);
     cp_async_commit();  // group s holds y of chunk s (and group 0 every prologue B): waits stay uniform
   }
-  const int rank8 = rank_vectors * 8;
-  for (int i = threadIdx.x; i < kRows * rank8; i += kThreads) {
-    const int m = i / rank8, r = i % rank8;
+  const int rank16 = rank_steps * 16;
+  for (int i = threadIdx.x; i < kRows * rank16; i += kThreads) {
+    const int m = i / rank16, r = i % rank16;
     smem.z[m][r] = (m < valid && r < rank) ? p.z[int64_t(smem.pairs[m]) * p.capacity_rank + r] : 0.0f;
   }
   __syncthreads();  // z tile read by every thread of this CTA
@@ -517,19 +521,20 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // A fragments (z, tf32) of each member tile for every k-step of 8 ranks: rows (g, t), (g+8, t), (g, t+4),
-  // (g+8, t+4) of the member's 16.
-  unsigned frag_z[kMembers][kRankSteps][4];
+  // A fragments (z) of each member tile for every k-step of 16 ranks, z split into two bf16 terms (hi, and
+  // lo = the rest): 16 significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix.
+  // Registers of m16n8k16: rows g and g + 8 of the member's 16, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
+  unsigned z_hi[kMembers][kRankSteps][4], z_lo[kMembers][kRankSteps][4];
 #pragma unroll
   for (int mi = 0; mi < kMembers; ++mi) {
-    const int r0 = mi * kBlockM + g;
 #pragma unroll
     for (int ks = 0; ks < kRankSteps; ++ks) {
-      if (ks < rank_vectors) {
-        frag_z[mi][ks][0] = to_tf32(smem.z[r0][ks * 8 + t]);
-        frag_z[mi][ks][1] = to_tf32(smem.z[r0 + 8][ks * 8 + t]);
-        frag_z[mi][ks][2] = to_tf32(smem.z[r0][ks * 8 + t + 4]);
-        frag_z[mi][ks][3] = to_tf32(smem.z[r0 + 8][ks * 8 + t + 4]);
+      if (ks < rank_steps) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 v = *reinterpret_cast<const float2*>(&smem.z[mi * kBlockM + g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
+          split_bf16(v, z_hi[mi][ks][q], z_lo[mi][ks][q]);
+        }
       }
     }
   }
@@ -545,33 +550,40 @@ __global__ static void __launch_bounds__(kThreads) expand_kernel(const __grid_co
     cp_async_commit();
     ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(c - c_begin) % kExpandStages];
 #pragma unroll
-    for (int nt = 0; nt < kTilesN; ++nt) {
-      const int n = warp * kWarpN + nt * 8 + g;  // B fragment: (k = t, n = g) and (k = t + 4, n = g)
-      const auto* row = reinterpret_cast<const unsigned short*>(&s.b[n][0]);
-      float acc[kMembers][4] = {};
+    for (int np = 0; np < kTilesN / 2; ++np) {  // pairs of 8-output n-tiles: one ldmatrix per k-step
+      float acc[kMembers][2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < kRankSteps; ++ks) {
-        if (ks < rank_vectors) {
-          // Padding ranks of B may hold anything (z is 0 there, but 0·NaN is not): masked to 0.
-          const unsigned b0 = ks * 8 + t < rank ? bf16_bits_to_tf32(row[ks * 8 + t]) : 0u;
-          const unsigned b1 = ks * 8 + t + 4 < rank ? bf16_bits_to_tf32(row[ks * 8 + t + 4]) : 0u;
+        if (ks < rank_steps) {
+          // Matrices: n-tile 2np ranks [0, 8) and [8, 16) of the step, then n-tile 2np + 1 the same.
+          unsigned frag_b[4];
+          ldmatrix_x4(frag_b, &s.b[warp * kWarpN + np * 16 + lane / 16 * 8 + lane % 8][ks * 16 + (lane / 8) % 2 * 8]);
 #pragma unroll
           for (int mi = 0; mi < kMembers; ++mi) {
-            if (mi * kBlockM < valid) mma_tf32(acc[mi], frag_z[mi][ks], b0, b1);  // warp-uniform
+            if (mi * kBlockM < valid) {  // warp-uniform
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                mma_bf16(acc[mi][j], z_hi[mi][ks], frag_b[2 * j], frag_b[2 * j + 1]);
+                mma_bf16(acc[mi][j], z_lo[mi][ks], frag_b[2 * j], frag_b[2 * j + 1]);
+              }
+            }
           }
         }
       }
       // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8 of each member).
-      const int col = warp * kWarpN + nt * 8 + 2 * t;
 #pragma unroll
-      for (int mi = 0; mi < kMembers; ++mi) {
+      for (int j = 0; j < 2; ++j) {
+        const int col = warp * kWarpN + (2 * np + j) * 8 + 2 * t;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int m = mi * kBlockM + g + 8 * half;
-          if (m >= valid) continue;
-          auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[m][col]);
-          const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
-          *y2 = __floats2bfloat162_rn(old.x + acc[mi][2 * half], old.y + acc[mi][2 * half + 1]);
+        for (int mi = 0; mi < kMembers; ++mi) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int m = mi * kBlockM + g + 8 * half;
+            if (m >= valid) continue;
+            auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[m][col]);
+            const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
+            *y2 = __floats2bfloat162_rn(old.x + acc[mi][j][2 * half], old.y + acc[mi][j][2 * half + 1]);
+          }
         }
       }
     }
