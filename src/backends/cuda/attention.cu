@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cmath>
 #include <climits>
@@ -244,6 +245,7 @@ struct FlashKernelParams {
   float* partial_max;            // [splits, T * Hq] f32: running max in log2 units (-inf: no key seen)
   float* partial_sum;            // [splits, T * Hq] f32: Σ 2^(s - max)
   int tokens, seqs, q_heads, kv_heads, group, page_size, max_pages, sliding_window, splits;
+  int page_shift;                // log2(page_size) when a power of two, else -1 (key → page by division)
   float scale_log2;              // softmax_scale · log2(e): scores in base-2 units, exp2f throughout
 };
 
@@ -365,25 +367,36 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   const int32_t* pages = p.block_table + int64_t(seq) * p.max_pages;
   const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
 
-  auto load_kv_tile = [&](int key_tile, int stage, bool values) {
-    const __nv_bfloat16* cache = values ? p.v_cache : p.k_cache;
-    __nv_bfloat16* dst = (values ? v_smem : k_smem) + stage * kFlashBlockN * kStride;
+  // A K/V tile is kFlashBlockN keys × kChunksPerRow 16-byte chunks; thread i copies chunks i + j·kThreads.
+  // kv_offsets finds those chunks' cache offsets (-1: past the range or a freed page) once per tile, for
+  // the K and the V copy both (the page lookup was a third of the loop's instructions, run 51).
+  constexpr int kChunksPerThread = kFlashBlockN * kChunksPerRow / kThreads;
+  static_assert(kFlashBlockN * kChunksPerRow % kThreads == 0);
+  auto kv_offsets = [&](int key_tile, int64_t (&offset)[kChunksPerThread]) {
     const int key0 = key_begin + key_tile * kFlashBlockN;
 #pragma unroll
-    for (int c = threadIdx.x; c < kFlashBlockN * kChunksPerRow; c += kThreads) {
-      const int key_in_tile = c / kChunksPerRow, chunk = c % kChunksPerRow;
-      const int key = key0 + key_in_tile;
-      const __nv_bfloat16* src = cache;
-      int bytes = 0;
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int c = threadIdx.x + j * kThreads;
+      const int key = key0 + c / kChunksPerRow;
+      offset[j] = -1;
       if (key <= key_end) {
-        const int physical = pages[key / p.page_size];
+        const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+        const int physical = pages[page];
         if (physical >= 0) {
-          src = cache + (int64_t(physical) * p.page_size + key % p.page_size) * kv_row_stride +
-                int64_t(kv_head) * D + chunk * 8;
-          bytes = 16;
+          offset[j] = (int64_t(physical) * p.page_size + (key - page * p.page_size)) * kv_row_stride +
+                      int64_t(kv_head) * D + (c % kChunksPerRow) * 8;
         }
       }
-      cp_async16(dst + key_in_tile * kStride + chunk * 8, src, bytes);
+    }
+  };
+  auto load_kv_tile = [&](const int64_t (&offset)[kChunksPerThread], int stage, bool values) {
+    const __nv_bfloat16* cache = values ? p.v_cache : p.k_cache;
+    __nv_bfloat16* dst = (values ? v_smem : k_smem) + stage * kFlashBlockN * kStride;
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int c = threadIdx.x + j * kThreads;
+      cp_async16(dst + (c / kChunksPerRow) * kStride + (c % kChunksPerRow) * 8,
+                 offset[j] >= 0 ? cache + offset[j] : cache, offset[j] >= 0 ? 16 : 0);
     }
   };
 
@@ -399,15 +412,20 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       }
       cp_async16(q_smem + r * kStride + chunk * 8, src, bytes);
     }
-    load_kv_tile(first_key_tile, 0, false);
+    int64_t offset[kChunksPerThread];
+    kv_offsets(first_key_tile, offset);
+    load_kv_tile(offset, 0, false);
     cp_async_commit();  // group: Q + K tile 0
-    load_kv_tile(first_key_tile, 0, true);
+    load_kv_tile(offset, 0, true);
     cp_async_commit();  // group: V tile 0
 #pragma unroll
     for (int s = 1; s < kStages - 1; ++s) {  // groups: K tile s, V tile s (empty past the last tile)
-      if (s < key_tiles) load_kv_tile(first_key_tile + s, s, false);
+      if (s < key_tiles) {
+        kv_offsets(first_key_tile + s, offset);
+        load_kv_tile(offset, s, false);
+      }
       cp_async_commit();
-      if (s < key_tiles) load_kv_tile(first_key_tile + s, s, true);
+      if (s < key_tiles) load_kv_tile(offset, s, true);
       cp_async_commit();
     }
   }
@@ -444,10 +462,16 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     cp_async_wait<2 * kStages - 3>();  // K of this tile (and Q) landed; V and the tiles ahead may be in flight
     __syncthreads();                   // ... for every thread; and every warp is done with tile it - 1's stage
     const int ahead = it + kStages - 1, ahead_stage = ahead % kStages;
-    if (ahead < key_tiles) load_kv_tile(first_key_tile + ahead, ahead_stage, false);
-    cp_async_commit();
-    if (ahead < key_tiles) load_kv_tile(first_key_tile + ahead, ahead_stage, true);
-    cp_async_commit();
+    {
+      int64_t offset[kChunksPerThread];
+      if (ahead < key_tiles) {
+        kv_offsets(first_key_tile + ahead, offset);
+        load_kv_tile(offset, ahead_stage, false);
+      }
+      cp_async_commit();
+      if (ahead < key_tiles) load_kv_tile(offset, ahead_stage, true);
+      cp_async_commit();
+    }
     float score[kKeyTiles][4];
     if (warp_has_rows) {
       if (it == 0) {
@@ -512,13 +536,28 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       }
     }
     cp_async_wait<2 * kStages - 2>();  // V of this tile landed; the tiles ahead may be in flight
+    // V to fp16 in shared memory, each thread its own copies (visible to it after the wait): once per CTA
+    // instead of once per warp in registers (that was the ALU pipe's largest share of the loop).
+    {
+      __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
+#pragma unroll 1
+      for (int c = threadIdx.x; c < kFlashBlockN * kChunksPerRow; c += kThreads) {  // this thread's copies
+        uint4* chunk = reinterpret_cast<uint4*>(v_tile + (c / kChunksPerRow) * kStride + (c % kChunksPerRow) * 8);
+        uint4 v = *chunk;
+        v.x = bf16x2_to_f16x2(v.x);
+        v.y = bf16x2_to_f16x2(v.y);
+        v.z = bf16x2_to_f16x2(v.z);
+        v.w = bf16x2_to_f16x2(v.w);
+        *chunk = v;
+      }
+    }
     __syncthreads();
     if (warp_has_rows) {
       const __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
 #pragma unroll
       for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
         // P's accumulator fragments of key tiles 2kk, 2kk + 1 are the A fragment of keys [16kk, 16kk + 16),
-        // as fp16 (see mma_f16); V's fragments are converted to fp16 in registers.
+        // as fp16 (see mma_f16); the V tile is fp16 by now (converted in shared memory above).
         unsigned p_frag[4];
         p_frag[0] = pack_f16(score[2 * kk][0], score[2 * kk][1]);
         p_frag[1] = pack_f16(score[2 * kk][2], score[2 * kk][3]);
@@ -529,8 +568,8 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
           unsigned v_frag[4];  // b0, b1 of dim tile 2dp, then of 2dp + 1
           ldmatrix_x4_trans(v_frag, v_tile + (warp_key0 + kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride +
                                         dp * 16 + lane / 16 * 8);
-          mma_f16(acc[2 * dp], p_frag, bf16x2_to_f16x2(v_frag[0]), bf16x2_to_f16x2(v_frag[1]));
-          mma_f16(acc[2 * dp + 1], p_frag, bf16x2_to_f16x2(v_frag[2]), bf16x2_to_f16x2(v_frag[3]));
+          mma_f16(acc[2 * dp], p_frag, v_frag[0], v_frag[1]);
+          mma_f16(acc[2 * dp + 1], p_frag, v_frag[2], v_frag[3]);
         }
       }
     }
@@ -960,6 +999,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .max_pages = int(max_pages),
       .sliding_window = p.sliding_window,
       .splits = splits,
+      .page_shift = (page_size & (page_size - 1)) == 0 ? std::countr_zero(uint64_t(page_size)) : -1,
       .scale_log2 = p.softmax_scale * kLog2e};
   if (key_split) {
     if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
