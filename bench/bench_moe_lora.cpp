@@ -246,8 +246,9 @@ void bench_dense(const char* name, int64_t in, int64_t out, int64_t tokens, cuda
 }
 
 // The q|k|v group of a GPT-OSS-20B layer (2880 -> 4096, 512, 512 sharing x and token_slot) as the model
-// calls it (lora_dense_group: one align on the tiled path), under the backend's config and the default one.
-void bench_dense_group(int64_t tokens, cudaStream_t stream, Rng& rng) {
+// calls it (lora_dense_group: one align on the tiled path), under the backend's config and the default one;
+// tokens spread over `used_slots` slots (1: one prompt's prefill, all tokens on one adapter).
+void bench_dense_group(int64_t tokens, int64_t used_slots, cudaStream_t stream, Rng& rng) {
   constexpr int64_t kIn = kHidden;
   const int64_t outs[3] = {4096, 512, 512};
   std::vector<OwnedTensor> a[3], b[3], y;
@@ -260,18 +261,19 @@ void bench_dense_group(int64_t tokens, cudaStream_t stream, Rng& rng) {
   }
   OwnedTensor rank = OwnedTensor::host(DType::I32, {kSlots}), h_slot = OwnedTensor::host(DType::I32, {tokens});
   for (int64_t s = 0; s < kSlots; ++s) rank.view.ptr<int32_t>()[s] = int32_t(kRank);
-  for (int64_t t = 0; t < tokens; ++t) h_slot.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
+  for (int64_t t = 0; t < tokens; ++t) h_slot.view.ptr<int32_t>()[t] = int32_t(t % used_slots);
   OwnedTensor d_rank = cuda::upload(rank), d_slot = cuda::upload(h_slot);
   OwnedTensor x = random_device_bf16(rng, {tokens, kIn});
   const cuda::LoraDenseScratch scratch = cuda::lora_dense_scratch(tokens, kSlots, kRank);
-  const double touched = double(std::min<int64_t>(tokens, kSlots));
+  const double touched = double(std::min<int64_t>(tokens, used_slots));
   double bytes = double(tokens) * kIn * 2, flops = 0;
   for (int64_t out : outs) {
     bytes += touched * kRank * (kIn + out) * 2 + 2.0 * double(tokens) * out * 2;
     flops += 2.0 * double(tokens) * kRank * (kIn + out);
   }
   for (const cuda::MoeLoraConfig& config : {cuda::kLoraDenseConfig, cuda::MoeLoraConfig{}}) {
-    print_row(("dense q|k|v group" + knob_suffix(config)).c_str(), tokens, bytes, flops, time_graph(stream, [&](int i) {
+    const std::string spread = used_slots == 1 ? ", one adapter" : "";
+    print_row(("dense q|k|v group" + spread + knob_suffix(config)).c_str(), tokens, bytes, flops, time_graph(stream, [&](int i) {
                 const int c = i % kDenseCopies;
                 ops::LoraParams parts[3];
                 for (int part = 0; part < 3; ++part) {
@@ -287,13 +289,17 @@ void bench_dense_group(int64_t tokens, cudaStream_t stream, Rng& rng) {
 }  // namespace lmx
 
 // Usage: bench_moe_lora [T ...] — only the MoE-LoRA rows of those token counts, no dense rows (a profiler
-// run, e.g. ncu on the T 4096 expand, wants few launches).
+// run, e.g. ncu on the T 4096 expand, wants few launches); bench_moe_lora dense [T ...] — only the dense
+// rows, at those token counts (default 16 and 2048).
 int main(int argc, char** argv) {
   using namespace lmx;
+  const bool dense_only = argc > 1 && std::string(argv[1]) == "dense";
   std::vector<int64_t> token_counts;
-  for (int i = 1; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
-  const bool dense_rows = token_counts.empty();
-  if (token_counts.empty()) token_counts = {1, 16, 64, 256, 2048, 4096};
+  for (int i = dense_only ? 2 : 1; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
+  const bool dense_rows = token_counts.empty() || dense_only;
+  std::vector<int64_t> dense_counts = dense_only && !token_counts.empty() ? token_counts : std::vector<int64_t>{16, 2048};
+  if (dense_only) token_counts.clear();
+  else if (token_counts.empty()) token_counts = {1, 16, 64, 256, 2048, 4096};
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   Rng rng(20261202);
@@ -312,10 +318,11 @@ int main(int argc, char** argv) {
               (long long)kHidden, (long long)kInter, (long long)kExperts, (long long)kTopK, (long long)kSlots,
               (long long)kRank);
   for (int64_t tokens : token_counts) bench_tokens(tokens, layers, d_rank, stream, rng);
-  for (int64_t tokens : dense_rows ? std::vector<int64_t>{16, 2048} : std::vector<int64_t>{}) {
+  for (int64_t tokens : dense_rows ? dense_counts : std::vector<int64_t>{}) {
     bench_dense("q_proj", kHidden, 4096, tokens, stream, rng);
     bench_dense("o_proj", 4096, kHidden, tokens, stream, rng);
-    bench_dense_group(tokens, stream, rng);
+    bench_dense_group(tokens, kSlots, stream, rng);
+    bench_dense_group(tokens, 1, stream, rng);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;

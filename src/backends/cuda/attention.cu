@@ -77,6 +77,14 @@ __device__ __forceinline__ unsigned pack_f16(float x, float y) {
   return packed;
 }
 
+// 2^x by the MUFU alone, results below 2^-126 flushed to 0 (exp2f adds a range test and two multiplies to
+// keep them; a softmax weight that small is 0 against the row's sum of at least 1).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A bf16 pair (a fragment register) as the fp16 pair of the same values.
 __device__ __forceinline__ unsigned bf16x2_to_f16x2(unsigned v) {
   return pack_f16(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
@@ -495,27 +503,28 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
           mma_bf16(score[2 * np + 1], q_frag[kd], k_frag[2], k_frag[3]);
         }
       }
-      // Scale to base 2, mask, and fold into the running max / sum / accumulator.
+      // Mask, take the tile's max of the raw scores, and fold into the running max / sum / accumulator;
+      // the base-2 scale is applied per row to the max and inside each exponent's FMA (one instruction
+      // per score instead of a multiply and a subtract).
       const bool needs_mask = key0 + kFlashBlockN - 1 > min_pos || key0 < max_lo;
-      float tile_max[2] = {running_max[0], running_max[1]};
+      float raw_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = e / 2, key = key0 + warp_key0 + n * 8 + (lane % 4) * 2 + e % 2;
-          float s = score[n][e] * p.scale_log2;
-          if (needs_mask && (key > pos[i] || key < lo[i])) s = -INFINITY;
-          score[n][e] = s;
-          tile_max[i] = fmaxf(tile_max[i], s);
+          if (needs_mask && (key > pos[i] || key < lo[i])) score[n][e] = -INFINITY;
+          raw_max[i] = fmaxf(raw_max[i], score[n][e]);
         }
       }
-      float reference[2], correction[2];
+      float tile_max[2], reference[2], correction[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+        raw_max[i] = fmaxf(raw_max[i], __shfl_xor_sync(0xffffffffu, raw_max[i], 1));
+        raw_max[i] = fmaxf(raw_max[i], __shfl_xor_sync(0xffffffffu, raw_max[i], 2));
+        tile_max[i] = fmaxf(running_max[i], raw_max[i] == -INFINITY ? -INFINITY : raw_max[i] * p.scale_log2);
         reference[i] = tile_max[i] == -INFINITY ? 0.0f : tile_max[i];  // no key yet: avoid inf - inf
-        correction[i] = exp2f(running_max[i] - reference[i]);
+        correction[i] = exp2_ftz(running_max[i] - reference[i]);
         running_max[i] = tile_max[i];
         sum[i] *= correction[i];
       }
@@ -523,7 +532,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          score[n][e] = exp2f(score[n][e] - reference[e / 2]);
+          score[n][e] = exp2_ftz(fmaf(score[n][e], p.scale_log2, -reference[e / 2]));
           sum[e / 2] += score[n][e];
         }
       }
