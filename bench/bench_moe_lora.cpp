@@ -234,7 +234,11 @@ void bench_dense(const char* name, int64_t in, int64_t out, int64_t tokens, cuda
   for (int path : {1, 0}) {
     if (path == 0 && tokens > cuda::kMoeLoraSmallMaxPairs) continue;
     for (const cuda::MoeLoraConfig& config :
-         {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}, cuda::kLoraDenseConfig}) {
+         {cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.pdl = false}, cuda::kLoraDenseConfig,
+          cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 4},
+          cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 8},
+          cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16}}) {
+      if (path == 0 && config.expand_chunks != 0) continue;  // the direct path has no expand chunks
       print_row((std::string("dense ") + name + (path == 0 ? " direct" : " tiled") + knob_suffix(config)).c_str(),
                 tokens, bytes, flops, time_graph(stream, [&](int i) {
                   const int c = i % kDenseCopies;
@@ -271,7 +275,9 @@ void bench_dense_group(int64_t tokens, int64_t used_slots, cudaStream_t stream, 
     bytes += touched * kRank * (kIn + out) * 2 + 2.0 * double(tokens) * out * 2;
     flops += 2.0 * double(tokens) * kRank * (kIn + out);
   }
-  for (const cuda::MoeLoraConfig& config : {cuda::kLoraDenseConfig, cuda::MoeLoraConfig{}}) {
+  for (const cuda::MoeLoraConfig& config :
+       {cuda::kLoraDenseConfig, cuda::MoeLoraConfig{}, cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 8},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16}}) {
     const std::string spread = used_slots == 1 ? ", one adapter" : "";
     print_row(("dense q|k|v group" + spread + knob_suffix(config)).c_str(), tokens, bytes, flops, time_graph(stream, [&](int i) {
                 const int c = i % kDenseCopies;

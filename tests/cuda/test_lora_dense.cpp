@@ -46,7 +46,8 @@ class CudaLoraDense : public CudaTest {
 TEST_F(CudaLoraDense, MatchesCpu) {
   const std::vector<Case> cases = {{1, 4, 32, 520, 1000},   {7, 3, 16, 8, 2},        {64, 8, 64, 2880, 4096},
                                    {64, 8, 32, 4096, 2880}, {300, 5, 64, 1032, 514}, {300, 8, 32, 2880, 4096},
-                                   {1500, 6, 16, 264, 130}};  // T > 1024: moe_align's sort path
+                                   {1500, 6, 16, 264, 130},   // T > 1024: moe_align's sort path
+                                   {1200, 5, 32, 264, 2056}};  // prefill-wide out: 4 expand chunks per CTA
   for (const Case& c : cases) {
     run_case(c);
     if (HasFatalFailure()) return;
