@@ -256,6 +256,13 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     cuda::set_moe_gemm_skip_empty_half(true);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "padding half skipped vs computed";
     cuda::set_moe_gemm_skip_empty_half(false);
+    // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora) at both down widths.
+    cuda::set_moe_lora_in_gemm(true);
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "LoRA in the GEMM";
+    cuda::set_moe_block_down_block_n(128);
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "LoRA in the GEMM, down at 128";
+    cuda::set_moe_block_down_block_n(256);
+    cuda::set_moe_lora_in_gemm(false);
   }
 }
 
@@ -300,6 +307,10 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     cuda::set_moe_gemm_large_block_n(256);  // 128-row tiles as 128 × 256 (the other BLOCK_M: unchanged)
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "BLOCK_N 256 at BLOCK_M 128";
     cuda::set_moe_gemm_large_block_n(128);
+    // The LoRA in the persistent GEMMs' accumulators where moe_block runs them (others: the default path).
+    cuda::set_moe_lora_in_gemm(true);
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "LoRA in the GEMM accumulators";
+    cuda::set_moe_lora_in_gemm(false);
   }
 }
 
@@ -322,6 +333,9 @@ TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
         EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base));
       }
       cuda::set_moe_lora_in_epilogue(false);
+      cuda::set_moe_lora_in_gemm(true);  // in the GEMMs' accumulators: no warp has a slot, nothing is added
+      EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "LoRA in the GEMM accumulators";
+      cuda::set_moe_lora_in_gemm(false);
       EXPECT_TRUE(all_close(base, cpu_block(cpu_, c, b), kTolMoeBlock));
     }
   }
@@ -615,6 +629,15 @@ TEST_F(CudaMoeGemm, BadInputNamesTheField) {
                                   .lora_h = h, .token_slot = cuda::empty(DType::I32, {tokens + 1})},
                                  stream_),
                "moe_gate_up.*token_slot: expected \\[4\\] I32");
+  // The LoRA in the accumulators runs on the persistent kernel only: 16-row tiles are refused by name.
+  const cuda::MoeGemmLora lora{.z = cuda::empty(DType::F32, {pairs, 16}),
+                               .b = cuda::empty(DType::BF16, {2, experts, 2 * I, 16}),
+                               .rank = cuda::empty(DType::I32, {2}),
+                               .token_slot = cuda::empty(DType::I32, {tokens})};
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .a = a,
+                                  .lora = lora},
+                                 stream_),
+               "moe_gate_up.*lora.z is added by the persistent TMA kernel only: BLOCK_M 64 or 128 \\(got 16\\)");
   cuda::MoeExpertTiles wrong_block = tiles.view;
   wrong_block.block_m = 32;
   EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = wrong_block, .d = h}, stream_),

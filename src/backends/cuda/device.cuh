@@ -33,6 +33,17 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// Two fp32 values as packed bf16 pairs hi + lo with hi = bf16(v), lo = bf16(v - hi): 16 significant bits
+// (v - hi is exact in fp32), so a product against a bf16 operand through two bf16 MMAs loses ~2⁻¹⁷. The
+// lower-indexed value (x) sits in the low halves, as an mma fragment register wants it.
+__device__ __forceinline__ void split_bf16(float2 v, unsigned& hi, unsigned& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+  const float2 back = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(v.x - back.x, v.y - back.y);
+  hi = *reinterpret_cast<const unsigned*>(&h);
+  lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
 // Sum over the block; every thread gets the result. PRECOND: blockDim.x is a multiple of 32, at most 1024;
 // every thread of the block calls it, at most once per kernel (its shared scratch is not re-synchronised).
 __device__ __forceinline__ float block_sum(float value) {

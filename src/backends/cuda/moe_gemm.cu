@@ -28,6 +28,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -80,6 +81,13 @@ struct GemmKernelParams {
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
   const int32_t* token_slot;    // with lora_h: [T] i32; the delta is added where token_slot[pair / row_div] >= 0
+  // MoeGemmLora (the persistent kernel's kLora form): acc[pair] += z[pair]·B[slot, expert]ᵀ before the epilogue.
+  const float* lora_z;          // [T*K, R] f32, or null
+  const __nv_bfloat16* lora_b;  // [S, E, n, R] bf16 (scale folded, rows in the weight's layout)
+  const int32_t* lora_rank;     // [S] i32
+  const int32_t* lora_slot;     // [T] i32, the slot of token pair / lora_top_k (-1: none)
+  int lora_r;                   // R
+  int lora_top_k;               // K
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -137,6 +145,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The same on four scalars (accumulators of a wgmma register array, indexed by constants).
+__device__ __forceinline__ void mma_bf16(float& c0, float& c1, float& c2, float& c3, const unsigned (&a)[4],
+                                         unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
@@ -872,6 +889,78 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
   }
 }
 
+// Which bits of a packed bf16 pair (ranks k, k + 1) are real ranks of a slot of rank `rank`: both, the low
+// one (k + 1 == rank), or none. Padding ranks of a LoRA stack may hold anything (NaN included).
+__device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
+  return k + 1 < rank ? 0xffffffffu : (k < rank ? 0x0000ffffu : 0u);
+}
+
+// kLora (MoeGemmLora): the MoE-LoRA of one work item added into its fp32 accumulators before the epilogue,
+// acc[row] += z[pair]·B[slot, expert][columns]ᵀ for every row whose token has a slot of nonzero rank, by
+// mma.sync m16n8k16 on the warp's 16 rows: the wgmma accumulator layout is mma's C fragment layout
+// (acc[4j .. 4j + 3]: rows lane / 4 and + 8, columns first_column + 8j + 2(lane % 4) and + 1). No pass over
+// h, no expand kernel: per slot of the warp's rows, R/16 steps of 2 · BLOCK_N / 8 small MMAs, B's fragments
+// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16
+// significant bits), B as it is. Rows of several slots: one pass per distinct slot, smallest first, z masked
+// to that slot's rows, so the other rows get exact zeros added (a warp whose rows have no slot adds
+// nothing: a base token's result is bit-identical to the GEMM without LoRA unless its accumulator is
+// exactly -0 and shares a warp with an adapter's rows, where it becomes +0).
+template <int kBlockN>
+__device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
+                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2]) {
+  const int g = lane / 4, t = lane % 4;
+  int slot[2];
+  bool pending[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
+    pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
+  }
+  while (true) {
+    int mine = INT_MAX;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (pending[half]) mine = min(mine, slot[half]);
+    }
+    const int s = __reduce_min_sync(0xffffffffu, mine);  // warp-uniform from here to the loop's end
+    if (s == INT_MAX) return;
+    bool use[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      use[half] = pending[half] && slot[half] == s;
+      pending[half] = pending[half] && !use[half];
+    }
+    const int rank = __ldg(p.lora_rank + s);
+    const float* z_row[2] = {p.lora_z + int64_t(use[0] ? pair[0] : 0) * p.lora_r,
+                             p.lora_z + int64_t(use[1] ? pair[1] : 0) * p.lora_r};
+    const __nv_bfloat16* b = p.lora_b + (int64_t(s) * p.weight_rows + int64_t(expert) * p.n) * p.lora_r;
+    for (int k0 = 0; k0 < rank; k0 += 16) {
+      // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
+      unsigned hi[4], lo[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int half = q % 2, k = k0 + 2 * t + 8 * (q / 2);
+        const float2 v = use[half] && k < rank ? __ldg(reinterpret_cast<const float2*>(z_row[half] + k))
+                                               : make_float2(0.0f, 0.0f);
+        detail::split_bf16(v, hi[q], lo[q]);
+      }
+      // B registers of n-tile j: ranks k0 + 2t, + 1 and k0 + 2t + 8, + 9 of output column first_column + 8j + g.
+      const int k_lo = k0 + 2 * t, k_hi = k_lo + 8;
+      const unsigned mask_lo = rank_pair_mask(k_lo, rank), mask_hi = rank_pair_mask(k_hi, rank);
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const int column = first_column + 8 * j + g;
+        const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(min(column, p.n - 1)) * p.lora_r);
+        const bool in_range = column < p.n;
+        const unsigned b0 = in_range && mask_lo != 0 ? __ldg(row + k_lo / 2) & mask_lo : 0u;
+        const unsigned b1 = in_range && mask_hi != 0 ? __ldg(row + k_hi / 2) & mask_hi : 0u;
+        mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], hi, b0, b1);
+        mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], lo, b0, b1);
+      }
+    }
+  }
+}
+
 // Persistent form of the warp-specialized kernel for both operands by TMA (the A rows gathered into tile
 // order, weights not in the halves layout): a grid of about one wave; each CTA walks the work items
 // blockIdx.x, blockIdx.x + gridDim.x, ... (tile × column block, mapped as cta_tile maps CTAs). One producer
@@ -892,10 +981,11 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
 // consumers of both CTAs released it (each consumer warp arrives on its own and on the peer's `empty`), and
 // no thread exits before the closing cluster barrier (a peer may still write into this CTA's shared memory
 // or arrive on its barriers). An odd last column block makes rank 1 compute a block past `n`, never stored.
+// kLora: add_lora_terms between each item's k-loop and its epilogue (p.lora_z etc. set).
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
-// a_map's box is 64 rows.
-template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false>
+// a_map's box is 64 rows; kLora: lora_* set, lora_r even.
+template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
@@ -1011,6 +1101,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           retire(acc, kt);
         }
         finish(acc);
+        if constexpr (kLora) add_lora_terms<kBlockN>(p, in.expert, work.y, in.pair, lane, acc);
         persistent_epilogue(p, in, acc);
       } else {
         for (int kt = 0; kt < k_tiles; ++kt) {
@@ -1018,7 +1109,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           retire(acc, kt);
         }
         finish(acc);
-        persistent_epilogue(p, EpilogueInputs<kBlockM, kBlockN>(p, work, row0, lane), acc);
+        const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
+        if constexpr (kLora) add_lora_terms<kBlockN>(p, in.expert, work.y, in.pair, lane, acc);
+        persistent_epilogue(p, in, acc);
       }
     }
   }
@@ -1202,6 +1295,7 @@ bool gemm_skip_empty_half = false;                  // set_moe_gemm_skip_empty_h
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
 // it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
+bool lora_in_gemm = false;                         // set_moe_lora_in_gemm
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1303,10 +1397,10 @@ struct PreparedPersistentKernel {
   PreparedKernel kernel;
   int ctas_per_sm;
 };
-template <int kConsumers, int kBlockN, int kStages>
+template <int kConsumers, int kBlockN, int kStages, bool kLora = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
   const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
-  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages>;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora>;
   constexpr int kThreads = 128 * (kConsumers + 1);
   static const int ctas_per_sm = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
@@ -1488,15 +1582,19 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       if (block_m == kMoeGemmBlockMLarge) half_tile_map = tensor_map_2d(sorted, capacity, params.in, 64, "the gathered rows");
     }
     if (with_maps.a_by_tma && with_maps.weight_by_tma) {  // both by TMA: the persistent form, about one wave
-      const bool large = block_m == kMoeGemmBlockMLarge;
+      const bool large = block_m == kMoeGemmBlockMLarge, lora = params.lora_z != nullptr;
       const PreparedPersistentKernel pk =
-          large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4>() : prepared_persistent_kernel<2, 128, 6>())
-                : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
+          lora ? (large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4, true>()
+                                          : prepared_persistent_kernel<2, 128, 6, true>())
+                        : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5, true>()
+                                          : prepared_persistent_kernel<1, 128, 4, true>()))
+          : large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4>() : prepared_persistent_kernel<2, 128, 6>())
+                  : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
       with_maps.skip_empty_half = gemm_skip_empty_half;
       with_maps.work_column_blocks = int(column_blocks);
-      if (large && block_n == 128 && gemm_multicast) {  // CTA pairs share each A tile (multicast)
+      if (large && block_n == 128 && gemm_multicast && !lora) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
         GemmKernelParams cluster_params = with_maps;
         cluster_params.a_map = half_tile_map;
@@ -1561,6 +1659,7 @@ void set_moe_gemm_large_block_n(int block_n) {
 }
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
+void set_moe_lora_in_gemm(bool on) { lora_in_gemm = on; }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
@@ -1575,6 +1674,47 @@ int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
   if (per_expert >= 256 || (per_expert >= 96 && min_reduction >= 2048)) return kMoeGemmBlockMLarge;
   return per_expert >= 32 ? kMoeGemmBlockMPrefill : kMoeGemmBlockMDecode;
 }
+
+namespace {
+
+// MoeGemmLora's contract for a GEMM of `pairs` rows over `tokens` tokens, E experts and n outputs, on the
+// kernel this call will run (only the persistent one adds it); its pointers into params.
+void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int64_t pairs, int64_t experts,
+                    int64_t n, int block_m, bool gathered, bool halves, GemmKernelParams& params) {
+  if (!lora.defined()) return;
+  if (block_m == kMoeGemmBlockMDecode || kernel_for(block_m, gathered, halves) != MoeGemmKernel::kWgmmaWarpSpecialized ||
+      !gathered || halves) {
+    fail(op, "lora.z is added by the persistent TMA kernel only: BLOCK_M 64 or 128 (got " + std::to_string(block_m) +
+                 "), sorted_rows given (" + (gathered ? "yes" : "no") + "), weight not in the fused halves layout (" +
+                 (halves ? "halves" : "ok") + "), the kAuto or warp-specialized kernel");
+  }
+  if (lora.b.dtype != DType::BF16 || lora.b.ndim != 4 || lora.b.dim(1) != experts || lora.b.dim(2) != n ||
+      lora.b.dim(3) % 2 != 0 || lora.b.dim(3) < 2) {
+    detail::contract_failure(op, "lora.b", lora.b, ("[S, " + std::to_string(experts) + ", " + std::to_string(n) +
+                                                    ", R] BF16, R even").c_str());
+  }
+  const int64_t slots = lora.b.dim(0), rank_cap = lora.b.dim(3);
+  if (lora.z.dtype != DType::F32 || lora.z.ndim != 2 || lora.z.dim(0) != pairs || lora.z.dim(1) != rank_cap ||
+      (reinterpret_cast<uintptr_t>(lora.z.data) & 7u) != 0) {
+    detail::contract_failure(op, "lora.z", lora.z, (dims({pairs, rank_cap}) + " F32, 8-byte aligned").c_str());
+  }
+  if (lora.rank.dtype != DType::I32 || lora.rank.ndim != 1 || lora.rank.dim(0) != slots) {
+    detail::contract_failure(op, "lora.rank", lora.rank, ("[" + std::to_string(slots) + "] I32").c_str());
+  }
+  if (lora.token_slot.dtype != DType::I32 || lora.token_slot.ndim != 1 || lora.token_slot.dim(0) != tokens) {
+    detail::contract_failure(op, "lora.token_slot", lora.token_slot, ("[" + std::to_string(tokens) + "] I32").c_str());
+  }
+  detail::require_cuda(op, {{"lora.z", &lora.z}, {"lora.b", &lora.b}, {"lora.rank", &lora.rank},
+                            {"lora.token_slot", &lora.token_slot}});
+  params.lora_z = static_cast<const float*>(lora.z.data);
+  params.lora_b = static_cast<const __nv_bfloat16*>(lora.b.data);
+  params.lora_rank = static_cast<const int32_t*>(lora.rank.data);
+  params.lora_slot = static_cast<const int32_t*>(lora.token_slot.data);
+  params.lora_r = int(rank_cap);
+  params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
+}
+
+}  // namespace
 
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   const char* op = "moe_gate_up";
@@ -1643,6 +1783,9 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .lora_h = p.lora_h.defined() ? static_cast<const __nv_bfloat16*>(p.lora_h.data) : nullptr,
                           .token_slot = p.lora_h.defined() ? static_cast<const int32_t*>(p.token_slot.data) : nullptr};
   check_sorted_rows(op, p.sorted_rows, p.tiles, hidden);
+  if (p.lora.defined() && p.lora_h.defined()) fail(op, "lora (in the accumulators) and lora_h are exclusive");
+  pack_gemm_lora(op, p.lora, tokens, pairs, p.weight.dim(0), rows2, int(p.tiles.block_m), p.sorted_rows.defined(),
+                 params.halves, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
               stream);
 }
@@ -1719,6 +1862,11 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .lora_h = nullptr,
                           .token_slot = nullptr};
   check_sorted_rows(op, p.sorted_rows, p.tiles, inter);
+  if (p.lora.defined()) {
+    if (p.top_k < 1 || pairs % p.top_k != 0) fail(op, "top_k = " + std::to_string(p.top_k) + " does not divide T*K = " + std::to_string(pairs));
+    pack_gemm_lora(op, p.lora, pairs / p.top_k, pairs, p.weight.dim(0), hidden, int(p.tiles.block_m),
+                   p.sorted_rows.defined(), false, params);
+  }
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
               stream);
 }
@@ -1942,18 +2090,41 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // expand writes the delta into h (overwrite: every pair with a slot), and the gate_up epilogue adds it before
   // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
   // (the default; see lora_in_epilogue), so kept as a bench row. The small path always adds into h.
-  const bool fold_lora = lora_gu && !small && lora_in_epilogue;
-  const bool fused = !lora_gu || fold_lora;
   // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
   // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
   const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
                                                                 gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized);
+  // With set_moe_lora_in_gemm(true) the tiled MoE-LoRA goes into the persistent GEMMs' accumulators
+  // (MoeGemmLora): gate_up where its fused output runs there (interleaved layout), down always; the shrink
+  // writes z, the GEMM reads it, and z is zeroed after (the tiled shrink's invariant: z zero between calls).
+  const bool gemm_lora_gu = lora_gu && !small && lora_in_gemm && gather_rows &&
+                            p.layout == ops::GateUpLayout::kInterleaved;
+  const bool gemm_lora_down = lora_down && !small && lora_in_gemm && gather_rows;
+  // y: the GEMM's output as the shrink's contract wants it (the shrink does not touch it).
+  auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+    const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
+    moe_lora_shrink({.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+                     .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
+                     .config = config.lora, .tile_counters = tile_counters},
+                    stream);
+    return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot};
+  };
+  auto zero_z = [&](const MoeGemmLora& lora) {
+    LMX_CUDA_CHECK(cudaMemsetAsync(lora.z.data, 0, lora.z.nbytes(), stream));
+  };
+  const bool fold_lora = lora_gu && !small && lora_in_epilogue && !gemm_lora_gu;
+  const bool fused = !lora_gu || fold_lora || gemm_lora_gu;
   const bool fused_halves = fused && p.layout == ops::GateUpLayout::kHalves;
   if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
   const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
-  if (fold_lora) {
+  if (gemm_lora_gu) {
+    gate_up.a = a;
+    gate_up.lora = gemm_lora(p.lora_gate_up, p.x, view(l.h, DType::BF16, {pairs, 2 * inter}));
+    moe_gate_up(gate_up, stream);
+    zero_z(gate_up.lora);
+  } else if (fold_lora) {
     apply_lora(p.lora_gate_up, p.x, h, true);
     gate_up.a = a;
     gate_up.lora_h = h;
@@ -1972,12 +2143,15 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   }
 
   // 4. down (+ LoRA into d), 5. combine.
+  const MoeGemmLora down_lora = gemm_lora_down ? gemm_lora(p.lora_down, a, d) : MoeGemmLora{};
   moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows ? block_down_block_n : 0, .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
-            .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor()},
+            .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor(),
+            .lora = down_lora, .top_k = top_k},
            stream);
-  if (lora_down) apply_lora(p.lora_down, a, d);
+  if (gemm_lora_down) zero_z(down_lora);
+  else if (lora_down) apply_lora(p.lora_down, a, d);
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);
 }
 

@@ -57,6 +57,12 @@ void set_moe_gemm_skip_empty_half(bool on);
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_epilogue(bool on);
+// moe_block's tiled MoE-LoRA (gate_up with the interleaved layout, and down) added in the GEMMs' fp32
+// accumulators (MoeGemmLora: the shrink writes z, the persistent GEMM adds z·Bᵀ before its epilogue, no
+// expand, no pre-activation h, no moe_activation), where moe_block runs the persistent kernel; off (the
+// default) until the H200 has run its tests and bench rows (written after the session's device time was
+// spent, docs/perf-log.md). Process-wide, for the bench's before/after rows and the tests.
+void set_moe_lora_in_gemm(bool on);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
 // two GEMMs, min(H, I) (host numbers, no sync).
@@ -74,6 +80,21 @@ struct MoeExpertTiles {
 // With `a` defined the activation is fused (a[pair] = act(h[pair]) of h rounded to bf16, bit-identical to
 // h then moe_activation); otherwise the pre-activation h is written (the MoE-LoRA adds into h before
 // moe_activation). Exactly one of h, a.
+// The MoE-LoRA in a GEMM's accumulators (moe_gate_up / moe_down on the persistent TMA kernel only: BLOCK_M
+// 64/128, sorted_rows given, weight not in the fused halves layout; anything else is refused): every row
+// whose token has a slot of nonzero rank gets z[pair]·B[slot, expert]ᵀ added in fp32 before the bias and
+// the epilogue (the fused activation sees h + LoRA). z [T*K, R] f32 (moe_lora_shrink's output; only the rows
+// of tokens with a slot are read; the caller restores its zero invariant afterwards), b [S, E, n, R] bf16
+// (scale folded, rows in the weight's layout; padding ranks may hold anything), rank [S] i32, token_slot [T]
+// i32 in [-1, S). Undefined z: no LoRA term.
+struct MoeGemmLora {
+  Tensor z;
+  Tensor b;
+  Tensor rank;
+  Tensor token_slot;
+  bool defined() const { return z.defined(); }
+};
+
 struct MoeGateUpParams {
   Tensor x;             // [T, H] bf16
   Tensor weight;        // [E, 2I, H] bf16
@@ -111,6 +132,7 @@ struct MoeGateUpParams {
   // the activation. Only with `a` (fused); both undefined = no LoRA term.
   Tensor lora_h;
   Tensor token_slot;
+  MoeGemmLora lora;  // the LoRA in the accumulators instead (not with lora_h)
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -138,6 +160,8 @@ struct MoeDownParams {
   bool pdl = false;  // as MoeGateUpParams::pdl
   bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
   Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
+  MoeGemmLora lora;    // as MoeGateUpParams::lora (b [S, E, H, R])
+  int64_t top_k = 1;   // K, with lora only: token of pair = pair / K
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 

@@ -75,15 +75,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two fp32 values as packed bf16 pairs hi + lo with hi = bf16(v), lo = bf16(v - hi): 16 significant bits
-// (v - hi is exact in fp32), so a product against a bf16 operand through two bf16 MMAs loses ~2⁻¹⁷.
-__device__ __forceinline__ void split_bf16(float2 v, unsigned& hi, unsigned& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
-  const float2 back = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(v.x - back.x, v.y - back.y);
-  hi = *reinterpret_cast<const unsigned*>(&h);
-  lo = *reinterpret_cast<const unsigned*>(&l);
-}
 
 // Programmatic dependent launch (sm_90): the primary lets its dependents start; the dependent waits for
 // the primary's completion and memory. Both are no-ops when the launch had no PDL attribute.
@@ -533,7 +524,7 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float2 v = *reinterpret_cast<const float2*>(&smem.z[mi * kBlockM + g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
-          split_bf16(v, z_hi[mi][ks][q], z_lo[mi][ks][q]);
+          detail::split_bf16(v, z_hi[mi][ks][q], z_lo[mi][ks][q]);
         }
       }
     }
