@@ -349,9 +349,6 @@ int main(int argc, char** argv) {
     cuda::set_moe_block_down_block_n(128);  // before: down at 128 × 128 like gate_up
     row("same, down GEMM at BLOCK_N 128", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_block_down_block_n(256);
-    cuda::set_moe_gemm_skip_empty_half(true);  // after: no MMAs on tile halves of padding rows (off by default)
-    row("same, empty-half skip", time_prefill(**engine, o, vocab, rng), prefill_floor);
-    cuda::set_moe_gemm_skip_empty_half(false);
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);

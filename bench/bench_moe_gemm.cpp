@@ -183,10 +183,6 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row("block (no LoRA), down at BLOCK_N 128", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
     cuda::set_moe_block_down_block_n(256);
-    cuda::set_moe_gemm_skip_empty_half(true);  // after: no MMAs on tile halves of padding rows (off by default)
-    print_row("block (no LoRA), empty-half skip", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
-              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-    cuda::set_moe_gemm_skip_empty_half(false);
   }
   if (block_m == cuda::kMoeGemmBlockMDecode) {  // before/after of gate_up and down as programmatic dependents
     print_row("block (no LoRA), GEMMs without PDL", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,

@@ -72,7 +72,7 @@ std::string knob_suffix(const cuda::MoeLoraConfig& c) {
          (c.expand_block_n == 128 ? "" : ", N " + std::to_string(c.expand_block_n)) +
          (c.expand_chunks == 0 ? "" : ", chunks " + std::to_string(c.expand_chunks)) +
          (c.shrink_tiles_per_cta == 0 ? "" : ", shrink tiles " + std::to_string(c.shrink_tiles_per_cta)) +
-         (c.expand_tiles_per_cta == 1 ? "" : ", expand tiles " + std::to_string(c.expand_tiles_per_cta)) +
+
          (c.pdl ? ", pdl" : ", no pdl") +
          ")";
 }
@@ -164,9 +164,7 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
       {.order = cuda::MoeLoraCtaOrder::kPieceFastest},
       {.expand_block_n = 64},
       {.expand_chunks = 1},
-      {.shrink_tiles_per_cta = 1},
-      {.expand_block_n = 64, .expand_tiles_per_cta = 2},  // the expand's run mode (off by default)
-      {.expand_block_n = 64, .expand_tiles_per_cta = 4}};
+      {.shrink_tiles_per_cta = 1}};
   for (const cuda::MoeLoraConfig& config : layer_configs) {
     print_row(("layer" + knob_suffix(config)).c_str(), tokens, total_bytes, total_flops,
               time_graph(stream, [&](int i) { whole_layer(i % kLayers, config); }));
@@ -188,9 +186,7 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   // chunks 1: one BLOCK_N chunk per CTA (no ring reuse, as the expand was before the chunk loop); 4, 16.
   for (const cuda::MoeLoraConfig& config :
        {defaults, cuda::MoeLoraConfig{.expand_block_n = 64}, cuda::MoeLoraConfig{.expand_chunks = 1},
-        cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16},
-        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_tiles_per_cta = 2},
-        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_tiles_per_cta = 4}}) {
+        cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16}}) {
     const std::string suffix = knob_suffix(config);
     print_row(("  expand gate_up" + suffix).c_str(), tokens, expand_gu_bytes, expand_gu_flops,
               time_graph(stream, [&](int i) { cuda::moe_lora_expand(gate_up(i % kLayers, config), stream); }));

@@ -77,8 +77,7 @@ void CudaLoraDense::run_case(const Case& c) {
       {.split_k = 4, .order = cuda::MoeLoraCtaOrder::kTileFastest, .pdl = true, .expand_block_n = 64},
       {.split_k = 2, .order = cuda::MoeLoraCtaOrder::kTileFastest, .pdl = true, .expand_block_n = 128,
        .shrink_tiles_per_cta = 4},
-      {.expand_block_n = 64, .expand_tiles_per_cta = 4},  // the expand's run mode (2 at the rank-128 tier: 1)
-      {.split_k = 1, .pdl = false, .expand_tiles_per_cta = 2}};
+      {.expand_block_n = 64, .expand_chunks = 4}, {.split_k = 1, .pdl = false, .expand_chunks = 1}};
   const std::string what = "T " + std::to_string(c.tokens) + " S " + std::to_string(c.slots) + " R " +
                            std::to_string(c.capacity_rank) + " in " + std::to_string(c.in) + " out " +
                            std::to_string(c.out);
@@ -131,7 +130,7 @@ void CudaLoraDense::run_case(const Case& c) {
     SCOPED_TRACE("path " + std::to_string(path) + " split " + std::to_string(config.split_k) + " order " +
                  std::to_string(int(config.order)) + " block_n " + std::to_string(config.expand_block_n) +
                  (config.pdl ? " pdl" : "") + " shrink tiles " + std::to_string(config.shrink_tiles_per_cta) +
-                 " expand tiles " + std::to_string(config.expand_tiles_per_cta));
+                 " expand chunks " + std::to_string(config.expand_chunks));
     OwnedTensor d_y = cuda::upload(y0);
     cuda::lora_dense({.x = d_x, .token_slot = d_slot, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .y = d_y},
                      scratch, config, stream_, path);

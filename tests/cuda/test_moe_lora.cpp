@@ -44,7 +44,6 @@ struct Knobs {
   bool pdl;
   int expand_chunks = 0;  // 0: auto
   int shrink_tiles = 0;   // shrink tiles per CTA: 1 (warps split `in`), 4 (a run, a tile per warp), 0: auto
-  int expand_tiles = 1;   // expand tiles per CTA: 1, or a run of 2 / 4 of one group (capped by the rank tier)
 };
 
 // run_case: one random problem (NaN padding ranks, tokens without adapter) against the CPU oracle under
@@ -64,7 +63,7 @@ std::string describe(const Knobs& k) {
   return "split " + std::to_string(k.split) +
          (k.order == cuda::MoeLoraCtaOrder::kTileFastest ? " tile-fastest" : " piece-fastest") + " block_n " +
          std::to_string(k.block_n) + (k.pdl ? " pdl" : " no pdl") + " expand_chunks " + std::to_string(k.expand_chunks) +
-         " shrink_tiles " + std::to_string(k.shrink_tiles) + " expand_tiles " + std::to_string(k.expand_tiles);
+         " shrink_tiles " + std::to_string(k.shrink_tiles);
 }
 
 // z of every pair with a slot, over the slot's true rank, against `want` (the double loop).
@@ -100,11 +99,7 @@ std::vector<Knobs> all_knobs() {
           {5, cuda::MoeLoraCtaOrder::kTileFastest, 64, true},    {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, false},
           {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1, 4}, {2, cuda::MoeLoraCtaOrder::kPieceFastest, 64, true, 3, 4},
           {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 1000, 1},  // 1000: clamped, one piece spans all of out
-          {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4},
-          // the expand's run mode: runs of 2 and 4 tiles (a group's last run partial, member tiles partial)
-          {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 0, 2},
-          {2, cuda::MoeLoraCtaOrder::kPieceFastest, 128, false, 3, 4, 4},
-          {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1, 1, 4}};
+          {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4}};
 }
 
 TEST_F(CudaMoeLora, MatchesCpu) {
@@ -232,8 +227,7 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
                                .block_m = cuda::kMoeLoraBlockM, .z = z_buffer, .y = y,
                                .config = {.split_k = k.split, .order = k.order, .pdl = k.pdl,
                                           .expand_block_n = k.block_n, .expand_chunks = k.expand_chunks,
-                                          .shrink_tiles_per_cta = k.shrink_tiles,
-                                          .expand_tiles_per_cta = k.expand_tiles},
+                                          .shrink_tiles_per_cta = k.shrink_tiles},
                                .tile_counters = self_cleaning ? counters.view : Tensor()};
   };
   for (const Knobs& k : knobs) {

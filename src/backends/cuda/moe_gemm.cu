@@ -74,7 +74,6 @@ struct GemmKernelParams {
   int work_tiles;               // persistent kernel: tiles (max_tiles) × work_column_blocks work items
   int work_column_blocks;
   bool compact_epilogue;        // persistent kernel: the epilogue form chosen once per work item (Epilogue)
-  bool skip_empty_half;         // persistent kernel, BLOCK_M 128: no MMAs for a tile half of padding rows only
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
@@ -1079,18 +1078,6 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     for (int id = first; id < units; id += stride) {
       const int2 work = work_of(id);
       if (work.x >= num_tiles) continue;
-      // An expert's last tile may hold 64 rows or fewer (moe_align pads each expert's rows to whole tiles,
-      // sentinels last): then the second consumer has only padding rows and releases the item's stages
-      // without MMAs, and the first runs alone (a warpgroup-uniform test: every thread reads row 64).
-      if (kConsumers == 2 && p.skip_empty_half && consumer == 1 &&
-          p.sorted_pairs[work.x * kBlockM + 64] >= p.pairs) {
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-          const int stage = it % kStages;
-          mbarrier_wait(&full[stage], (it / kStages) & 1);
-          release(stage);
-        }
-        continue;
-      }
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -1290,7 +1277,6 @@ int gemm_large_block_n = 128;                       // set_moe_gemm_large_block_
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel: BLOCK_N 256 (GPT-OSS-20B T 1600 down 335 →
 // 289 µs, T 4096 667 → 657, perf-log run 43; gate_up stays at 128: 552 vs 624 at T 1600).
 int block_down_block_n = 256;                       // set_moe_block_down_block_n
-bool gemm_skip_empty_half = false;                  // set_moe_gemm_skip_empty_half (not yet run on a GPU)
 // The fold measured slower with the per-column epilogue (perf-log runs 34-35: prefill 1600 with an adapter
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
 // it is off unless a bench or test asks for it.
@@ -1592,7 +1578,6 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
                   : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
-      with_maps.skip_empty_half = gemm_skip_empty_half;
       with_maps.work_column_blocks = int(column_blocks);
       if (large && block_n == 128 && gemm_multicast && !lora) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
@@ -1642,7 +1627,6 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
-void set_moe_gemm_skip_empty_half(bool on) { gemm_skip_empty_half = on; }
 void set_moe_block_down_block_n(int block_n) {
   if (block_n != 128 && block_n != 256) {
     throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +

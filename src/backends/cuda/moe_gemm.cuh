@@ -48,11 +48,6 @@ void set_moe_gemm_large_block_n(int block_n);
 // moe_block's down GEMM where it runs 128-row tiles on the persistent kernel: BLOCK_N 256 (the default) or
 // 128 (the bench's before row). Throws std::invalid_argument otherwise.
 void set_moe_block_down_block_n(int block_n);
-// The persistent kernel at BLOCK_M 128: a tile whose rows 64..127 are all padding (an expert's last tile of
-// at most 64 rows) runs its MMAs in the first consumer warpgroup only (on), or in both (off, the default
-// until the H200 has run the tests and the bench's before/after rows: written after the session's device
-// time was spent, see docs/perf-log.md).
-void set_moe_gemm_skip_empty_half(bool on);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.

@@ -382,56 +382,45 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
 
 // One stage of the expand's ring: a BLOCK_N chunk of the B slice and the tile's y rows over that chunk.
 // Rows of kRankCap + 8 bf16 (48 / 80 / 144 / 272 B for the rank tiers 16 / 32 / 64 / 128) and of kBlockN + 8
-// bf16 keep the 2-byte B fragment reads and the bf16-pair y updates of 8 rows × 4 lanes on 32 distinct banks.
-// kRows: the pairs of the CTA's tiles (16 per tile; kMembers tiles of one group in run mode).
-template <int kRankCap, int kBlockN, int kRows>
+// bf16 keep the ldmatrix rows of B and the bf16-pair y updates of 8 rows × 4 lanes on distinct banks.
+template <int kRankCap, int kBlockN>
 struct ExpandStage {
   __nv_bfloat16 b[kBlockN][kRankCap + 8];  // [chunk, rank] bf16
-  __nv_bfloat16 y[kRows][kBlockN + 8];     // [pairs, chunk] bf16, updated in place, then stored
+  __nv_bfloat16 y[kBlockM][kBlockN + 8];   // [pairs, chunk] bf16, updated in place, then stored
 };
-template <int kRankCap, int kBlockN, int kMembers = 1>
+template <int kRankCap, int kBlockN>
 struct ExpandShared {
-  static constexpr int kRows = kMembers * kBlockM;
-  ExpandStage<kRankCap, kBlockN, kRows> stages[kExpandStages];
-  float z[kRows][kRankCap + 4];  // [pairs, rank] f32 (+4: A-fragment reads on 32 banks)
-  int pairs[kRows];
+  ExpandStage<kRankCap, kBlockN> stages[kExpandStages];
+  float z[kBlockM][kRankCap + 4];  // [pairs, rank] f32 (+4: A-fragment reads on 32 banks)
+  int pairs[kBlockM];
   int last_reader;
 };
 
 // The expand streams: per chunk of kBlockN outputs it gathers the tile's y rows and the B rows, adds
 // z·Bᵀ and writes y back; a CTA walks `chunks_per_piece` chunks through a kExpandStages-deep cp.async
 // ring, so two chunks (B + y, ~24 KB at R 32, N 128) are in flight while one is computed and stored.
-// z is read once per CTA; the self-cleaning arrival happens once per CTA, right after that read.
-// Run mode (kMembers 2 or 4, MoeLoraConfig::expand_tiles_per_cta): as shrink_run_kernel, the CTA of a run's
-// first tile takes its group's tiles up to the next multiple of kMembers and every other CTA exits; each B
-// fragment then serves every member tile (B staged once per kMembers · 16 pairs instead of per 16), and the
-// run's first tile's counter does the self-cleaning for all of its rows.
+// z is read once per CTA; the self-cleaning arrival happens once per CTA, right after that read. (A run
+// mode that staged B once for 2 or 4 tiles of a group measured slower at every size, perf-log run 49.)
 // PRECOND: blockDim.x == kThreads; out % 2 == 0; R % 8 == 0, R <= kRankCap; b 16-byte aligned, y 4-byte
 // aligned (16 with out % 8 == 0 when y_vector); pieces == ceil(ceil(out / kBlockN) / chunks_per_piece);
 // dynamic shared memory = sizeof(ExpandShared); z holds the shrink of every pair of the tile once
 // griddepcontrol.wait returns. y is read only after that wait (its producer may precede the shrink).
-// Latency-bound (a few KB in flight per CTA), so CTAs per SM matter: one tile per CTA at tiers 16 / 32
-// is held to 72 registers (7 CTAs per SM, no spills; the hi/lo z fragments would otherwise take 93).
-template <int kRankCap, int kMembers>
-constexpr int expand_min_blocks() { return kMembers == 1 && kRankCap <= 32 ? 7 : 1; }
-template <int kRankCap, int kBlockN, int kMembers = 1>
-__global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, kMembers>())
+// Latency-bound (a few KB in flight per CTA), so CTAs per SM matter: tiers 16 / 32 are held to 72
+// registers (7 CTAs per SM, no spills; the hi/lo z fragments would otherwise take 93).
+template <int kRankCap, int kBlockN>
+__global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
     expand_kernel(const __grid_constant__ LoraKernelParams p) {
   constexpr int kWarpN = kBlockN / kWarps;  // outputs per warp and chunk
   constexpr int kTilesN = kWarpN / 8;       // mma n-tiles per warp
   constexpr int kRankSteps = kRankCap / 16;  // mma k-steps at the tier's full rank
-  using Shared = ExpandShared<kRankCap, kBlockN, kMembers>;
-  constexpr int kRows = Shared::kRows;
-  static_assert((kMembers & (kMembers - 1)) == 0 && kMembers <= kWarps);
+  using Shared = ExpandShared<kRankCap, kBlockN>;
   extern __shared__ __align__(16) unsigned char expand_shared[];
   auto& smem = *reinterpret_cast<Shared*>(expand_shared);
   int tile, piece;
   cta_coords(p, tile, piece);
   // moe_align's outputs and the ranks were complete before the shrink started: safe before pdl_wait.
-  const int tiles = *p.num_tiles;
-  if (tile >= tiles) return;
+  if (tile >= *p.num_tiles) return;
   const int group = p.tile_group[tile];
-  if (kMembers > 1 && tile % kMembers != 0 && p.tile_group[tile - 1] == group) return;  // not a run's first tile
   const int slot = group / p.experts;
   const int rank = p.rank[slot];
   if (rank == 0 && !p.overwrite) return;  // overwrite: the tile's rows still get their zeros
@@ -446,7 +435,7 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
   constexpr int kVectors = kRankCap / 8;  // 16-byte vectors of a staged B row
   auto load_b = [&](int chunk) {
     const int n0 = chunk * kBlockN;
-    ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(chunk - c_begin) % kExpandStages];
+    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
     for (int i = threadIdx.x; i < kBlockN * kVectors; i += kThreads) {
       const int n = i / kVectors, v = i % kVectors;
       if (v >= 2 * rank_steps) continue;
@@ -458,7 +447,7 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
   auto load_y = [&](int chunk) {  // rows of real pairs only; columns past `out` are never read
     if (p.overwrite) return;       // y is only written
     const int n0 = chunk * kBlockN;
-    ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(chunk - c_begin) % kExpandStages];
+    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(chunk - c_begin) % kExpandStages];
     if (p.y_vector) {
       constexpr int kVectors = kBlockN / 8;
       for (int i = threadIdx.x; i < valid * kVectors; i += kThreads) {
@@ -479,16 +468,11 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
   for (int s = 0; s < kExpandStages - 1; ++s) {
     if (c_begin + s < c_end) load_b(c_begin + s);
   }
-  // The run's pairs (sentinels past it and on padding; real pairs come first: a group pads at its end).
-  if (threadIdx.x < kRows) {
-    const int member = tile + int(threadIdx.x) / kBlockM;  // tiles of one group are contiguous
-    const bool in_run = kMembers == 1 || (member <= (tile | (kMembers - 1)) && member < tiles &&
-                                          p.tile_group[member] == group);
-    smem.pairs[threadIdx.x] = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
-  }
+  // The tile's pairs (sentinels on padding; real pairs come first: a group pads at its end).
+  if (threadIdx.x < kBlockM) smem.pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
   __syncthreads();  // its latency overlaps the B loads in flight
 #pragma unroll
-  for (int m = 0; m < kRows; ++m) valid += smem.pairs[m] != p.pairs;
+  for (int m = 0; m < kBlockM; ++m) valid += smem.pairs[m] != p.pairs;
   pdl_wait();  // z is the shrink's output; y may be its predecessor's
 #pragma unroll
   for (int s = 0; s < kExpandStages - 1; ++s) {
@@ -496,7 +480,7 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
     cp_async_commit();  // group s holds y of chunk s (and group 0 every prologue B): waits stay uniform
   }
   const int rank16 = rank_steps * 16;
-  for (int i = threadIdx.x; i < kRows * rank16; i += kThreads) {
+  for (int i = threadIdx.x; i < kBlockM * rank16; i += kThreads) {
     const int m = i / rank16, r = i % rank16;
     smem.z[m][r] = (m < valid && r < rank) ? p.z[int64_t(smem.pairs[m]) * p.capacity_rank + r] : 0.0f;
   }
@@ -512,20 +496,17 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // A fragments (z) of each member tile for every k-step of 16 ranks, z split into two bf16 terms (hi, and
-  // lo = the rest): 16 significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix.
-  // Registers of m16n8k16: rows g and g + 8 of the member's 16, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
-  unsigned z_hi[kMembers][kRankSteps][4], z_lo[kMembers][kRankSteps][4];
+  // A fragments (z) for every k-step of 16 ranks, z split into two bf16 terms (hi, and lo = the rest): 16
+  // significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix. Registers of m16n8k16:
+  // rows g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
+  unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
 #pragma unroll
-  for (int mi = 0; mi < kMembers; ++mi) {
+  for (int ks = 0; ks < kRankSteps; ++ks) {
+    if (ks < rank_steps) {
 #pragma unroll
-    for (int ks = 0; ks < kRankSteps; ++ks) {
-      if (ks < rank_steps) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float2 v = *reinterpret_cast<const float2*>(&smem.z[mi * kBlockM + g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
-          detail::split_bf16(v, z_hi[mi][ks][q], z_lo[mi][ks][q]);
-        }
+      for (int q = 0; q < 4; ++q) {
+        const float2 v = *reinterpret_cast<const float2*>(&smem.z[g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
+        detail::split_bf16(v, z_hi[ks][q], z_lo[ks][q]);
       }
     }
   }
@@ -539,10 +520,10 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
       load_y(next);
     }
     cp_async_commit();
-    ExpandStage<kRankCap, kBlockN, kRows>& s = smem.stages[(c - c_begin) % kExpandStages];
+    ExpandStage<kRankCap, kBlockN>& s = smem.stages[(c - c_begin) % kExpandStages];
 #pragma unroll
     for (int np = 0; np < kTilesN / 2; ++np) {  // pairs of 8-output n-tiles: one ldmatrix per k-step
-      float acc[kMembers][2][4] = {};
+      float acc[2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < kRankSteps; ++ks) {
         if (ks < rank_steps) {
@@ -550,31 +531,23 @@ __global__ static void __launch_bounds__(kThreads, expand_min_blocks<kRankCap, k
           unsigned frag_b[4];
           ldmatrix_x4(frag_b, &s.b[warp * kWarpN + np * 16 + lane / 16 * 8 + lane % 8][ks * 16 + (lane / 8) % 2 * 8]);
 #pragma unroll
-          for (int mi = 0; mi < kMembers; ++mi) {
-            if (mi * kBlockM < valid) {  // warp-uniform
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                mma_bf16(acc[mi][j], z_hi[mi][ks], frag_b[2 * j], frag_b[2 * j + 1]);
-                mma_bf16(acc[mi][j], z_lo[mi][ks], frag_b[2 * j], frag_b[2 * j + 1]);
-              }
-            }
+          for (int j = 0; j < 2; ++j) {
+            mma_bf16(acc[j], z_hi[ks], frag_b[2 * j], frag_b[2 * j + 1]);
+            mma_bf16(acc[j], z_lo[ks], frag_b[2 * j], frag_b[2 * j + 1]);
           }
         }
       }
-      // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8 of each member).
+      // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8).
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int col = warp * kWarpN + (2 * np + j) * 8 + 2 * t;
 #pragma unroll
-        for (int mi = 0; mi < kMembers; ++mi) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int m = mi * kBlockM + g + 8 * half;
-            if (m >= valid) continue;
-            auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[m][col]);
-            const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
-            *y2 = __floats2bfloat162_rn(old.x + acc[mi][j][2 * half], old.y + acc[mi][j][2 * half + 1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int m = g + 8 * half;
+          if (m >= valid) continue;
+          auto* y2 = reinterpret_cast<__nv_bfloat162*>(&s.y[m][col]);
+          const float2 old = p.overwrite ? make_float2(0.0f, 0.0f) : __bfloat1622float2(*y2);
+          *y2 = __floats2bfloat162_rn(old.x + acc[j][2 * half], old.y + acc[j][2 * half + 1]);
         }
       }
     }
@@ -673,10 +646,6 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
     detail::contract_failure(op, "config.shrink_tiles_per_cta", p.x,
                              ("0 (auto), 1 or " + std::to_string(kRunTiles) + ", found " +
                               std::to_string(config.shrink_tiles_per_cta)).c_str());
-  }
-  if (config.expand_tiles_per_cta != 1 && config.expand_tiles_per_cta != 2 && config.expand_tiles_per_cta != 4) {
-    detail::contract_failure(op, "config.expand_tiles_per_cta", p.y,
-                             ("1, 2 or 4, found " + std::to_string(config.expand_tiles_per_cta)).c_str());
   }
   if (config.expand_chunks < 0) {
     detail::contract_failure(op, "config.expand_chunks", p.y,
@@ -817,18 +786,10 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
   LMX_CUDA_CHECK_LAUNCH();
 }
 
-// The expand of rank tier kCap at kBlockN in run mode with up to `members` tiles per CTA, capped by the tier:
-// each member keeps kCap / 2 fragment registers of z (tiers 16 / 32: 4 members, 64: 2, 128: 1).
+// The expand of rank tier kCap at kBlockN.
 template <int kCap, int kBlockN, typename Run>
-void run_expand_tier(int members, Run&& run) {
-  constexpr int kMaxMembers = kCap <= 32 ? 4 : (kCap <= 64 ? 2 : 1);
-  if constexpr (kMaxMembers >= 4) {
-    if (members >= 4) return run(expand_kernel<kCap, kBlockN, 4>, sizeof(ExpandShared<kCap, kBlockN, 4>));
-  }
-  if constexpr (kMaxMembers >= 2) {
-    if (members >= 2) return run(expand_kernel<kCap, kBlockN, 2>, sizeof(ExpandShared<kCap, kBlockN, 2>));
-  }
-  run(expand_kernel<kCap, kBlockN, 1>, sizeof(ExpandShared<kCap, kBlockN, 1>));
+void run_expand_tier(Run&& run) {
+  run(expand_kernel<kCap, kBlockN>, sizeof(ExpandShared<kCap, kBlockN>));
 }
 
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
@@ -857,20 +818,19 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   };
   // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64 / 128) × BLOCK_N.
   // Tier 128 stages 2× the B bytes per chunk of tier 64: 126 KB at BLOCK_N 128 (one CTA per SM), 68 KB at 64.
-  // Run mode (expand_tiles_per_cta 2 / 4) within the tier's cap.
-  const int rank_cap = c.params.capacity_rank, members = p.config.expand_tiles_per_cta;
+  const int rank_cap = c.params.capacity_rank;
   if (rank_cap <= 16) {
-    if (block_n == 128) run_expand_tier<16, 128>(members, run);
-    else run_expand_tier<16, 64>(members, run);
+    if (block_n == 128) run_expand_tier<16, 128>(run);
+    else run_expand_tier<16, 64>(run);
   } else if (rank_cap <= 32) {
-    if (block_n == 128) run_expand_tier<32, 128>(members, run);
-    else run_expand_tier<32, 64>(members, run);
+    if (block_n == 128) run_expand_tier<32, 128>(run);
+    else run_expand_tier<32, 64>(run);
   } else if (rank_cap <= 64) {
-    if (block_n == 128) run_expand_tier<64, 128>(members, run);
-    else run_expand_tier<64, 64>(members, run);
+    if (block_n == 128) run_expand_tier<64, 128>(run);
+    else run_expand_tier<64, 64>(run);
   } else {
-    if (block_n == 128) run_expand_tier<128, 128>(members, run);
-    else run_expand_tier<128, 64>(members, run);
+    if (block_n == 128) run_expand_tier<128, 128>(run);
+    else run_expand_tier<128, 64>(run);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }

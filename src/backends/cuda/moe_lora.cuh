@@ -27,9 +27,6 @@ struct MoeLoraConfig {
   int expand_chunks = 0;     // expand: BLOCK_N chunks per CTA (a cp.async ring walks them); 0 = by batch size
   int shrink_tiles_per_cta = 0;  // shrink: 1 (a tile per CTA, warps split `in`) or 4 (a run of one group's
                                  // tiles, a tile per warp, A staged once); 0 = by batch size
-  int expand_tiles_per_cta = 1;  // expand: 1 (a tile per CTA), 2 or 4 (a run of one group's tiles: each staged B
-                                 // chunk serves all of them; capped by the rank tier: 64 → 2, 128 → 1). 1 by
-                                 // default until the H200 has measured 2 and 4 (docs/perf-log.md)
 };
 
 // The z invariant ("self-cleaning"): when `tile_counters` is given, z is all zero between calls. The shrink

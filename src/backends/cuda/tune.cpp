@@ -41,7 +41,6 @@ void apply_moe_lora_knobs(const ops::KernelKnobs* knobs, MoeBlockConfig* config)
                                                                    : MoeLoraCtaOrder::kTileFastest;
   config->lora.expand_block_n = int(get("expand_block_n", config->lora.expand_block_n));
   config->lora.expand_chunks = int(get("expand_chunks", config->lora.expand_chunks));
-  config->lora.expand_tiles_per_cta = int(get("expand_tiles", config->lora.expand_tiles_per_cta));
 }
 
 namespace {
@@ -73,18 +72,6 @@ std::vector<Candidate> candidates(int64_t pairs) {
           apply_moe_lora_knobs(&c.knobs, &c.config);
           out.push_back(c);
         }
-      }
-    }
-  }
-  // The expand's run mode (2 / 4 tiles of one group per CTA) with the split and BLOCK_N that matter most.
-  for (int tiles : {2, 4}) {
-    for (int split : {0, 2, 4}) {
-      for (int block_n : {64, 128}) {
-        Candidate c;
-        c.knobs = {{"path", 1},           {"pdl", 1},           {"split_k", split}, {"expand_block_n", block_n},
-                   {"expand_chunks", 0}, {"order", 0},         {"expand_tiles", tiles}};
-        apply_moe_lora_knobs(&c.knobs, &c.config);
-        out.push_back(c);
       }
     }
   }
