@@ -408,6 +408,20 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     }
   };
 
+  // K (one commit group) and V (the next) of the CTA's key tile `index` into `stage`; past the last tile both
+  // groups are empty, which keeps the waits' pending counts uniform.
+  auto issue_kv = [&](int index, int stage) {
+    int64_t offset[kChunksPerThread];
+    const bool real = index < key_tiles;
+    if (real) {
+      kv_offsets(first_key_tile + index, offset);
+      load_kv_tile(offset, stage, false);
+    }
+    cp_async_commit();
+    if (real) load_kv_tile(offset, stage, true);
+    cp_async_commit();
+  };
+
   if (key_tiles > 0) {
 #pragma unroll
     for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += kThreads) {
@@ -420,22 +434,9 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       }
       cp_async16(q_smem + r * kStride + chunk * 8, src, bytes);
     }
-    int64_t offset[kChunksPerThread];
-    kv_offsets(first_key_tile, offset);
-    load_kv_tile(offset, 0, false);
-    cp_async_commit();  // group: Q + K tile 0
-    load_kv_tile(offset, 0, true);
-    cp_async_commit();  // group: V tile 0
+    issue_kv(0, 0);  // groups: Q + K tile 0, V tile 0
 #pragma unroll
-    for (int s = 1; s < kStages - 1; ++s) {  // groups: K tile s, V tile s (empty past the last tile)
-      if (s < key_tiles) {
-        kv_offsets(first_key_tile + s, offset);
-        load_kv_tile(offset, s, false);
-      }
-      cp_async_commit();
-      if (s < key_tiles) load_kv_tile(offset, s, true);
-      cp_async_commit();
-    }
+    for (int s = 1; s < kStages - 1; ++s) issue_kv(s, s);  // groups: K tile s, V tile s
   }
 
   // 3. This thread's two rows (mma fragment rows lane/4 and lane/4 + 8 of the warp's 16).
@@ -469,17 +470,8 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     const int key0 = key_begin + key_tile * kFlashBlockN;
     cp_async_wait<2 * kStages - 3>();  // K of this tile (and Q) landed; V and the tiles ahead may be in flight
     __syncthreads();                   // ... for every thread; and every warp is done with tile it - 1's stage
-    const int ahead = it + kStages - 1, ahead_stage = ahead % kStages;
-    {
-      int64_t offset[kChunksPerThread];
-      if (ahead < key_tiles) {
-        kv_offsets(first_key_tile + ahead, offset);
-        load_kv_tile(offset, ahead_stage, false);
-      }
-      cp_async_commit();
-      if (ahead < key_tiles) load_kv_tile(offset, ahead_stage, true);
-      cp_async_commit();
-    }
+    const int ahead = it + kStages - 1;
+    issue_kv(ahead, ahead % kStages);
     float score[kKeyTiles][4];
     if (warp_has_rows) {
       if (it == 0) {
