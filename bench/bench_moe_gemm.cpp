@@ -213,6 +213,27 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row("  down, persistent, multicast A", tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 0, 8), stream); }));
     cuda::set_moe_gemm_multicast(false);
+    if (block_m == cuda::kMoeGemmBlockMLarge) {  // ping-pong consumer warpgroups on the 128 × 128 persistent kernel
+      cuda::set_moe_gemm_pingpong(true);
+      block(0);
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      print_row("block (no LoRA), ping-pong gate_up", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+                gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+      cuda::set_moe_block_down_block_n(128);
+      print_row("block (no LoRA), ping-pong gate_up and down", tokens,
+                align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                time([&](int i) { block(i % kCopies); }));
+      cuda::set_moe_block_down_block_n(256);
+      print_row("  gate_up fused, persistent, ping-pong", tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+      print_row("  down, persistent 128 x 128, ping-pong", tokens, down_bytes, down_flops,
+                time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 128, 8), stream); }));
+      cuda::set_moe_gemm_pingpong(false);
+      print_row("  gate_up fused, persistent, cooperative", tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+      print_row("  down, persistent 128 x 128, cooperative", tokens, down_bytes, down_flops,
+                time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 128, 8), stream); }));
+    }
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
