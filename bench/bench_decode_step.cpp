@@ -352,14 +352,6 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);
-    // The 128 × 128 persistent GEMMs with ping-pong consumer warpgroups (off by default until measured):
-    // gate_up only (down stays at 128 × 256), then down at 128 × 128 on it too.
-    cuda::set_moe_gemm_pingpong(true);
-    row("same, ping-pong MoE GEMM (gate_up)", time_prefill(**engine, o, vocab, rng), prefill_floor);
-    cuda::set_moe_block_down_block_n(128);
-    row("same, ping-pong MoE GEMM (gate_up and down)", time_prefill(**engine, o, vocab, rng), prefill_floor);
-    cuda::set_moe_block_down_block_n(256);
-    cuda::set_moe_gemm_pingpong(false);
     if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
       row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).
@@ -372,16 +364,6 @@ int main(int argc, char** argv) {
       row("same, MoE-LoRA in the GEMM accumulators", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda::set_moe_lora_in_gemm(false);
-      cuda::set_moe_gemm_pingpong(true);
-      cuda::set_moe_block_down_block_n(128);
-      row("same, ping-pong MoE GEMM (gate_up and down)", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
-          prefill_floor);
-      cuda::set_moe_lora_in_gemm(true);
-      row("same, ping-pong, MoE-LoRA in the GEMM accumulators", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
-          prefill_floor);
-      cuda::set_moe_lora_in_gemm(false);
-      cuda::set_moe_block_down_block_n(256);
-      cuda::set_moe_gemm_pingpong(false);
     }
   }
   if (o.profile && o.adapters > 0) {

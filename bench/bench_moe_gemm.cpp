@@ -213,27 +213,46 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row("  down, persistent, multicast A", tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 0, 8), stream); }));
     cuda::set_moe_gemm_multicast(false);
-    if (block_m == cuda::kMoeGemmBlockMLarge) {  // ping-pong consumer warpgroups on the 128 × 128 persistent kernel
-      cuda::set_moe_gemm_pingpong(true);
-      block(0);
-      BENCH_CUDA(cudaStreamSynchronize(stream));
-      print_row("block (no LoRA), ping-pong gate_up", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
-                gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-      cuda::set_moe_block_down_block_n(128);
-      print_row("block (no LoRA), ping-pong gate_up and down", tokens,
-                align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
-                time([&](int i) { block(i % kCopies); }));
-      cuda::set_moe_block_down_block_n(256);
-      print_row("  gate_up fused, persistent, ping-pong", tokens, gate_up_bytes, gate_up_flops,
-                time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
-      print_row("  down, persistent 128 x 128, ping-pong", tokens, down_bytes, down_flops,
-                time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 128, 8), stream); }));
-      cuda::set_moe_gemm_pingpong(false);
-      print_row("  gate_up fused, persistent, cooperative", tokens, gate_up_bytes, gate_up_flops,
-                time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
-      print_row("  down, persistent 128 x 128, cooperative", tokens, down_bytes, down_flops,
-                time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 128, 8), stream); }));
+    // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora, what set_moe_lora_in_gemm runs): the
+    // same GEMMs with z·Bᵀ of rank 32 added before the epilogue, every token with one adapter or the tokens
+    // spread over 8 (one pass per distinct slot of a warp's 16 rows). z is random, not a shrink's output.
+    constexpr int64_t kSlots = 8, kRank = 32;
+    OwnedTensor lora_b_gate_up = random_device_bf16(rng, {kSlots, E, 2 * I, kRank});
+    OwnedTensor lora_b_down = random_device_bf16(rng, {kSlots, E, H, kRank});
+    OwnedTensor rank_host = OwnedTensor::host(DType::I32, {kSlots}), z_host = OwnedTensor::host(DType::F32, {pairs, kRank});
+    for (int64_t s = 0; s < kSlots; ++s) rank_host.view.ptr<int32_t>()[s] = int32_t(kRank);
+    for (int64_t i = 0; i < z_host.view.numel(); ++i) z_host.view.ptr<float>()[i] = rng.normal();
+    OwnedTensor slot_one = OwnedTensor::host(DType::I32, {tokens}), slot_spread = OwnedTensor::host(DType::I32, {tokens});
+    for (int64_t t = 0; t < tokens; ++t) {
+      slot_one.view.ptr<int32_t>()[t] = 1;
+      slot_spread.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
     }
+    const OwnedTensor lora_rank = cuda::upload(rank_host), lora_z = cuda::upload(z_host);
+    const OwnedTensor d_slot_one = cuda::upload(slot_one), d_slot_spread = cuda::upload(slot_spread);
+    for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters"}}) {
+      auto gate_up_lora = [&](int layer) {
+        cuda::MoeGateUpParams p = gate_up_gathered(layer, 0, 8);
+        p.lora = {.z = lora_z, .b = lora_b_gate_up, .rank = lora_rank, .token_slot = *slots};
+        return p;
+      };
+      auto down_lora = [&](int layer) {
+        cuda::MoeDownParams p = down_gathered(layer, 256, 8);
+        p.top_k = K;
+        p.lora = {.z = lora_z, .b = lora_b_down, .rank = lora_rank, .token_slot = *slots};
+        return p;
+      };
+      cuda::moe_gate_up(gate_up_lora(0), stream);  // kernel attributes, outside the graph
+      cuda::moe_down(down_lora(0), stream);
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name).c_str(), tokens, gate_up_bytes,
+                gate_up_flops, time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
+                time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
+    }
+    print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+    print_row("  down N 256, persistent (no LoRA)", tokens, down_bytes, down_flops,
+              time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 256, 8), stream); }));
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,

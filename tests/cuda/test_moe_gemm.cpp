@@ -284,15 +284,6 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
     cuda::set_moe_gemm_compact_epilogue(true);
-    // Ping-pong consumer warpgroups: the same wgmmas per element in the same order as the cooperative
-    // kernel, so bit-identical to it, with gate_up alone on it and with down at 128 × 128 too.
-    cuda::set_moe_gemm_pingpong(true);
-    EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "ping-pong gate_up vs cooperative";
-    cuda::set_moe_block_down_block_n(128);
-    const OwnedTensor pingpong = run_block(c, b, true, stream_);
-    cuda::set_moe_gemm_pingpong(false);
-    EXPECT_TRUE(bitwise_equal(pingpong, run_block(c, b, true, stream_))) << "ping-pong down at 128 vs cooperative";
-    cuda::set_moe_block_down_block_n(256);
     // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora) at both down widths. Its d rounds
     // to bf16 once (acc + LoRA + bias) where the reference rounds acc + bias and then the expand's sum:
     // the two differ by one ulp of d in a share of the elements, and |d| reaches 16 where the output is
@@ -302,18 +293,13 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
       const OwnedTensor want = cpu_block_rows(cpu_, c, b, 64);
       EXPECT_TRUE(all_close(every_nth_row(mma.view, 64), want, kTolMoeBlock)) << "reference vs the CPU oracle";
       cuda::set_moe_lora_in_gemm(true);
-      for (bool pingpong : {false, true}) {
-        cuda::set_moe_gemm_pingpong(pingpong);
-        for (int down_block_n : {256, 128}) {
-          SCOPED_TRACE("LoRA in the GEMM, down at BLOCK_N " + std::to_string(down_block_n) +
-                       (pingpong ? ", ping-pong" : ""));
-          cuda::set_moe_block_down_block_n(down_block_n);
-          const OwnedTensor got = run_block(c, b, true, stream_);
-          EXPECT_TRUE(all_close(got, widen(mma), kTolMoeBlock));
-          EXPECT_TRUE(all_close(every_nth_row(got.view, 64), want, kTolMoeBlock)) << "vs the CPU oracle";
-        }
+      for (int down_block_n : {256, 128}) {
+        SCOPED_TRACE("LoRA in the GEMM, down at BLOCK_N " + std::to_string(down_block_n));
+        cuda::set_moe_block_down_block_n(down_block_n);
+        const OwnedTensor got = run_block(c, b, true, stream_);
+        EXPECT_TRUE(all_close(got, widen(mma), kTolMoeBlock));
+        EXPECT_TRUE(all_close(every_nth_row(got.view, 64), want, kTolMoeBlock)) << "vs the CPU oracle";
       }
-      cuda::set_moe_gemm_pingpong(false);
       cuda::set_moe_block_down_block_n(256);
       cuda::set_moe_lora_in_gemm(false);
     }
@@ -365,16 +351,6 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     cuda::set_moe_lora_in_gemm(true);
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "LoRA in the GEMM accumulators";
     cuda::set_moe_lora_in_gemm(false);
-    // Ping-pong consumer warpgroups on every 128 × 128 persistent GEMM (down included), with and without
-    // the LoRA in their accumulators.
-    cuda::set_moe_gemm_pingpong(true);
-    cuda::set_moe_block_down_block_n(128);
-    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "ping-pong";
-    cuda::set_moe_lora_in_gemm(true);
-    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "ping-pong, LoRA in the GEMM";
-    cuda::set_moe_lora_in_gemm(false);
-    cuda::set_moe_block_down_block_n(256);
-    cuda::set_moe_gemm_pingpong(false);
   }
 }
 
@@ -399,9 +375,6 @@ TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
       cuda::set_moe_lora_in_epilogue(false);
       cuda::set_moe_lora_in_gemm(true);  // in the GEMMs' accumulators: no warp has a slot, nothing is added
       EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "LoRA in the GEMM accumulators";
-      cuda::set_moe_gemm_pingpong(true);  // the same arithmetic per element on the ping-pong kernel
-      EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "the same, ping-pong";
-      cuda::set_moe_gemm_pingpong(false);
       cuda::set_moe_lora_in_gemm(false);
       EXPECT_TRUE(all_close(base, cpu_block(cpu_, c, b), kTolMoeBlock));
     }

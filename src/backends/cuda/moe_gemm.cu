@@ -904,7 +904,8 @@ __device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
 // to that slot's rows, so the other rows get exact zeros added (a warp whose rows have no slot adds
 // nothing: a base token's result is bit-identical to the GEMM without LoRA unless its accumulator is
 // exactly -0 and shares a warp with an adapter's rows, where it becomes +0).
-template <int kBlockN>
+// kBatch: n-tiles whose B words are loaded before their MMAs (registers: 2 per n-tile).
+template <int kBlockN, int kBatch>
 __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
                                                const int (&pair)[2], int lane, float (&acc)[kBlockN / 2]) {
   const int g = lane / 4, t = lane % 4;
@@ -934,27 +935,46 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
                              p.lora_z + int64_t(use[1] ? pair[1] : 0) * p.lora_r};
     const __nv_bfloat16* b = p.lora_b + (int64_t(s) * p.weight_rows + int64_t(expert) * p.n) * p.lora_r;
     for (int k0 = 0; k0 < rank; k0 += 16) {
+      // Every load of the k-step is issued before the first MMA that needs one (16 n-tiles of B words at a
+      // time): issued between the MMAs, each L2 round trip was paid in sequence (perf-log run 60: ~11 µs
+      // per pass of a 128-column item). Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1);
+      // what they fetch past the slot's rank or past n is masked to zero afterwards.
       // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
-      unsigned hi[4], lo[4];
+      float2 z[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int half = q % 2, k = k0 + 2 * t + 8 * (q / 2);
-        const float2 v = use[half] && k < rank ? __ldg(reinterpret_cast<const float2*>(z_row[half] + k))
-                                               : make_float2(0.0f, 0.0f);
-        detail::split_bf16(v, hi[q], lo[q]);
+        const int k = k0 + 2 * t + 8 * (q / 2);
+        z[q] = __ldg(reinterpret_cast<const float2*>(z_row[q % 2] + min(k, p.lora_r - 2)));
       }
       // B registers of n-tile j: ranks k0 + 2t, + 1 and k0 + 2t + 8, + 9 of output column first_column + 8j + g.
       const int k_lo = k0 + 2 * t, k_hi = k_lo + 8;
       const unsigned mask_lo = rank_pair_mask(k_lo, rank), mask_hi = rank_pair_mask(k_hi, rank);
+      unsigned hi[4], lo[4];
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const int column = first_column + 8 * j + g;
-        const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(min(column, p.n - 1)) * p.lora_r);
-        const bool in_range = column < p.n;
-        const unsigned b0 = in_range && mask_lo != 0 ? __ldg(row + k_lo / 2) & mask_lo : 0u;
-        const unsigned b1 = in_range && mask_hi != 0 ? __ldg(row + k_hi / 2) & mask_hi : 0u;
-        mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], hi, b0, b1);
-        mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], lo, b0, b1);
+      for (int j0 = 0; j0 < kBlockN / 8; j0 += kBatch) {
+        unsigned b0[kBatch], b1[kBatch];
+#pragma unroll
+        for (int jj = 0; jj < kBatch; ++jj) {
+          const int column = min(first_column + 8 * (j0 + jj) + g, p.n - 1);
+          const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(column) * p.lora_r);
+          b0[jj] = __ldg(row + min(k_lo, p.lora_r - 2) / 2);
+          b1[jj] = __ldg(row + min(k_hi, p.lora_r - 2) / 2);
+        }
+        if (j0 == 0) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int half = q % 2, k = k0 + 2 * t + 8 * (q / 2);
+            detail::split_bf16(use[half] && k < rank ? z[q] : make_float2(0.0f, 0.0f), hi[q], lo[q]);
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < kBatch; ++jj) {
+          const int j = j0 + jj;
+          const bool in_range = first_column + 8 * j + g < p.n;
+          const unsigned w0 = in_range ? b0[jj] & mask_lo : 0u, w1 = in_range ? b1[jj] & mask_hi : 0u;
+          mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], hi, w0, w1);
+          mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], lo, w0, w1);
+        }
       }
     }
   }
@@ -981,40 +1001,27 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
 // no thread exits before the closing cluster barrier (a peer may still write into this CTA's shared memory
 // or arrive on its barriers). An odd last column block makes rank 1 compute a block past `n`, never stored.
 // kLora: add_lora_terms between each item's k-loop and its epilogue (p.lora_z etc. set).
-// kPingPong (BLOCK_M 128 × BLOCK_N 128 only): the two consumer warpgroups take turns on whole items instead
-// of splitting every item's rows: warpgroup c computes all 128 rows (two m64 accumulator sets, 128 fp32
-// registers) of the CTA's items c, c + 2, ..., so one warpgroup's epilogue (and the k-loop's ramp) runs
-// while the other's wgmmas keep the tensor cores busy (ncu, perf-log run 42: the cooperative form idles
-// the tensor pipe through every epilogue, 52-59% busy). The k-loops stay in ring order: a warpgroup starts
-// its item once the other one has waited for its previous item's last stage (`turn` barriers), so nobody
-// waits on a `full` barrier more than one phase ahead (a parity wait cannot tell phase u from u - 2), and
-// each stage is released by the 4 warps that read it.
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
 // a_map's box is 64 rows; kLora: lora_* set, lora_r even.
-template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false, bool kPingPong = false>
+template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
   constexpr int kCtas = kClusterA ? 2 : 1;  // CTAs sharing a stage's A tile
+  // add_lora_terms' B words in flight: 16 n-tiles where the accumulators leave the registers (no spills,
+  // ptxas -v), 8 with 128 accumulators (BLOCK_N 256) or at two CTAs per SM (BLOCK_M 64 × 128)
+  constexpr int kLoraBatch = kConsumers == 2 && kBlockN == 128 ? 16 : 8;
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
-  static_assert(!kPingPong || (kConsumers == 2 && kBlockN == 128 && !kClusterA), "ping-pong: BLOCK_M 128 × BLOCK_N 128");
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
   __shared__ uint64_t full[kStages], empty[kStages];
-  __shared__ uint64_t turn[2];  // kPingPong: phase j of turn[c] completes when warpgroup c may start its item j
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 1);  // the TMA issuer's expect_tx arrival
-      // one arrival per consumer warp that reads the stage (of each CTA)
-      mbarrier_init(&empty[s], kPingPong ? 4 : 4 * kConsumers * kCtas);
-    }
-    if constexpr (kPingPong) {
-      mbarrier_init(&turn[0], 1);
-      mbarrier_init(&turn[1], 1);
-      mbarrier_arrive(&turn[0]);  // warpgroup 0 takes the first item
+      mbarrier_init(&full[s], 1);                         // the TMA issuer's expect_tx arrival
+      mbarrier_init(&empty[s], 4 * kConsumers * kCtas);  // one arrival per consumer warp (of each CTA)
     }
     if constexpr (kClusterA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1091,55 +1098,6 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       fence_operands(acc);
       release((it - 1) % kStages);  // the item's last stage
     };
-    if constexpr (kPingPong) {
-      int items = 0, mine = 0;  // the CTA's items so far, this warpgroup's
-      for (int id = first; id < units; id += stride) {
-        const int2 work = work_of(id);
-        if (work.x >= num_tiles) continue;  // the producer skips it too
-        if (items++ % 2 != consumer) {  // the other warpgroup's item: its stage uses count here too
-          it += k_tiles;
-          continue;
-        }
-        mbarrier_wait(&turn[consumer], mine++ & 1);
-        float acc[2][kAcc];  // rows 0-63 and 64-127 of the tile
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[0][i] = acc[1][i] = 0.0f;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          const int stage = it % kStages;
-          mbarrier_wait(&full[stage], (it / kStages) & 1);
-          // every full barrier of this item has been waited for: the other warpgroup may start its next item
-          if (kt == k_tiles - 1 && threadIdx.x % 128 == 0) mbarrier_arrive(&turn[consumer ^ 1]);
-          __syncwarp();
-          const __nv_bfloat16* a_tile = stages + stage * kStageElems;
-          const __nv_bfloat16* b_tile = a_tile + kBlockM * kBlockK;
-          fence_operands(acc[0]);
-          fence_operands(acc[1]);
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kBlockK / 16; ++kk) {
-            wgmma_tile<kBlockN>(acc[0], sw128_descriptor(a_tile + kk * 16), sw128_descriptor(b_tile + kk * 16));
-            wgmma_tile<kBlockN>(acc[1], sw128_descriptor(a_tile + 64 * kBlockK + kk * 16),
-                                sw128_descriptor(b_tile + kk * 16));
-          }
-          wgmma_commit();
-          wgmma_wait<1>();  // the previous k-tile's wgmmas retired: its stage may be refilled
-          fence_operands(acc[0]);
-          fence_operands(acc[1]);
-          if (kt > 0) release((it - 1) % kStages);
-          ++it;
-        }
-        wgmma_wait<0>();
-        fence_operands(acc[0]);
-        fence_operands(acc[1]);
-        release((it - 1) % kStages);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const EpilogueInputs<kBlockM, kBlockN> in(p, work, 64 * half + warp_in_group * 16, lane);
-          if constexpr (kLora) add_lora_terms<kBlockN>(p, in.expert, work.y, in.pair, lane, acc[half]);
-          persistent_epilogue(p, in, acc[half]);
-        }
-      }
-    } else {
     for (int id = first; id < units; id += stride) {
       const int2 work = work_of(id);
       if (work.x >= num_tiles) continue;
@@ -1153,7 +1111,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           retire(acc, kt);
         }
         finish(acc);
-        if constexpr (kLora) add_lora_terms<kBlockN>(p, in.expert, work.y, in.pair, lane, acc);
+        if constexpr (kLora) add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc);
         persistent_epilogue(p, in, acc);
       } else {
         for (int kt = 0; kt < k_tiles; ++kt) {
@@ -1162,10 +1120,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         }
         finish(acc);
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
-        if constexpr (kLora) add_lora_terms<kBlockN>(p, in.expert, work.y, in.pair, lane, acc);
+        if constexpr (kLora) add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc);
         persistent_epilogue(p, in, acc);
       }
-    }
     }
   }
   if constexpr (kClusterA) cluster_sync();  // the peer is done writing into this CTA and arriving on it
@@ -1339,7 +1296,6 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
-bool gemm_pingpong = false;                         // set_moe_gemm_pingpong
 int gemm_large_block_n = 128;                       // set_moe_gemm_large_block_n
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel: BLOCK_N 256 (GPT-OSS-20B T 1600 down 335 →
 // 289 µs, T 4096 667 → 657, perf-log run 43; gate_up stays at 128: 552 vs 624 at T 1600).
@@ -1450,10 +1406,10 @@ struct PreparedPersistentKernel {
   PreparedKernel kernel;
   int ctas_per_sm;
 };
-template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kPingPong = false>
+template <int kConsumers, int kBlockN, int kStages, bool kLora = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
   const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
-  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kPingPong>;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora>;
   constexpr int kThreads = 128 * (kConsumers + 1);
   static const int ctas_per_sm = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
@@ -1636,11 +1592,8 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     }
     if (with_maps.a_by_tma && with_maps.weight_by_tma) {  // both by TMA: the persistent form, about one wave
       const bool large = block_m == kMoeGemmBlockMLarge, lora = params.lora_z != nullptr;
-      const bool pingpong = large && block_n == 128 && gemm_pingpong;
       const PreparedPersistentKernel pk =
-          pingpong ? (lora ? prepared_persistent_kernel<2, 128, 6, true, true>()
-                           : prepared_persistent_kernel<2, 128, 6, false, true>())
-          : lora ? (large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4, true>()
+          lora ? (large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4, true>()
                                           : prepared_persistent_kernel<2, 128, 6, true>())
                         : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5, true>()
                                           : prepared_persistent_kernel<1, 128, 4, true>()))
@@ -1649,7 +1602,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
       with_maps.work_column_blocks = int(column_blocks);
-      if (large && block_n == 128 && gemm_multicast && !lora && !pingpong) {  // CTA pairs share each A tile (multicast)
+      if (large && block_n == 128 && gemm_multicast && !lora) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
         GemmKernelParams cluster_params = with_maps;
         cluster_params.a_map = half_tile_map;
@@ -1697,7 +1650,6 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
-void set_moe_gemm_pingpong(bool on) { gemm_pingpong = on; }
 void set_moe_block_down_block_n(int block_n) {
   if (block_n != 128 && block_n != 256) {
     throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +

@@ -42,10 +42,6 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
-// The persistent kernel at BLOCK_M 128 × BLOCK_N 128 with its two consumer warpgroups taking turns on whole
-// work items (on: one's epilogue overlaps the other's k-loop) or splitting every item's rows (off, the
-// default until the H200 measures it). Multicast A (set_moe_gemm_multicast) is not combined with it.
-void set_moe_gemm_pingpong(bool on);
 // The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 128 (the default) or 256
 // (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps 128. Throws std::invalid_argument otherwise.
 void set_moe_gemm_large_block_n(int block_n);
