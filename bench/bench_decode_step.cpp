@@ -359,11 +359,12 @@ int main(int argc, char** argv) {
       row("same, MoE-LoRA folded into the activation", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda::set_moe_lora_in_epilogue(false);
-      // Before/after of the MoE-LoRA in the persistent GEMMs' accumulators (off by default until measured).
-      cuda::set_moe_lora_in_gemm(true);
-      row("same, MoE-LoRA in the GEMM accumulators", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+      // Before/after of the MoE-LoRA in the persistent GEMMs' accumulators (the default for a prompt's long
+      // run of one adapter): the expand kernels instead.
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+      row("same, MoE-LoRA by the expand kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
-      cuda::set_moe_lora_in_gemm(false);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }
   }
   if (o.profile && o.adapters > 0) {

@@ -176,6 +176,7 @@ Tensor Engine::run_forward(int bucket) {
   // A dump reads activations back on the host mid-forward: never inside a recording.
   if (bucket == 0 || !backend_.supports_graphs() || config_.enforce_eager || model_->has_activation_dump())
     return model_->forward(batch_, cache_, lookup);
+  batch_.lora_scattered_tokens = -1;  // a recording serves any adapter mix: no path chosen from this one
   if (backend_.memory_epoch() != graphs_epoch_) {  // a workspace moved: every recording points at old memory
     release_graphs();
     graphs_epoch_ = backend_.memory_epoch();
@@ -266,6 +267,7 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   int32_t* sample_index = sample_index_.host.view.ptr<int32_t>();
   int t = 0, num_samples = 0;
   bool any_lora = false;
+  int64_t scattered = 0;
   for (size_t b = 0; b < step.size(); ++b) {
     const Sequence& seq = *step[b].seq;
     seq_start[b] = t;
@@ -280,6 +282,7 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
       kv_write[t] = seq.pages[size_t(pos / P)] * P + pos % P;
     }
     any_lora |= seq.slot >= 0;
+    if (seq.slot >= 0 && step[b].num_tokens < ops::kLoraRunTokens) scattered += step[b].num_tokens;
     if (step[b].sample) sample_index[num_samples++] = t - 1;
   }
   // Padding rows (a decode bucket): one token each in a sequence of its own at position 0 of page 0,
@@ -314,6 +317,7 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   batch_.kv_write_index = upload(kv_write_index_, t);
   batch_.sample_index = upload(sample_index_, num_samples);
   batch_.any_lora = any_lora;
+  batch_.lora_scattered_tokens = scattered;
 }
 
 // One uniform number per sampled row from the request's stream and the index of the token being drawn,

@@ -221,6 +221,7 @@ void Model::mlp_block(int layer, const BatchView& batch, const LoraLookup& lora,
                      .out = out};
     if (batch.any_lora) {
       p.token_slot = batch.token_slot;
+      p.lora_scattered_tokens = batch.lora_scattered_tokens;
       p.lora_gate_up = lora(layer, LoraTarget::kMoeGateUp);
       p.lora_down = lora(layer, LoraTarget::kMoeDown);
     }

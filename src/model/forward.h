@@ -26,6 +26,7 @@ struct BatchView {
   Tensor kv_write_index;  // [T] i32
   Tensor sample_index;    // [S] i32 rows of the flat batch whose logits are wanted
   bool any_lora = false;  // false: no token has an adapter, so no LoRA op is launched at all
+  int64_t lora_scattered_tokens = -1;  // ops::MoeParams::lora_scattered_tokens of this batch (-1: unknown)
 };
 
 // Paged cache of every layer, [pages, P, Hkv, D] in the backend's activation dtype.

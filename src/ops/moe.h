@@ -37,7 +37,15 @@ struct MoeParams {
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
   Tensor out;  // [T, H], overwritten
+  // Host-side hint for the backend's choice of MoE-LoRA path: tokens with an adapter that sit in short
+  // same-adapter runs (a sequence with fewer than kLoraRunTokens tokens in the batch: decode tokens, short
+  // chunks), or -1 when unknown. A kernel that handles one adapter per 16 expert-sorted rows at a time
+  // pays for every adapter such rows mix.
+  int64_t lora_scattered_tokens = -1;
 };
+// The run length (tokens of one sequence in a batch) from which lora_scattered_tokens stops counting a
+// sequence: 16 expert-sorted rows span about 16·E/K tokens (GPT-OSS-20B 128, Qwen3-30B-A3B 256).
+constexpr int kLoraRunTokens = 256;
 Status check(const MoeParams& p);
 
 }  // namespace lmx::ops

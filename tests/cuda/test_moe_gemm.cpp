@@ -171,7 +171,9 @@ cuda::MoeWorkspaceShape workspace_shape(const BlockCase& c) {
 }
 
 // moe_block on the device data into a fresh poisoned [T, H] output; with_lora = false drops the stacks.
-OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cudaStream_t stream) {
+// scattered: MoeParams::lora_scattered_tokens (-1: unknown, so the default mode keeps the expand kernels).
+OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cudaStream_t stream,
+                      int64_t scattered = -1) {
   OwnedTensor out = poisoned(DType::BF16, {c.tokens, c.hidden});
   const cuda::MoeWorkspaceShape shape = workspace_shape(c);
   OwnedTensor memory = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
@@ -181,7 +183,7 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
   ops::MoeParams p{.x = b.d_x, .topk_ids = b.d_ids, .topk_weights = b.d_weights, .token_slot = b.d_slot,
                    .gate_up = b.d_gate_up, .gate_up_bias = b.d_gate_up_bias, .down = b.d_down,
                    .down_bias = b.d_down_bias, .activation = c.activation, .layout = c.layout,
-                   .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .out = out};
+                   .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .out = out, .lora_scattered_tokens = scattered};
   if (with_lora) {
     if (c.rank_gate_up > 0) p.lora_gate_up = {.a = b.d_gu_a, .b = b.d_gu_b, .rank = b.d_gu_rank};
     if (c.rank_down > 0) p.lora_down = {.a = b.d_down_a, .b = b.d_down_b, .rank = b.d_down_rank};
@@ -292,7 +294,7 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     if (c.slots > 0) {
       const OwnedTensor want = cpu_block_rows(cpu_, c, b, 64);
       EXPECT_TRUE(all_close(every_nth_row(mma.view, 64), want, kTolMoeBlock)) << "reference vs the CPU oracle";
-      cuda::set_moe_lora_in_gemm(true);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
       for (int down_block_n : {256, 128}) {
         SCOPED_TRACE("LoRA in the GEMM, down at BLOCK_N " + std::to_string(down_block_n));
         cuda::set_moe_block_down_block_n(down_block_n);
@@ -301,7 +303,7 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
         EXPECT_TRUE(all_close(every_nth_row(got.view, 64), want, kTolMoeBlock)) << "vs the CPU oracle";
       }
       cuda::set_moe_block_down_block_n(256);
-      cuda::set_moe_lora_in_gemm(false);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }
   }
 }
@@ -348,10 +350,26 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "BLOCK_N 256 at BLOCK_M 128";
     cuda::set_moe_gemm_large_block_n(128);
     // The LoRA in the persistent GEMMs' accumulators where moe_block runs them (others: the default path).
-    cuda::set_moe_lora_in_gemm(true);
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "LoRA in the GEMM accumulators";
-    cuda::set_moe_lora_in_gemm(false);
+    // The default (kLongRuns) with the batch's hint on both sides of its threshold.
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+    for (int64_t scattered : {int64_t(0), c.tokens}) {
+      EXPECT_TRUE(all_close(run_block(c, b, true, stream_, scattered), want, kTolMoeBlock)) << scattered << " scattered";
+    }
   }
+}
+
+// Which path moe_block's MoE-LoRA takes by mode and the batch's hint (the shapes' own conditions aside).
+TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
+  using cuda::MoeLoraInGemm;
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 0));
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 200));    // T / 8
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 201));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 16, 16));      // a decode batch
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, -1));    // unknown (a recording)
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kAlways, 16, -1));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 1600, 0));
 }
 
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output
@@ -373,9 +391,9 @@ TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
         EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base));
       }
       cuda::set_moe_lora_in_epilogue(false);
-      cuda::set_moe_lora_in_gemm(true);  // in the GEMMs' accumulators: no warp has a slot, nothing is added
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);  // in the GEMMs' accumulators: no warp has a slot, nothing is added
       EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "LoRA in the GEMM accumulators";
-      cuda::set_moe_lora_in_gemm(false);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
       EXPECT_TRUE(all_close(base, cpu_block(cpu_, c, b), kTolMoeBlock));
     }
   }

@@ -1304,7 +1304,7 @@ int block_down_block_n = 256;                       // set_moe_block_down_block_
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
 // it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
-bool lora_in_gemm = false;                         // set_moe_lora_in_gemm
+MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1666,7 +1666,12 @@ void set_moe_gemm_large_block_n(int block_n) {
 }
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
-void set_moe_lora_in_gemm(bool on) { lora_in_gemm = on; }
+void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
+bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered) {
+  // kLongRuns: where few adapter tokens sit in short runs, whose warps would mix adapters
+  return mode == MoeLoraInGemm::kAlways ||
+         (mode == MoeLoraInGemm::kLongRuns && scattered >= 0 && scattered <= tokens / 8);
+}
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
@@ -2104,9 +2109,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // With set_moe_lora_in_gemm(true) the tiled MoE-LoRA goes into the persistent GEMMs' accumulators
   // (MoeGemmLora): gate_up where its fused output runs there (interleaved layout), down always; the shrink
   // writes z, the GEMM reads it, and z is zeroed after (the tiled shrink's invariant: z zero between calls).
-  const bool gemm_lora_gu = lora_gu && !small && lora_in_gemm && gather_rows &&
-                            p.layout == ops::GateUpLayout::kInterleaved;
-  const bool gemm_lora_down = lora_down && !small && lora_in_gemm && gather_rows;
+  const bool in_gemm = moe_lora_in_gemm_for(lora_in_gemm, tokens, p.lora_scattered_tokens);
+  const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows && p.layout == ops::GateUpLayout::kInterleaved;
+  const bool gemm_lora_down = lora_down && !small && in_gemm && gather_rows;
   // y: the GEMM's output as the shrink's contract wants it (the shrink does not touch it).
   auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});

@@ -54,10 +54,20 @@ void set_moe_block_down_block_n(int block_n);
 void set_moe_lora_in_epilogue(bool on);
 // moe_block's tiled MoE-LoRA (gate_up with the interleaved layout, and down) added in the GEMMs' fp32
 // accumulators (MoeGemmLora: the shrink writes z, the persistent GEMM adds z·Bᵀ before its epilogue, no
-// expand, no pre-activation h, no moe_activation), where moe_block runs the persistent kernel; off (the
-// default) until the H200 has run its tests and bench rows (written after the session's device time was
-// spent, docs/perf-log.md). Process-wide, for the bench's before/after rows and the tests.
-void set_moe_lora_in_gemm(bool on);
+// expand, no pre-activation h, no moe_activation), where moe_block runs the persistent kernel. Each warp
+// makes one pass per distinct adapter among its 16 rows, so it wins where adapters come in long runs of
+// tokens (one adapter per prompt: prefill of 1600 tokens with an adapter 39.4 → 38.6 ms, perf-log run 61)
+// and loses where they interleave token by token (8 spread: gate_up T 1600 +283 µs, run 61).
+enum class MoeLoraInGemm {
+  kOff,          // always the expand kernels
+  kLongRuns,     // the default: where MoeParams::lora_scattered_tokens is known and at most T / 8
+  kAlways,       // wherever moe_block runs the persistent kernel (tests, bench rows)
+};
+// Process-wide, for the bench's before/after rows and the tests.
+void set_moe_lora_in_gemm(MoeLoraInGemm mode);
+// The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` (moe_block
+// also needs 64/128-row tiles on the persistent kernel, and for gate_up the interleaved layout).
+bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
 // two GEMMs, min(H, I) (host numbers, no sync).
