@@ -118,6 +118,55 @@ TEST(Engine, DecodePaddingToGraphBucketsChangesNothing) {
   EXPECT_EQ(reference->num_padding_rows(), 0u);
 }
 
+// A cpu backend that records, per MoE call, the batch size and the host hint the engine gave for the
+// backend's MoE-LoRA path (ops::MoeParams::lora_scattered_tokens).
+class MoeHintBackend : public cpu::CpuBackend {
+ public:
+  MoeHintBackend() : cpu::CpuBackend(1) {}
+  void moe(const ops::MoeParams& p) override {
+    calls.push_back({p.x.dim(0), p.lora_scattered_tokens, p.lora_gate_up.defined() || p.lora_down.defined()});
+    cpu::CpuBackend::moe(p);
+  }
+  struct Call {
+    int64_t tokens, scattered;
+    bool lora;
+  };
+  std::vector<Call> calls;
+};
+
+// The hint counts adapter tokens of sequences with fewer than ops::kLoraRunTokens tokens in the step (their
+// expert-sorted rows mix adapters); a long prompt's tokens and base tokens do not count.
+TEST(Engine, MoeLoraHintCountsScatteredAdapterTokens) {
+  auto f = make_fixture(2);
+  MoeHintBackend backend;
+  EngineConfig config;
+  config.max_loras = 2;
+  Result<std::unique_ptr<Engine>> created = Engine::create(f->weights, backend, config);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  Engine& e = **created;
+  for (const lora::Adapter& a : f->adapters) ASSERT_TRUE(e.add_adapter(a).ok());
+  auto request = [](const std::string& adapter, int prompt_tokens) {
+    Request r;
+    r.adapter = adapter;
+    for (int t = 0; t < prompt_tokens; ++t) r.prompt_ids.push_back(t % 200 + 1);
+    r.sampling.max_tokens = 2;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  const int long_prompt = ops::kLoraRunTokens + 4;
+  run_all(e, {request("a0", long_prompt), request("a1", 5), request("", 4)});
+  ASSERT_FALSE(backend.calls.empty());
+  const int64_t layers = f->weights.config.num_layers;
+  // The first step prefills all three prompts: only a1's 5 tokens are scattered.
+  EXPECT_EQ(backend.calls[0].tokens, long_prompt + 9);
+  EXPECT_EQ(backend.calls[0].scattered, 5);
+  EXPECT_TRUE(backend.calls[0].lora);
+  // Then one decode step of three tokens: both adapter tokens are scattered (eager on the cpu backend).
+  ASSERT_EQ(int64_t(backend.calls.size()), 2 * layers);
+  EXPECT_EQ(backend.calls[size_t(layers)].tokens, 3);
+  EXPECT_EQ(backend.calls[size_t(layers)].scattered, 2);
+}
+
 // A cpu backend that reports a fixed device memory, as a GPU does (total_bytes() > 0).
 class FixedMemoryBackend : public cpu::CpuBackend {
  public:
