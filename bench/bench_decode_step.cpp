@@ -220,6 +220,53 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
   return seconds[1];
 }
 
+// Median wall seconds of the yardstick's mixed step: one new `o.prefill`-token prompt (adapter
+// adapter_of(o.batch - 1)) prefilled in the same step as `o.batch - 1` sequences at context `o.context`
+// decode (adapters adapter_of(i)). The serve run's mixed steps take 50 ms of device time (perf-log run 62)
+// where the prompt alone takes ~40: this row measures that step in isolation.
+double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
+                  const std::function<std::string(int)>& adapter_of, bench::OpProfiler* profiler = nullptr) {
+  std::vector<uint64_t> ids;
+  const int decoding = std::max(0, o.batch - 1);
+  for (int i = 0; i < decoding; ++i) {
+    engine::Request r;
+    r.adapter = adapter_of(i);
+    r.prompt_ids = random_prompt(rng, std::max(1, o.context - 1), vocab);
+    r.sampling.max_tokens = o.decode_warmup + 64;
+    r.sampling.ignore_eos = true;
+    Result<uint64_t> id = engine.add_request(r);
+    if (!id.ok()) {
+      std::fprintf(stderr, "bench_decode_step: %s\n", id.status().message().c_str());
+      std::exit(1);
+    }
+    ids.push_back(*id);
+  }
+  int guard = 0;
+  while (engine.scheduler().num_waiting() > 0 || guard < o.decode_warmup) {
+    if (engine.step().num_tokens == decoding) ++guard;
+  }
+  std::vector<double> seconds;
+  int step_tokens = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    engine::Request r;
+    r.adapter = adapter_of(o.batch - 1);
+    r.prompt_ids = random_prompt(rng, o.prefill, vocab);  // fresh tokens: no prefix-cache hit
+    r.sampling.max_tokens = 1;
+    r.sampling.ignore_eos = true;
+    if (!engine.add_request(r).ok()) std::exit(1);
+    if (profiler && rep == 2) profiler->reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    step_tokens = engine.step().num_tokens;
+    seconds.push_back(seconds_since(t0));
+    while (engine.scheduler().num_waiting() > 0) engine.step();  // a prompt the step budget split
+  }
+  std::printf("  (the timed step ran %d tokens: %d decoding, the rest of the new prompt)\n", step_tokens, decoding);
+  for (uint64_t id : ids) engine.abort(id);
+  if (profiler) profiler->print(1, seconds[2]);
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[1];
+}
+
 }  // namespace
 }  // namespace lmx
 
@@ -365,6 +412,9 @@ int main(int argc, char** argv) {
       row("same, MoE-LoRA by the expand kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+      char mixed_what[96];
+      std::snprintf(mixed_what, sizeof mixed_what, "mixed step: the prompt with an adapter + %d decoding", o.batch - 1);
+      row(mixed_what, time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
     }
   }
   if (o.profile && o.adapters > 0) {
@@ -376,6 +426,8 @@ int main(int argc, char** argv) {
       time_prefill(**engine, o, vocab, rng, &backend);
       std::printf("profile: %s with an adapter\n", prefill_what);
       time_prefill(**engine, o, vocab, rng, &backend, "a0");
+      std::printf("profile: mixed step (the prompt with an adapter + %d decoding)\n", o.batch - 1);
+      time_mixed(**engine, o, vocab, rng, spread, &backend);
     }
     backend.enable(false);
   }
