@@ -140,6 +140,23 @@ std::vector<int32_t> random_prompt(Rng& rng, int length, int vocab) {
   return ids;
 }
 
+// Admits a request of `prompt_tokens` random tokens and `max_tokens` outputs (ignore_eos) for `adapter`;
+// exits on a refusal.
+uint64_t admit(engine::Engine& engine, Rng& rng, int vocab, const std::string& adapter, int prompt_tokens,
+               int max_tokens) {
+  engine::Request r;
+  r.adapter = adapter;
+  r.prompt_ids = random_prompt(rng, std::max(1, prompt_tokens), vocab);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  Result<uint64_t> id = engine.add_request(r);
+  if (!id.ok()) {
+    std::fprintf(stderr, "bench_decode_step: %s\n", id.status().message().c_str());
+    std::exit(1);
+  }
+  return *id;
+}
+
 // Median wall seconds of `steps` decode steps once all `batch` sequences (prompt `context` - 1 tokens)
 // are decoding. adapter_of(i) names sequence i's adapter ("" = base). staggered: as the yardstick's steady
 // state — contexts spread over context ± 300 and the requests admitted one at a time while the earlier ones
@@ -149,18 +166,10 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
                    bool staggered = false) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < o.batch; ++i) {
-    engine::Request r;
-    r.adapter = adapter_of(i);
     const int spread = staggered && o.batch > 1 ? 600 * i / (o.batch - 1) - 300 : 0;
-    r.prompt_ids = random_prompt(rng, std::max(1, o.context - 1 + spread), vocab);
-    r.sampling.max_tokens = o.decode_warmup + o.steps + 64 + (staggered ? 8 * o.batch : 0);  // decodes through the admissions
-    r.sampling.ignore_eos = true;
-    Result<uint64_t> id = engine.add_request(r);
-    if (!id.ok()) {
-      std::fprintf(stderr, "bench_decode_step: %s\n", id.status().message().c_str());
-      std::exit(1);
-    }
-    ids.push_back(*id);
+    // decodes through the admissions
+    ids.push_back(admit(engine, rng, vocab, adapter_of(i), o.context - 1 + spread,
+                        o.decode_warmup + o.steps + 64 + (staggered ? 8 * o.batch : 0)));
     if (staggered) {  // this one's prefill, then a few decode steps of everything admitted so far
       while (engine.scheduler().num_waiting() > 0) engine.step();
       for (int s = 0; s < 8; ++s) engine.step();
@@ -228,19 +237,7 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
                   const std::function<std::string(int)>& adapter_of, bench::OpProfiler* profiler = nullptr) {
   std::vector<uint64_t> ids;
   const int decoding = std::max(0, o.batch - 1);
-  for (int i = 0; i < decoding; ++i) {
-    engine::Request r;
-    r.adapter = adapter_of(i);
-    r.prompt_ids = random_prompt(rng, std::max(1, o.context - 1), vocab);
-    r.sampling.max_tokens = o.decode_warmup + 64;
-    r.sampling.ignore_eos = true;
-    Result<uint64_t> id = engine.add_request(r);
-    if (!id.ok()) {
-      std::fprintf(stderr, "bench_decode_step: %s\n", id.status().message().c_str());
-      std::exit(1);
-    }
-    ids.push_back(*id);
-  }
+  for (int i = 0; i < decoding; ++i) ids.push_back(admit(engine, rng, vocab, adapter_of(i), o.context - 1, o.decode_warmup + 64));
   int guard = 0;
   while (engine.scheduler().num_waiting() > 0 || guard < o.decode_warmup) {
     if (engine.step().num_tokens == decoding) ++guard;
@@ -248,12 +245,7 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
   std::vector<double> seconds;
   int step_tokens = 0;
   for (int rep = 0; rep < 3; ++rep) {
-    engine::Request r;
-    r.adapter = adapter_of(o.batch - 1);
-    r.prompt_ids = random_prompt(rng, o.prefill, vocab);  // fresh tokens: no prefix-cache hit
-    r.sampling.max_tokens = 1;
-    r.sampling.ignore_eos = true;
-    if (!engine.add_request(r).ok()) std::exit(1);
+    admit(engine, rng, vocab, adapter_of(o.batch - 1), o.prefill, 1);  // fresh tokens: no prefix-cache hit
     if (profiler && rep == 2) profiler->reset();
     const auto t0 = std::chrono::steady_clock::now();
     step_tokens = engine.step().num_tokens;

@@ -204,19 +204,6 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
   return first;
 }
 
-OwnedTensor cpu_block(cpu::CpuBackend& cpu, const BlockCase& c, const BlockData& b) {
-  OwnedTensor x = widen(b.x);
-  OwnedTensor out = OwnedTensor::host(DType::F32, {c.tokens, c.hidden});
-  ops::MoeParams p{.x = x, .topk_ids = b.routing.ids, .topk_weights = b.routing.weights, .token_slot = b.token_slot,
-                   .gate_up = b.gate_up, .gate_up_bias = b.gate_up_bias, .down = b.down,
-                   .down_bias = b.down_bias, .activation = c.activation, .layout = c.layout,
-                   .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .out = out};
-  if (c.slots > 0 && c.rank_gate_up > 0) p.lora_gate_up = b.lora_gate_up.view();
-  if (c.slots > 0 && c.rank_down > 0) p.lora_down = b.lora_down.view();
-  cpu.moe(p);
-  return out;
-}
-
 // Every `stride`-th row of a host tensor [T] or [T, n] (a MoE layer's tokens are independent of each other).
 OwnedTensor every_nth_row(const Tensor& t, int64_t stride) {
   const int64_t rows = (t.dim(0) + stride - 1) / stride;
@@ -230,9 +217,9 @@ OwnedTensor every_nth_row(const Tensor& t, int64_t stride) {
   return out;
 }
 
-// The fp32 CPU oracle on every `stride`-th token only: a check of layers too large for the full oracle
-// (GPT-OSS-20B shapes at thousands of tokens) that still sees every kernel's tiles and experts.
-OwnedTensor cpu_block_rows(cpu::CpuBackend& cpu, const BlockCase& c, const BlockData& b, int64_t stride) {
+// The fp32 CPU oracle of moe_block on every `stride`-th token (1: all of them; more checks layers too large
+// for the full oracle, GPT-OSS-20B shapes at thousands of tokens, and still sees every kernel's tiles).
+OwnedTensor cpu_block(cpu::CpuBackend& cpu, const BlockCase& c, const BlockData& b, int64_t stride = 1) {
   const OwnedTensor x = widen(every_nth_row(b.x, stride));
   const OwnedTensor ids = every_nth_row(b.routing.ids, stride), weights = every_nth_row(b.routing.weights, stride);
   OwnedTensor slot;
@@ -292,7 +279,7 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     // small (seen: 134 of 11.8 M elements beyond 1/64, worst scaled error 0.028), so the bound against
     // the reference is the oracle's 1/32, and every 64th token is checked against the fp32 CPU oracle too.
     if (c.slots > 0) {
-      const OwnedTensor want = cpu_block_rows(cpu_, c, b, 64);
+      const OwnedTensor want = cpu_block(cpu_, c, b, 64);
       EXPECT_TRUE(all_close(every_nth_row(mma.view, 64), want, kTolMoeBlock)) << "reference vs the CPU oracle";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
       for (int down_block_n : {256, 128}) {
