@@ -2106,9 +2106,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
   const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
                                                                 gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized);
-  // With set_moe_lora_in_gemm(true) the tiled MoE-LoRA goes into the persistent GEMMs' accumulators
-  // (MoeGemmLora): gate_up where its fused output runs there (interleaved layout), down always; the shrink
-  // writes z, the GEMM reads it, and z is zeroed after (the tiled shrink's invariant: z zero between calls).
+  // Where moe_lora_in_gemm_for picks it (set_moe_lora_in_gemm: by default for long same-adapter runs) the
+  // tiled MoE-LoRA goes into the persistent GEMMs' accumulators (MoeGemmLora): gate_up where its fused
+  // output runs there (interleaved layout), down always; the shrink writes z, the GEMM reads it, and z is
+  // zeroed after (the tiled shrink's invariant: z zero between calls).
   const bool in_gemm = moe_lora_in_gemm_for(lora_in_gemm, tokens, p.lora_scattered_tokens);
   const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows && p.layout == ops::GateUpLayout::kInterleaved;
   const bool gemm_lora_down = lora_down && !small && in_gemm && gather_rows;
