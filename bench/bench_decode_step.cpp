@@ -407,6 +407,18 @@ int main(int argc, char** argv) {
       char mixed_what[96];
       std::snprintf(mixed_what, sizeof mixed_what, "mixed step: the prompt with an adapter + %d decoding", o.batch - 1);
       row(mixed_what, time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with the decode
+      // tokens' adapters in the prompt's tiles (the default's rule keeps the expand kernels here since run
+      // 65), or the decoding sequences themselves.
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+      row("same, MoE-LoRA in the GEMM accumulators", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+      const int prompt_index = o.batch - 1;
+      const auto prompt_only = [&](int i) { return i == prompt_index ? spread(i) : std::string(); };
+      row("same, the decoding sequences without adapters", time_mixed(**engine, o, vocab, rng, prompt_only),
+          prefill_floor);
+      row("same, no adapter anywhere", time_mixed(**engine, o, vocab, rng, [](int) { return std::string(); }),
+          prefill_floor);
     }
   }
   if (o.profile && o.adapters > 0) {

@@ -210,6 +210,42 @@ __device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int
   return p.n % 2 == 0 ? Epilogue::kStore : Epilogue::kGeneral;
 }
 
+// The fused form's outputs of one row: lane t (= lane % 4) holds activated[j] at output column
+// (column0 + 8j) / 2 = c + 4j + t (c = the block's first output column, a multiple of 64). A 4 × 4
+// transpose among the row's four lanes per group of 16 columns (two butterfly rounds of shuffles) leaves
+// lane t with columns c + 16m + 4t .. + 3, stored as one 8-byte word instead of four 2-byte stores
+// (perf-log run 65: gate_up at T 1600 536 µs, 580–649 before; at T 4096 within the run-to-run spread).
+// PRECOND: the whole warp calls (shuffles); `store` is the same across a row's four lanes.
+template <int kBlockN>
+__device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0, bool store,
+                                                float (&activated)[kBlockN / 8]) {
+  const int t = threadIdx.x % 4;
+  const int first = (column0 - 2 * t) / 2;  // c
+#pragma unroll
+  for (int m = 0; m < kBlockN / 32; ++m) {
+    float* v = activated + 4 * m;  // lane t: columns c + 16m + 4k + t, k = 0..3
+#pragma unroll
+    for (int s = 2; s >= 1; s /= 2) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (k & s) continue;  // the pair (k, k + s)
+        const bool upper = (t & s) != 0;
+        const float received = __shfl_xor_sync(0xffffffffu, upper ? v[k] : v[k + s], s);
+        if (upper) v[k] = received;
+        else v[k + s] = received;
+      }
+    }
+    // lane t now holds columns c + 16m + 4t + k in v[k]
+    if (store) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+      uint2 word;
+      word.x = *reinterpret_cast<unsigned*>(&lo);
+      word.y = *reinterpret_cast<unsigned*>(&hi);
+      *reinterpret_cast<uint2*>(out + first + 16 * m + 4 * t) = word;
+    }
+  }
+}
+
 // A warpgroup's 64 × kBlockN accumulators (wgmma layout: thread lane holds rows lane / 4 and + 8 of its warp's
 // 16, columns 8j + 2(lane % 4) and + 1) through the kFused or kStore form; the same arithmetic as
 // store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
@@ -226,8 +262,11 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
   const int64_t out_stride = kActivated ? p.n / 2 : p.n;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    if (pair[half] >= p.pairs) continue;
-    __nv_bfloat16* out = p.out + int64_t(pair[half]) * out_stride;
+    // Padding rows are computed too (the fused form's shuffles need the whole warp) but never stored; the
+    // four lanes of a row share its pair, so they skip together.
+    const bool store = pair[half] < p.pairs;
+    __nv_bfloat16* out = p.out + int64_t(store ? pair[half] : 0) * out_stride;
+    float activated[kBlockN / 8];  // kActivated: the thread's outputs, column (column0 + 8j) / 2
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
       const int column = column0 + 8 * j;
@@ -243,11 +282,12 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
       if constexpr (kActivated) {
         const float gate = __bfloat162float(__float2bfloat16_rn(v0));
         const float up = __bfloat162float(__float2bfloat16_rn(v1));
-        out[column / 2] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
-      } else {
+        activated[j] = activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
+      } else if (store) {
         *reinterpret_cast<__nv_bfloat162*>(out + column) = __floats2bfloat162_rn(v0, v1);
       }
     }
+    if constexpr (kActivated) store_activated<kBlockN>(out, column0, store, activated);
   }
 }
 
@@ -1668,9 +1708,12 @@ int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered) {
-  // kLongRuns: where few adapter tokens sit in short runs, whose warps would mix adapters
+  // kLongRuns: where at most one adapter token in 256 sits in a short run. Each such token puts a second
+  // adapter into warps of the long runs' tiles, and those warps make a pass per adapter over every column
+  // block: a 1600-token prompt beside 15 decoding tokens took 42.45 ms this way and 41.17 ms by the expand
+  // kernels, while the prompt alone gains ~1.2 ms here (perf-log runs 64–65), so break-even is ~7 tokens.
   return mode == MoeLoraInGemm::kAlways ||
-         (mode == MoeLoraInGemm::kLongRuns && scattered >= 0 && scattered <= tokens / 8);
+         (mode == MoeLoraInGemm::kLongRuns && scattered >= 0 && scattered <= tokens / 256);
 }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {

@@ -60,7 +60,7 @@ void set_moe_lora_in_epilogue(bool on);
 // and loses where they interleave token by token (8 spread: gate_up T 1600 +283 µs, run 61).
 enum class MoeLoraInGemm {
   kOff,          // always the expand kernels
-  kLongRuns,     // the default: where MoeParams::lora_scattered_tokens is known and at most T / 8
+  kLongRuns,     // the default: where MoeParams::lora_scattered_tokens is known and at most T / 256
   kAlways,       // wherever moe_block runs the persistent kernel (tests, bench rows)
 };
 // Process-wide, for the bench's before/after rows and the tests.
