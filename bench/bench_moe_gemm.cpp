@@ -249,6 +249,36 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
     }
+    // moe_block with the MoE-LoRA of 8 rank-32 adapters on gate_up and down (shrink included): by the expand
+    // kernels, and in the GEMMs' accumulators with each expert's pairs ordered by slot. Minus the block
+    // without LoRA, this is the layer's MoE-LoRA cost (issue 4's table).
+    OwnedTensor lora_a_gate_up = random_device_bf16(rng, {kSlots, E, kRank, H});
+    OwnedTensor lora_a_down = random_device_bf16(rng, {kSlots, E, kRank, I});
+    const cuda::MoeWorkspaceShape lora_shape{.max_tokens = tokens, .top_k = K, .experts = E, .slots = kSlots,
+                                             .hidden = H, .inter = I, .max_rank = kRank};
+    OwnedTensor lora_workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(lora_shape))});
+    cuda::moe_workspace_prepare({.shape = lora_shape, .memory = lora_workspace}, stream);
+    for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters spread"}}) {
+      auto lora_block = [&](int layer) {
+        ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .token_slot = *slots,
+                         .gate_up = layers[layer].gate_up, .gate_up_bias = layers[layer].gate_up_bias,
+                         .down = layers[layer].down, .down_bias = layers[layer].down_bias, .activation = m.activation,
+                         .layout = m.layout, .out = out};
+        p.lora_gate_up = {.a = lora_a_gate_up, .b = lora_b_gate_up, .rank = lora_rank};
+        p.lora_down = {.a = lora_a_down, .b = lora_b_down, .rank = lora_rank};
+        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream);
+      };
+      for (const auto& [mode, how] : {std::pair{cuda::MoeLoraInGemm::kOff, "by the expand kernels"},
+                                      std::pair{cuda::MoeLoraInGemm::kAlways, "in the accumulators, rows by slot"}}) {
+        cuda::set_moe_lora_in_gemm(mode);
+        lora_block(0);  // kernel attributes, outside the graph
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        print_row((std::string("block + MoE-LoRA, ") + name + ", " + how).c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { lora_block(i % kCopies); }));
+      }
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+    }
     print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
     print_row("  down N 256, persistent (no LoRA)", tokens, down_bytes, down_flops,

@@ -350,14 +350,19 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
 // Which path moe_block's MoE-LoRA takes by mode and the batch's hint (the shapes' own conditions aside).
 TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   using cuda::MoeLoraInGemm;
-  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 0));
-  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 6));      // T / 256
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 7));
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1615, 15));     // the yardstick's mixed step
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 16, 16));      // a decode batch
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, -1));    // unknown (a recording)
-  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kAlways, 16, -1));
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 1600, 0));
+  constexpr int kLarge = cuda::kMoeGemmBlockMLarge, kPrefill = cuda::kMoeGemmBlockMPrefill;
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 0, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 6, kLarge));      // T / 256
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 7, kLarge));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1615, 15, kLarge));    // the yardstick's mixed step
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 799, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 800, kLarge));    // T / 2: interleaved
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 4096, 4096, kLarge));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 256, 0, kPrefill));    // 64-row tiles
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 256, 256, kPrefill));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, -1, kLarge));    // unknown (a recording)
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kAlways, 16, -1, cuda::kMoeGemmBlockMDecode));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 1600, 0, kLarge));
 }
 
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output

@@ -34,6 +34,7 @@ struct AlignKernelParams {
   int top_k;                  // K
   int experts;                // E
   int groups;                 // G
+  int run_groups;             // consecutive groups padded as one run of tiles: 1, or S + 1 (order_by_slot)
   int block_m;                // BLOCK_M
   int max_tiles;              // capacity / BLOCK_M
   int key_bits;               // bits of the keys [0, G]: ceil(log2(G + 1))
@@ -53,25 +54,34 @@ struct AlignKernelParams {
   int chunks;                 // chunked path: ceil(pairs / kChunkPairs)
 };
 
-// The group of pair p, or G when its token has no slot (LoRA grouping only).
+// The group of pair p, or G when its token has no slot (LoRA grouping only). order_by_slot (run_groups =
+// S + 1): expert · (S + 1) + slot + 1, every pair kept.
 __device__ __forceinline__ int group_of(const AlignKernelParams& p, int pair) {
   const int expert = p.topk_ids != nullptr ? p.topk_ids[pair] : 0;
   if (p.token_slot == nullptr) return expert;
   const int slot = p.token_slot[pair / p.top_k];
+  if (p.run_groups > 1) return expert * p.run_groups + max(slot, -1) + 1;
   return slot < 0 ? p.groups : slot * p.experts + expert;
 }
 
 // Block-wide, 1024 threads: from counts[G] write group_offsets, tile_group (with -1 past the last tile up
 // to max_tiles), num_tiles, the sentinel on every padding position, and (if asked) the unpadded offsets.
-// PRECOND: blockDim.x == kScanThreads; counts complete and visible to the block.
+// Groups are padded to whole tiles in runs of run_groups (a run's groups back to back, its tiles' group
+// the run's index). PRECOND: blockDim.x == kScanThreads; counts complete and visible to the block.
 __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
   __shared__ typename ScanInt::TempStorage scan_storage;
   __shared__ int total_tiles;
-  const int per_thread = (p.groups + kScanThreads - 1) / kScanThreads;
-  const int first = threadIdx.x * per_thread, last = min(first + per_thread, p.groups);
+  const int runs = p.groups / p.run_groups;
+  const int per_thread = (runs + kScanThreads - 1) / kScanThreads;
+  const int first = threadIdx.x * per_thread, last = min(first + per_thread, runs);
+  auto run_count = [&](int run) {
+    int c = 0;
+    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) c += p.counts[g];
+    return c;
+  };
   int padded = 0, unpadded = 0;
-  for (int g = first; g < last; ++g) {
-    const int c = p.counts[g];
+  for (int run = first; run < last; ++run) {
+    const int c = run_count(run);
     padded += (c + p.block_m - 1) / p.block_m * p.block_m;
     unpadded += c;
   }
@@ -80,13 +90,17 @@ __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
   __syncthreads();
   int unpadded_start = 0;
   if (write_unpadded) ScanInt(scan_storage).ExclusiveSum(unpadded, unpadded_start);
-  for (int g = first; g < last; ++g) {
-    const int c = p.counts[g];
+  for (int run = first; run < last; ++run) {
+    const int c = run_count(run);
     const int size = (c + p.block_m - 1) / p.block_m * p.block_m;
-    p.group_offsets[g] = padded_start;
-    if (write_unpadded) p.unpadded_offsets[g] = unpadded_start;
+    int at = padded_start;
+    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) {
+      p.group_offsets[g] = at;
+      if (write_unpadded) p.unpadded_offsets[g] = unpadded_start + (at - padded_start);
+      at += p.counts[g];
+    }
     for (int i = c; i < size; ++i) p.sorted_pairs[padded_start + i] = p.pairs;
-    for (int tile = padded_start / p.block_m; tile < (padded_start + size) / p.block_m; ++tile) p.tile_group[tile] = g;
+    for (int tile = padded_start / p.block_m; tile < (padded_start + size) / p.block_m; ++tile) p.tile_group[tile] = run;
     padded_start += size;
     unpadded_start += c;
   }
@@ -317,12 +331,16 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   if (by_slot && (p.token_slot.dtype != DType::I32 || p.token_slot.ndim != 1 || p.token_slot.dim(0) != tokens)) {
     detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32 with T = topk_ids.dim(0)");
   }
-  const int64_t groups = by_slot ? p.slots * p.experts : p.experts;
+  if (p.order_by_slot && (!by_slot || p.single_expert)) {
+    detail::contract_failure(op, "token_slot", p.token_slot, "slots > 0 and not single_expert with order_by_slot");
+  }
+  const int64_t run_groups = p.order_by_slot ? p.slots + 1 : 1;  // groups padded together as one run
+  const int64_t groups = p.order_by_slot ? p.experts * run_groups : by_slot ? p.slots * p.experts : p.experts;
   LMX_CHECK(p.experts > 0 && p.slots >= 0, "moe_align: E = %lld, S = %lld", (long long)p.experts,
             (long long)p.slots);
   LMX_CHECK(p.block_m >= 1 && p.block_m <= 1024 && (p.block_m & (p.block_m - 1)) == 0,
             "moe_align: block_m = %d is not a power of two in [1, 1024]", p.block_m);
-  const int64_t capacity = moe_align_capacity(pairs, groups, p.block_m), max_tiles = capacity / p.block_m;
+  const int64_t capacity = moe_align_capacity(pairs, groups / run_groups, p.block_m), max_tiles = capacity / p.block_m;
   LMX_CHECK(capacity < 0x7fffffff && groups < 0x7fffffff);
   auto require_i32 = [&](const char* name, const Tensor& t, int64_t numel) {
     if (t.dtype != DType::I32 || t.numel() != numel) {
@@ -368,6 +386,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                                  .top_k = int(top_k),
                                  .experts = int(p.experts),
                                  .groups = int(groups),
+                                 .run_groups = int(run_groups),
                                  .block_m = p.block_m,
                                  .max_tiles = int(max_tiles),
                                  .key_bits = key_bits(groups),

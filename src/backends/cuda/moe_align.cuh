@@ -34,6 +34,13 @@ struct MoeAlignParams {
   // Dense LoRA (lora_dense): every token is one pair of the single expert 0 (E = 1, K = 1), T comes from
   // token_slot, topk_ids is not read. Requires slots > 0 and experts == 1.
   bool single_expert = false;
+  // Tiles by expert as with slots = 0 (tile_group = expert, padding per expert, no pair dropped), and an
+  // expert's pairs ordered by slot (slot -1 first), then by pair: the persistent GEMM's in-accumulator
+  // MoE-LoRA (MoeGemmLora) makes one pass per distinct slot of a warp's 16 rows, so token-interleaved
+  // adapters cost ~1–2 passes instead of one per adapter. Requires slots > 0. group_offsets then has
+  // E·(S + 1) + 1 entries (run of (expert e, slot s) at [e·(S + 1) + s + 1]); the workspace is
+  // moe_align_workspace_bytes(pairs, E·(S + 1)) and sorted_pairs moe_align_capacity(pairs, E, block_m).
+  bool order_by_slot = false;
 };
 
 // The one-block and chunked paths' limit (16 sorted items per thread of 1024; 16 chunks); larger batches take

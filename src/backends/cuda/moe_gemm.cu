@@ -1707,13 +1707,20 @@ void set_moe_gemm_large_block_n(int block_n) {
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
-bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered) {
-  // kLongRuns: where at most one adapter token in 256 sits in a short run. Each such token puts a second
-  // adapter into warps of the long runs' tiles, and those warps make a pass per adapter over every column
-  // block: a 1600-token prompt beside 15 decoding tokens took 42.45 ms this way and 41.17 ms by the expand
-  // kernels, while the prompt alone gains ~1.2 ms here (perf-log runs 64–65), so break-even is ~7 tokens.
-  return mode == MoeLoraInGemm::kAlways ||
-         (mode == MoeLoraInGemm::kLongRuns && scattered >= 0 && scattered <= tokens / 256);
+bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m) {
+  if (mode == MoeLoraInGemm::kAlways) return true;
+  // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66):
+  //  - 128-row tiles only: at 64 (T 256) the accumulator path costs more per layer with one adapter (+112 µs
+  //    vs +68 by the expand kernels) and with 8 interleaved (+301 vs +146).
+  //  - at most one adapter token in 256 in a short run: each such token puts a second or third adapter
+  //    into a warp of a long run's tile, which then makes a pass per adapter over every column block. A
+  //    1600-token prompt beside 15 decoding tokens: 42.1–42.5 ms this way, 40.7–41.2 by the expand kernels;
+  //    the prompt alone gains ~1.2 ms here.
+  //  - or at least half of the adapter tokens in short runs (many short prompts or decode tokens): rows
+  //    ordered by slot leave a warp one or two adapters, and the expand kernels pay for every pair. Layer
+  //    cost T 1600 +301 µs vs +370, T 4096 +580 vs +645.
+  return mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMLarge && scattered >= 0 &&
+         (scattered <= tokens / 256 || scattered >= tokens / 2);
 }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
@@ -1996,12 +2003,14 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     l.z_readers = take(size_t(max_pairs + 1) * 4);
   }
   l.clean_end = offset;
+  // With LoRA the expert align may order each expert's pairs by slot (E·(S + 1) groups in runs of S + 1).
+  const int64_t expert_groups = lora ? s.experts * (s.slots + 1) : s.experts;
   l.expert_capacity = moe_align_capacity(pairs, s.experts, block_m);
   l.expert_sorted = take(size_t(l.expert_capacity) * 4);
   l.expert_tiles = take(size_t(l.expert_capacity / block_m) * 4);
-  l.expert_offsets = take(size_t(s.experts + 1) * 4);
+  l.expert_offsets = take(size_t(expert_groups + 1) * 4);
   l.expert_count = take(4);
-  l.expert_scratch = take(moe_align_workspace_bytes(pairs, s.experts));
+  l.expert_scratch = take(moe_align_workspace_bytes(pairs, expert_groups));
   l.a = take(size_t(pairs) * s.inter * 2);
   l.d = take(size_t(pairs) * s.hidden * 2);
   if (block_m != kMoeGemmBlockMDecode) {
@@ -2079,23 +2088,41 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     return Tensor(base + offset, dtype, shape, Device::kCuda);
   };
 
+  // The MoE-LoRA's launch shape: a tiny batch goes pair by pair (no second align); otherwise tiles by
+  // (slot, expert). Both keep z (and their counters) zero between calls, so nothing is memset here.
+  const bool small = lora && (config.lora_path == 0 || (config.lora_path < 0 && moe_lora_small_fits(pairs)));
+  // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
+  // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
+  const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
+                                                                gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized);
+  // Where moe_lora_in_gemm_for picks it (set_moe_lora_in_gemm: by default for long same-adapter runs) the
+  // tiled MoE-LoRA goes into the persistent GEMMs' accumulators (MoeGemmLora): gate_up where its fused
+  // output runs there (interleaved layout), down always; the shrink writes z, the GEMM reads it, and z is
+  // zeroed after (the tiled shrink's invariant: z zero between calls).
+  const bool in_gemm = moe_lora_in_gemm_for(lora_in_gemm, tokens, p.lora_scattered_tokens, block_m);
+  const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows && p.layout == ops::GateUpLayout::kInterleaved;
+  const bool gemm_lora_down = lora_down && !small && in_gemm && gather_rows;
+  // Then each expert's pairs are ordered by slot (moe_align order_by_slot), so a warp's 16 rows hold one or
+  // two adapters even where adapters interleave token by token.
+  const bool order_by_slot = gemm_lora_gu || gemm_lora_down;
+
   // 1. Tiles by expert.
+  const int64_t expert_groups = order_by_slot ? experts * (slots + 1) : experts;
   const MoeExpertTiles tiles{.sorted_pairs = view(l.expert_sorted, DType::I32, {l.expert_capacity}),
                              .tile_group = view(l.expert_tiles, DType::I32, {l.expert_capacity / block_m}),
                              .num_tiles = view(l.expert_count, DType::I32, {1}),
                              .block_m = block_m};
-  const int64_t expert_scratch = int64_t(moe_align_workspace_bytes(pairs, experts));
-  moe_align({.topk_ids = p.topk_ids, .experts = experts, .slots = 0, .block_m = block_m,
-             .sorted_pairs = tiles.sorted_pairs, .tile_group = tiles.tile_group,
-             .group_offsets = view(l.expert_offsets, DType::I32, {experts + 1}), .num_tiles = tiles.num_tiles,
-             .workspace = view(l.expert_scratch, DType::U8, {expert_scratch})},
+  const int64_t expert_scratch = int64_t(moe_align_workspace_bytes(pairs, expert_groups));
+  moe_align({.topk_ids = p.topk_ids, .token_slot = order_by_slot ? p.token_slot : Tensor(), .experts = experts,
+             .slots = order_by_slot ? slots : 0, .block_m = block_m, .sorted_pairs = tiles.sorted_pairs,
+             .tile_group = tiles.tile_group, .group_offsets = view(l.expert_offsets, DType::I32, {expert_groups + 1}),
+             .num_tiles = tiles.num_tiles, .workspace = view(l.expert_scratch, DType::U8, {expert_scratch}),
+             .order_by_slot = order_by_slot},
             stream);
   const Tensor a = view(l.a, DType::BF16, {pairs, inter});  // [T*K, I] bf16
   const Tensor d = view(l.d, DType::BF16, {pairs, hidden});  // [T*K, H] bf16
 
-  // 2. The MoE-LoRA's launch shape: a tiny batch goes pair by pair (no second align); otherwise tiles by
-  // (slot, expert). Both keep z (and their counters) zero between calls, so nothing is memset here.
-  const bool small = lora && (config.lora_path == 0 || (config.lora_path < 0 && moe_lora_small_fits(pairs)));
+  // 2. The MoE-LoRA's (slot, expert) tiles.
   Tensor lora_sorted, lora_tiles, lora_count, tile_counters;
   if (lora && !small) {
     const int64_t groups = slots * experts;
@@ -2145,17 +2172,6 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // expand writes the delta into h (overwrite: every pair with a slot), and the gate_up epilogue adds it before
   // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
   // (the default; see lora_in_epilogue), so kept as a bench row. The small path always adds into h.
-  // The warp-specialized kernel (BLOCK_M 64/128) reads both operands by TMA from rows gathered into tile order.
-  // kAuto gathers only where the weight is one TMA box too (not the fused halves layout; see kernel_for).
-  const bool gather_rows = block_m != kMoeGemmBlockMDecode && (gemm_kernel == MoeGemmKernel::kAuto ||
-                                                                gemm_kernel == MoeGemmKernel::kWgmmaWarpSpecialized);
-  // Where moe_lora_in_gemm_for picks it (set_moe_lora_in_gemm: by default for long same-adapter runs) the
-  // tiled MoE-LoRA goes into the persistent GEMMs' accumulators (MoeGemmLora): gate_up where its fused
-  // output runs there (interleaved layout), down always; the shrink writes z, the GEMM reads it, and z is
-  // zeroed after (the tiled shrink's invariant: z zero between calls).
-  const bool in_gemm = moe_lora_in_gemm_for(lora_in_gemm, tokens, p.lora_scattered_tokens);
-  const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows && p.layout == ops::GateUpLayout::kInterleaved;
-  const bool gemm_lora_down = lora_down && !small && in_gemm && gather_rows;
   // y: the GEMM's output as the shrink's contract wants it (the shrink does not touch it).
   auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});

@@ -56,18 +56,21 @@ void set_moe_lora_in_epilogue(bool on);
 // accumulators (MoeGemmLora: the shrink writes z, the persistent GEMM adds z·Bᵀ before its epilogue, no
 // expand, no pre-activation h, no moe_activation), where moe_block runs the persistent kernel. Each warp
 // makes one pass per distinct adapter among its 16 rows, so it wins where adapters come in long runs of
-// tokens (one adapter per prompt: prefill of 1600 tokens with an adapter 39.4 → 38.6 ms, perf-log run 61)
-// and loses where they interleave token by token (8 spread: gate_up T 1600 +283 µs, run 61).
+// tokens (one adapter per prompt: prefill of 1600 tokens with an adapter 39.4 → 38.6 ms, perf-log run 61).
+// moe_block then orders each expert's rows by slot (moe_align order_by_slot), so token-interleaved adapters
+// cost a warp one or two passes (8 spread, T 4096: +580 µs a layer, +1170 in token order; run 66).
 enum class MoeLoraInGemm {
   kOff,          // always the expand kernels
-  kLongRuns,     // the default: where MoeParams::lora_scattered_tokens is known and at most T / 256
+  kLongRuns,     // the default: by moe_lora_in_gemm_for's rule on MoeParams::lora_scattered_tokens
   kAlways,       // wherever moe_block runs the persistent kernel (tests, bench rows)
 };
 // Process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_gemm(MoeLoraInGemm mode);
-// The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` (moe_block
-// also needs 64/128-row tiles on the persistent kernel, and for gate_up the interleaved layout).
-bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered);
+// The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
+// tiles of `block_m` rows. kLongRuns: 128-row tiles, and scattered known and at most T / 256 (long runs)
+// or at least T / 2 (mostly interleaved); not in between, where a few short runs' adapters add passes to
+// a long run's warps. moe_block also needs the persistent kernel, and for gate_up the interleaved layout.
+bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
 // two GEMMs, min(H, I) (host numbers, no sync).
