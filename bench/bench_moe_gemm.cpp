@@ -23,6 +23,7 @@
 #include "backends/cuda/memory.h"
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_gemm.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
 #include "bench/cuda_timing.h"
 #include "core/rng.h"
 #include "ops/moe.h"
@@ -184,9 +185,55 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
     cuda::set_moe_block_down_block_n(256);
   }
+  // The MoE-LoRA of 8 rank-32 adapters on gate_up and down (every token with one, or spread over 8).
+  constexpr int64_t kSlots = 8, kRank = 32;
+  OwnedTensor lora_a_gate_up = random_device_bf16(rng, {kSlots, E, kRank, H});
+  OwnedTensor lora_a_down = random_device_bf16(rng, {kSlots, E, kRank, I});
+  OwnedTensor lora_b_gate_up = random_device_bf16(rng, {kSlots, E, 2 * I, kRank});
+  OwnedTensor lora_b_down = random_device_bf16(rng, {kSlots, E, H, kRank});
+  OwnedTensor rank_host = OwnedTensor::host(DType::I32, {kSlots});
+  for (int64_t s = 0; s < kSlots; ++s) rank_host.view.ptr<int32_t>()[s] = int32_t(kRank);
+  OwnedTensor slot_one = OwnedTensor::host(DType::I32, {tokens}), slot_spread = OwnedTensor::host(DType::I32, {tokens});
+  for (int64_t t = 0; t < tokens; ++t) {
+    slot_one.view.ptr<int32_t>()[t] = 1;
+    slot_spread.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
+  }
+  const OwnedTensor lora_rank = cuda::upload(rank_host);
+  const OwnedTensor d_slot_one = cuda::upload(slot_one), d_slot_spread = cuda::upload(slot_spread);
+  // moe_block with that MoE-LoRA (shrink included): by the expand kernels, and in the GEMMs' accumulators
+  // (`in_gemm`: how moe_block gets it there at this size). Minus the block without LoRA, this is the
+  // layer's MoE-LoRA cost (issue 4's table).
+  auto lora_block_rows = [&](const char* in_gemm) {
+    const cuda::MoeWorkspaceShape lora_shape{.max_tokens = tokens, .top_k = K, .experts = E, .slots = kSlots,
+                                             .hidden = H, .inter = I, .max_rank = kRank};
+    OwnedTensor lora_workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(lora_shape))});
+    cuda::moe_workspace_prepare({.shape = lora_shape, .memory = lora_workspace}, stream);
+    for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters spread"}}) {
+      auto lora_block = [&](int layer) {
+        ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .token_slot = *slots,
+                         .gate_up = layers[layer].gate_up, .gate_up_bias = layers[layer].gate_up_bias,
+                         .down = layers[layer].down, .down_bias = layers[layer].down_bias, .activation = m.activation,
+                         .layout = m.layout, .out = out};
+        p.lora_gate_up = {.a = lora_a_gate_up, .b = lora_b_gate_up, .rank = lora_rank};
+        p.lora_down = {.a = lora_a_down, .b = lora_b_down, .rank = lora_rank};
+        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream);
+      };
+      for (const auto& [mode, how] : {std::pair{cuda::MoeLoraInGemm::kOff, "by the expand kernels"},
+                                      std::pair{cuda::MoeLoraInGemm::kAlways, in_gemm}}) {
+        cuda::set_moe_lora_in_gemm(mode);
+        lora_block(0);  // kernel attributes, outside the graph
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        print_row((std::string("block + MoE-LoRA, ") + name + ", " + how).c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { lora_block(i % kCopies); }));
+      }
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+    }
+  };
   if (block_m == cuda::kMoeGemmBlockMDecode) {  // before/after of gate_up and down as programmatic dependents
     print_row("block (no LoRA), GEMMs without PDL", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, false); }));
+    if (pairs <= cuda::kMoeLoraSmallMaxPairs) lora_block_rows("in the decode GEMMs' accumulators");
   }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before/after for the BLOCK_M 64/128 tiles: the other kernels
     // (the default, kAuto, is the persistent warp-specialized kernel where both operands come by TMA)
@@ -216,19 +263,9 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora, what set_moe_lora_in_gemm runs): the
     // same GEMMs with z·Bᵀ of rank 32 added before the epilogue, every token with one adapter or the tokens
     // spread over 8 (one pass per distinct slot of a warp's 16 rows). z is random, not a shrink's output.
-    constexpr int64_t kSlots = 8, kRank = 32;
-    OwnedTensor lora_b_gate_up = random_device_bf16(rng, {kSlots, E, 2 * I, kRank});
-    OwnedTensor lora_b_down = random_device_bf16(rng, {kSlots, E, H, kRank});
-    OwnedTensor rank_host = OwnedTensor::host(DType::I32, {kSlots}), z_host = OwnedTensor::host(DType::F32, {pairs, kRank});
-    for (int64_t s = 0; s < kSlots; ++s) rank_host.view.ptr<int32_t>()[s] = int32_t(kRank);
+    OwnedTensor z_host = OwnedTensor::host(DType::F32, {pairs, kRank});
     for (int64_t i = 0; i < z_host.view.numel(); ++i) z_host.view.ptr<float>()[i] = rng.normal();
-    OwnedTensor slot_one = OwnedTensor::host(DType::I32, {tokens}), slot_spread = OwnedTensor::host(DType::I32, {tokens});
-    for (int64_t t = 0; t < tokens; ++t) {
-      slot_one.view.ptr<int32_t>()[t] = 1;
-      slot_spread.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
-    }
-    const OwnedTensor lora_rank = cuda::upload(rank_host), lora_z = cuda::upload(z_host);
-    const OwnedTensor d_slot_one = cuda::upload(slot_one), d_slot_spread = cuda::upload(slot_spread);
+    const OwnedTensor lora_z = cuda::upload(z_host);
     for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters"}}) {
       auto gate_up_lora = [&](int layer) {
         cuda::MoeGateUpParams p = gate_up_gathered(layer, 0, 8);
@@ -249,36 +286,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
     }
-    // moe_block with the MoE-LoRA of 8 rank-32 adapters on gate_up and down (shrink included): by the expand
-    // kernels, and in the GEMMs' accumulators with each expert's pairs ordered by slot. Minus the block
-    // without LoRA, this is the layer's MoE-LoRA cost (issue 4's table).
-    OwnedTensor lora_a_gate_up = random_device_bf16(rng, {kSlots, E, kRank, H});
-    OwnedTensor lora_a_down = random_device_bf16(rng, {kSlots, E, kRank, I});
-    const cuda::MoeWorkspaceShape lora_shape{.max_tokens = tokens, .top_k = K, .experts = E, .slots = kSlots,
-                                             .hidden = H, .inter = I, .max_rank = kRank};
-    OwnedTensor lora_workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(lora_shape))});
-    cuda::moe_workspace_prepare({.shape = lora_shape, .memory = lora_workspace}, stream);
-    for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters spread"}}) {
-      auto lora_block = [&](int layer) {
-        ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .token_slot = *slots,
-                         .gate_up = layers[layer].gate_up, .gate_up_bias = layers[layer].gate_up_bias,
-                         .down = layers[layer].down, .down_bias = layers[layer].down_bias, .activation = m.activation,
-                         .layout = m.layout, .out = out};
-        p.lora_gate_up = {.a = lora_a_gate_up, .b = lora_b_gate_up, .rank = lora_rank};
-        p.lora_down = {.a = lora_a_down, .b = lora_b_down, .rank = lora_rank};
-        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream);
-      };
-      for (const auto& [mode, how] : {std::pair{cuda::MoeLoraInGemm::kOff, "by the expand kernels"},
-                                      std::pair{cuda::MoeLoraInGemm::kAlways, "in the accumulators, rows by slot"}}) {
-        cuda::set_moe_lora_in_gemm(mode);
-        lora_block(0);  // kernel attributes, outside the graph
-        BENCH_CUDA(cudaStreamSynchronize(stream));
-        print_row((std::string("block + MoE-LoRA, ") + name + ", " + how).c_str(), tokens,
-                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
-                  time([&](int i) { lora_block(i % kCopies); }));
-      }
-      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
-    }
+    lora_block_rows("in the accumulators, rows by slot");
     print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
     print_row("  down N 256, persistent (no LoRA)", tokens, down_bytes, down_flops,

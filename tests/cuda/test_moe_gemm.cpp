@@ -324,7 +324,9 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     SCOPED_TRACE(describe(c));
     const BlockData b = make_block_data(rng(), c);
     const OwnedTensor want = cpu_block(cpu_, c, b);
-    // The tiled gate_up MoE-LoRA added into h (default), and folded into the fused activation.
+    // The MoE-LoRA by the expand kernels: the tiled gate_up LoRA added into h, and folded into the fused
+    // activation; the direct path's (decode sizes) into h.
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
     for (bool fold : {false, true}) {
       if (fold && (c.slots == 0 || c.rank_gate_up == 0)) continue;
       SCOPED_TRACE(fold ? "LoRA folded into the activation" : "LoRA added into h");
@@ -333,10 +335,12 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
       EXPECT_TRUE(all_close(got, want, kTolMoeBlock));
     }
     cuda::set_moe_lora_in_epilogue(false);
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     cuda::set_moe_gemm_large_block_n(256);  // 128-row tiles as 128 × 256 (the other BLOCK_M: unchanged)
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "BLOCK_N 256 at BLOCK_M 128";
     cuda::set_moe_gemm_large_block_n(128);
-    // The LoRA in the persistent GEMMs' accumulators where moe_block runs them (others: the default path).
+    // The LoRA in the GEMMs' accumulators where moe_block can add it there (the decode GEMM at 16-row tiles
+    // of the direct path, the persistent kernel at 64/128; others: the expand kernels).
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "LoRA in the GEMM accumulators";
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
@@ -362,6 +366,9 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 256, 256, kPrefill));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, -1, kLarge));    // unknown (a recording)
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kAlways, 16, -1, cuda::kMoeGemmBlockMDecode));
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 16, -1, cuda::kMoeGemmBlockMDecode));  // decode: any mix
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 64, 64, cuda::kMoeGemmBlockMDecode));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 16, -1, cuda::kMoeGemmBlockMDecode));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 1600, 0, kLarge));
 }
 
@@ -378,12 +385,15 @@ TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
       for (int64_t t = 0; t < c.tokens; ++t) b.token_slot.view.ptr<int32_t>()[t] = only_slot;
       b.d_slot = cuda::upload(b.token_slot);
       const OwnedTensor base = run_block(c, b, false, stream_);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);  // the expand kernels
       for (bool fold : {false, true}) {  // the LoRA added into h, or folded into the fused activation
         SCOPED_TRACE(fold ? "LoRA folded into the activation" : "LoRA added into h");
         cuda::set_moe_lora_in_epilogue(fold);
         EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base));
       }
       cuda::set_moe_lora_in_epilogue(false);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);  // decode sizes: in the GEMM accumulators
+      EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "the default rule";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);  // in the GEMMs' accumulators: no warp has a slot, nothing is added
       EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "LoRA in the GEMM accumulators";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
@@ -647,6 +657,17 @@ TEST_F(CudaMoeGemm, CombineMatchesReference) {
     cuda::moe_combine({.d = d_d, .topk_weights = d_w, .out = again}, stream_);
     sync();
     EXPECT_TRUE(bitwise_equal(cuda::download(again), got));
+    // With `clear`: the same output, and the F32 range zeroed, also where it is larger than the output.
+    for (int64_t clear_numel : {int64_t(8), (tokens * hidden * 2 + 7) / 4 * 4}) {
+      OwnedTensor clear = poisoned(DType::F32, {clear_numel}), cleared = poisoned(DType::BF16, {tokens, hidden});
+      cuda::moe_combine({.d = d_d, .topk_weights = d_w, .out = cleared, .clear = clear}, stream_);
+      sync();
+      EXPECT_TRUE(bitwise_equal(cuda::download(cleared), got)) << "with clear of " << clear_numel;
+      const OwnedTensor zeros = cuda::download(clear);
+      int64_t nonzero = 0;
+      for (int64_t i = 0; i < clear_numel; ++i) nonzero += zeros.view.ptr<float>()[i] != 0.0f ? 1 : 0;
+      EXPECT_EQ(nonzero, 0) << "clear of " << clear_numel << " floats";
+    }
   }
 }
 
@@ -680,15 +701,23 @@ TEST_F(CudaMoeGemm, BadInputNamesTheField) {
                                   .lora_h = h, .token_slot = cuda::empty(DType::I32, {tokens + 1})},
                                  stream_),
                "moe_gate_up.*token_slot: expected \\[4\\] I32");
-  // The LoRA in the accumulators runs on the persistent kernel only: 16-row tiles are refused by name.
+  // The LoRA in the accumulators runs on the decode kernel (16-row tiles) and the persistent kernel only:
+  // 64-row tiles without gathered rows (the ring or mma.sync kernels) are refused by name.
   const cuda::MoeGemmLora lora{.z = cuda::empty(DType::F32, {pairs, 16}),
                                .b = cuda::empty(DType::BF16, {2, experts, 2 * I, 16}),
                                .rank = cuda::empty(DType::I32, {2}),
                                .token_slot = cuda::empty(DType::I32, {tokens})};
-  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .a = a,
+  const Tiles tiles64 = align_by_expert(d_ids, pairs, experts, cuda::kMoeGemmBlockMPrefill, stream_);
+  sync();
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles64.view, .a = a,
                                   .lora = lora},
                                  stream_),
-               "moe_gate_up.*lora.z is added by the persistent TMA kernel only: BLOCK_M 64 or 128 \\(got 16\\)");
+               "moe_gate_up.*lora.z is added by the BLOCK_M 16 decode kernel or the persistent TMA kernel only.*"
+               "\\(got 64\\) with sorted_rows given \\(no\\)");
+  EXPECT_DEATH(cuda::moe_combine({.d = cuda::empty(DType::BF16, {pairs, H}), .topk_weights = d_weights, .out = d_x,
+                                  .clear = cuda::empty(DType::F32, {6})},
+                                 stream_),
+               "moe_combine.*clear: expected F32, numel a multiple of 4");
   cuda::MoeExpertTiles wrong_block = tiles.view;
   wrong_block.block_m = 32;
   EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = wrong_block, .d = h}, stream_),

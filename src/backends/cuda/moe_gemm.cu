@@ -347,6 +347,101 @@ struct TileLoader {
   }
 };
 
+// Which bits of a packed bf16 pair (ranks k, k + 1) are real ranks of a slot of rank `rank`: both, the low
+// one (k + 1 == rank), or none. Padding ranks of a LoRA stack may hold anything (NaN included).
+__device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
+  return k + 1 < rank ? 0xffffffffu : (k < rank ? 0x0000ffffu : 0u);
+}
+
+// kLora (MoeGemmLora): the MoE-LoRA of one work item added into its fp32 accumulators before the epilogue,
+// acc[row] += z[pair]·B[slot, expert][columns]ᵀ for every row whose token has a slot of nonzero rank, by
+// mma.sync m16n8k16 on the warp's 16 rows: the wgmma accumulator layout is mma's C fragment layout
+// (acc[4j .. 4j + 3]: rows lane / 4 and + 8, columns first_column + 8j + 2(lane % 4) and + 1), and so is
+// a 16-row warp tile of grouped_gemm_kernel (BLOCK_M 16: acc[0][j][0..3] is acc[4j .. 4j + 3]). With the
+// halves layout (decode only) logical column 2i reads B row i and 2i + 1 row n/2 + i, as the weight. No pass over
+// h, no expand kernel: per slot of the warp's rows, R/16 steps of 2 · BLOCK_N / 8 small MMAs, B's fragments
+// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16
+// significant bits), B as it is. Rows of several slots: one pass per distinct slot, smallest first, z masked
+// to that slot's rows, so the other rows get exact zeros added (a warp whose rows have no slot adds
+// nothing: a base token's result is bit-identical to the GEMM without LoRA unless its accumulator is
+// exactly -0 and shares a warp with an adapter's rows, where it becomes +0).
+// kBatch: n-tiles whose B words are loaded before their MMAs (registers: 2 per n-tile).
+template <int kBlockN, int kBatch>
+__device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
+                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2]) {
+  const int g = lane / 4, t = lane % 4;
+  int slot[2];
+  bool pending[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
+    pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
+  }
+  while (true) {
+    int mine = INT_MAX;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (pending[half]) mine = min(mine, slot[half]);
+    }
+    const int s = __reduce_min_sync(0xffffffffu, mine);  // warp-uniform from here to the loop's end
+    if (s == INT_MAX) return;
+    bool use[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      use[half] = pending[half] && slot[half] == s;
+      pending[half] = pending[half] && !use[half];
+    }
+    const int rank = __ldg(p.lora_rank + s);
+    const float* z_row[2] = {p.lora_z + int64_t(use[0] ? pair[0] : 0) * p.lora_r,
+                             p.lora_z + int64_t(use[1] ? pair[1] : 0) * p.lora_r};
+    const __nv_bfloat16* b = p.lora_b + (int64_t(s) * p.weight_rows + int64_t(expert) * p.n) * p.lora_r;
+    for (int k0 = 0; k0 < rank; k0 += 16) {
+      // Every load of the k-step is issued before the first MMA that needs one (16 n-tiles of B words at a
+      // time): issued between the MMAs, each L2 round trip was paid in sequence (perf-log run 60: ~11 µs
+      // per pass of a 128-column item). Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1);
+      // what they fetch past the slot's rank or past n is masked to zero afterwards.
+      // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
+      float2 z[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int k = k0 + 2 * t + 8 * (q / 2);
+        z[q] = __ldg(reinterpret_cast<const float2*>(z_row[q % 2] + min(k, p.lora_r - 2)));
+      }
+      // B registers of n-tile j: ranks k0 + 2t, + 1 and k0 + 2t + 8, + 9 of output column first_column + 8j + g.
+      const int k_lo = k0 + 2 * t, k_hi = k_lo + 8;
+      const unsigned mask_lo = rank_pair_mask(k_lo, rank), mask_hi = rank_pair_mask(k_hi, rank);
+      unsigned hi[4], lo[4];
+#pragma unroll
+      for (int j0 = 0; j0 < kBlockN / 8; j0 += kBatch) {
+        unsigned b0[kBatch], b1[kBatch];
+#pragma unroll
+        for (int jj = 0; jj < kBatch; ++jj) {
+          const int column = min(first_column + 8 * (j0 + jj) + g, p.n - 1);
+          const int weight_row = p.halves ? (column % 2 == 0 ? column / 2 : p.n / 2 + column / 2) : column;
+          const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(weight_row) * p.lora_r);
+          b0[jj] = __ldg(row + min(k_lo, p.lora_r - 2) / 2);
+          b1[jj] = __ldg(row + min(k_hi, p.lora_r - 2) / 2);
+        }
+        if (j0 == 0) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int half = q % 2, k = k0 + 2 * t + 8 * (q / 2);
+            detail::split_bf16(use[half] && k < rank ? z[q] : make_float2(0.0f, 0.0f), hi[q], lo[q]);
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < kBatch; ++jj) {
+          const int j = j0 + jj;
+          const bool in_range = first_column + 8 * j + g < p.n;
+          const unsigned w0 = in_range ? b0[jj] & mask_lo : 0u, w1 = in_range ? b1[jj] & mask_hi : 0u;
+          mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], hi, w0, w1);
+          mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], lo, w0, w1);
+        }
+      }
+    }
+  }
+}
+
 // PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
 // in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
 // fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
@@ -444,6 +539,14 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
     }
   }
 
+  // The MoE-LoRA in the accumulators (MoeGemmLora; host-checked: BLOCK_M 16, so one 16-row warp tile),
+  // read after the wait like x: z is the shrink's output, written by the kernel just before.
+  if constexpr (kMi == 1) {
+    if (p.lora_z != nullptr) {
+      const int pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
+      add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]));
+    }
+  }
   // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
 #pragma unroll
   for (int mi = 0; mi < kMi; ++mi) {
@@ -928,98 +1031,6 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
   }
 }
 
-// Which bits of a packed bf16 pair (ranks k, k + 1) are real ranks of a slot of rank `rank`: both, the low
-// one (k + 1 == rank), or none. Padding ranks of a LoRA stack may hold anything (NaN included).
-__device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
-  return k + 1 < rank ? 0xffffffffu : (k < rank ? 0x0000ffffu : 0u);
-}
-
-// kLora (MoeGemmLora): the MoE-LoRA of one work item added into its fp32 accumulators before the epilogue,
-// acc[row] += z[pair]·B[slot, expert][columns]ᵀ for every row whose token has a slot of nonzero rank, by
-// mma.sync m16n8k16 on the warp's 16 rows: the wgmma accumulator layout is mma's C fragment layout
-// (acc[4j .. 4j + 3]: rows lane / 4 and + 8, columns first_column + 8j + 2(lane % 4) and + 1). No pass over
-// h, no expand kernel: per slot of the warp's rows, R/16 steps of 2 · BLOCK_N / 8 small MMAs, B's fragments
-// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16
-// significant bits), B as it is. Rows of several slots: one pass per distinct slot, smallest first, z masked
-// to that slot's rows, so the other rows get exact zeros added (a warp whose rows have no slot adds
-// nothing: a base token's result is bit-identical to the GEMM without LoRA unless its accumulator is
-// exactly -0 and shares a warp with an adapter's rows, where it becomes +0).
-// kBatch: n-tiles whose B words are loaded before their MMAs (registers: 2 per n-tile).
-template <int kBlockN, int kBatch>
-__device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
-                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2]) {
-  const int g = lane / 4, t = lane % 4;
-  int slot[2];
-  bool pending[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
-    pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
-  }
-  while (true) {
-    int mine = INT_MAX;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (pending[half]) mine = min(mine, slot[half]);
-    }
-    const int s = __reduce_min_sync(0xffffffffu, mine);  // warp-uniform from here to the loop's end
-    if (s == INT_MAX) return;
-    bool use[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      use[half] = pending[half] && slot[half] == s;
-      pending[half] = pending[half] && !use[half];
-    }
-    const int rank = __ldg(p.lora_rank + s);
-    const float* z_row[2] = {p.lora_z + int64_t(use[0] ? pair[0] : 0) * p.lora_r,
-                             p.lora_z + int64_t(use[1] ? pair[1] : 0) * p.lora_r};
-    const __nv_bfloat16* b = p.lora_b + (int64_t(s) * p.weight_rows + int64_t(expert) * p.n) * p.lora_r;
-    for (int k0 = 0; k0 < rank; k0 += 16) {
-      // Every load of the k-step is issued before the first MMA that needs one (16 n-tiles of B words at a
-      // time): issued between the MMAs, each L2 round trip was paid in sequence (perf-log run 60: ~11 µs
-      // per pass of a 128-column item). Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1);
-      // what they fetch past the slot's rank or past n is masked to zero afterwards.
-      // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
-      float2 z[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int k = k0 + 2 * t + 8 * (q / 2);
-        z[q] = __ldg(reinterpret_cast<const float2*>(z_row[q % 2] + min(k, p.lora_r - 2)));
-      }
-      // B registers of n-tile j: ranks k0 + 2t, + 1 and k0 + 2t + 8, + 9 of output column first_column + 8j + g.
-      const int k_lo = k0 + 2 * t, k_hi = k_lo + 8;
-      const unsigned mask_lo = rank_pair_mask(k_lo, rank), mask_hi = rank_pair_mask(k_hi, rank);
-      unsigned hi[4], lo[4];
-#pragma unroll
-      for (int j0 = 0; j0 < kBlockN / 8; j0 += kBatch) {
-        unsigned b0[kBatch], b1[kBatch];
-#pragma unroll
-        for (int jj = 0; jj < kBatch; ++jj) {
-          const int column = min(first_column + 8 * (j0 + jj) + g, p.n - 1);
-          const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(column) * p.lora_r);
-          b0[jj] = __ldg(row + min(k_lo, p.lora_r - 2) / 2);
-          b1[jj] = __ldg(row + min(k_hi, p.lora_r - 2) / 2);
-        }
-        if (j0 == 0) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int half = q % 2, k = k0 + 2 * t + 8 * (q / 2);
-            detail::split_bf16(use[half] && k < rank ? z[q] : make_float2(0.0f, 0.0f), hi[q], lo[q]);
-          }
-        }
-#pragma unroll
-        for (int jj = 0; jj < kBatch; ++jj) {
-          const int j = j0 + jj;
-          const bool in_range = first_column + 8 * j + g < p.n;
-          const unsigned w0 = in_range ? b0[jj] & mask_lo : 0u, w1 = in_range ? b1[jj] & mask_hi : 0u;
-          mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], hi, w0, w1);
-          mma_bf16(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], lo, w0, w1);
-        }
-      }
-    }
-  }
-}
-
 // Persistent form of the warp-specialized kernel for both operands by TMA (the A rows gathered into tile
 // order, weights not in the halves layout): a grid of about one wave; each CTA walks the work items
 // blockIdx.x, blockIdx.x + gridDim.x, ... (tile × column block, mapped as cta_tile maps CTAs). One producer
@@ -1248,6 +1259,8 @@ struct CombineKernelParams {
   int64_t tokens;             // T
   int64_t hidden;             // H
   int top_k;                  // K
+  float4* clear;              // MoeCombineParams::clear, or null
+  int64_t clear_vectors;      // its numel / 4
 };
 
 // One thread per kVec consecutive outputs of one token; Σ_k in k order, fp32. PRECOND: kVec == 1, or
@@ -1257,6 +1270,7 @@ __global__ static void combine_kernel(const __grid_constant__ CombineKernelParam
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t per_token = p.hidden / kVec;
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index < p.clear_vectors) p.clear[index] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (index >= p.tokens * per_token) return;
   const int64_t t = index / per_token, h0 = (index % per_token) * kVec;
   float acc[kVec] = {};
@@ -1719,6 +1733,10 @@ bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered,
   //  - or at least half of the adapter tokens in short runs (many short prompts or decode tokens): rows
   //    ordered by slot leave a warp one or two adapters, and the expand kernels pay for every pair. Layer
   //    cost T 1600 +301 µs vs +370, T 4096 +580 vs +645.
+  //  - 16-row tiles (decode), whatever the mix: a tile holds a few pairs, so a warp makes one or two
+  //    passes of R/16 small MMAs per column block, and the layer saves the two expand kernels, the
+  //    activation kernel and h's round trip (perf-log run 68).
+  if (mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMDecode) return true;
   return mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMLarge && scattered >= 0 &&
          (scattered <= tokens / 256 || scattered >= tokens / 2);
 }
@@ -1740,15 +1758,18 @@ int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
 namespace {
 
 // MoeGemmLora's contract for a GEMM of `pairs` rows over `tokens` tokens, E experts and n outputs, on the
-// kernel this call will run (only the persistent one adds it); its pointers into params.
+// kernel this call will run (the persistent one, or the BLOCK_M 16 decode kernel); its pointers into params.
 void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int64_t pairs, int64_t experts,
                     int64_t n, int block_m, bool gathered, bool halves, GemmKernelParams& params) {
   if (!lora.defined()) return;
-  if (block_m == kMoeGemmBlockMDecode || kernel_for(block_m, gathered, halves) != MoeGemmKernel::kWgmmaWarpSpecialized ||
-      !gathered || halves) {
-    fail(op, "lora.z is added by the persistent TMA kernel only: BLOCK_M 64 or 128 (got " + std::to_string(block_m) +
-                 "), sorted_rows given (" + (gathered ? "yes" : "no") + "), weight not in the fused halves layout (" +
-                 (halves ? "halves" : "ok") + "), the kAuto or warp-specialized kernel");
+  const bool persistent = block_m != kMoeGemmBlockMDecode &&
+                          kernel_for(block_m, gathered, halves) == MoeGemmKernel::kWgmmaWarpSpecialized && gathered &&
+                          !halves;
+  if (block_m != kMoeGemmBlockMDecode && !persistent) {
+    fail(op, "lora.z is added by the BLOCK_M 16 decode kernel or the persistent TMA kernel only: BLOCK_M 16, or 64 / "
+             "128 (got " + std::to_string(block_m) + ") with sorted_rows given (" + (gathered ? "yes" : "no") +
+             "), the weight not in the fused halves layout (" + (halves ? "halves" : "ok") +
+             ") and the kAuto or warp-specialized kernel");
   }
   if (lora.b.dtype != DType::BF16 || lora.b.ndim != 4 || lora.b.dim(1) != experts || lora.b.dim(2) != n ||
       lora.b.dim(3) % 2 != 0 || lora.b.dim(3) < 2) {
@@ -1947,19 +1968,30 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
     detail::contract_failure(op, "d", p.d, (dims({tokens * top_k, hidden}) + " BF16").c_str());
   }
   detail::require_cuda(op, {{"d", &p.d}, {"topk_weights", &p.topk_weights}, {"out", &p.out}});
-  if (tokens * hidden == 0) return;
+  if (p.clear.defined()) {
+    if (p.clear.dtype != DType::F32 || p.clear.numel() % 4 != 0 || !detail::aligned16(p.clear.data)) {
+      detail::contract_failure(op, "clear", p.clear, "F32, numel a multiple of 4, 16-byte aligned");
+    }
+    detail::require_cuda(op, {{"clear", &p.clear}});
+  }
+  const int64_t clear_vectors = p.clear.defined() ? p.clear.numel() / 4 : 0;
+  if (tokens * hidden == 0 && clear_vectors == 0) return;
   LMX_CHECK(top_k < 0x7fffffff);
   const CombineKernelParams params{.d = static_cast<const __nv_bfloat16*>(p.d.data),
                                    .topk_weights = static_cast<const float*>(p.topk_weights.data),
                                    .out = static_cast<__nv_bfloat16*>(p.out.data),
                                    .tokens = tokens,
                                    .hidden = hidden,
-                                   .top_k = int(top_k)};
+                                   .top_k = int(top_k),
+                                   .clear = static_cast<float4*>(p.clear.data),
+                                   .clear_vectors = clear_vectors};
   constexpr int kThreads = 256;
   if (hidden % 8 == 0 && detail::aligned16(p.d.data) && detail::aligned16(p.out.data)) {
-    detail::launch(combine_kernel<8>, dim3(detail::blocks_for(tokens * hidden / 8, kThreads)), dim3(kThreads), 0, stream, params);
+    const int64_t threads = std::max(tokens * hidden / 8, clear_vectors);
+    detail::launch(combine_kernel<8>, dim3(detail::blocks_for(threads, kThreads)), dim3(kThreads), 0, stream, params);
   } else {
-    detail::launch(combine_kernel<1>, dim3(detail::blocks_for(tokens * hidden, kThreads)), dim3(kThreads), 0, stream, params);
+    const int64_t threads = std::max(tokens * hidden, clear_vectors);
+    detail::launch(combine_kernel<1>, dim3(detail::blocks_for(threads, kThreads)), dim3(kThreads), 0, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -1998,7 +2030,10 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
   if (lora) {
     const int64_t max_pairs = s.max_tokens * s.top_k;
     const int64_t max_tiles = moe_align_capacity(max_pairs, lora_groups, kMoeLoraBlockM) / kMoeLoraBlockM;
-    l.z = take(size_t(max_pairs) * s.max_rank * 4);
+    // The decode MoE-LoRA in the GEMM accumulators holds gate_up's z and down's side by side until the
+    // combine clears both: room for two of the direct path's largest batch.
+    const int64_t z_rows = std::max(max_pairs, 2 * std::min(max_pairs, kMoeLoraSmallMaxPairs));
+    l.z = take(size_t(z_rows) * s.max_rank * 4);
     l.tile_counters = take(size_t(max_tiles) * 4);
     l.z_readers = take(size_t(max_pairs + 1) * 4);
   }
@@ -2102,6 +2137,11 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   const bool in_gemm = moe_lora_in_gemm_for(lora_in_gemm, tokens, p.lora_scattered_tokens, block_m);
   const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows && p.layout == ops::GateUpLayout::kInterleaved;
   const bool gemm_lora_down = lora_down && !small && in_gemm && gather_rows;
+  // Decode (16-row tiles, the direct path): the direct shrinks write z, the decode GEMMs add z·Bᵀ (any
+  // layout), gate_up keeps its fused activation, and the combine clears z. Without it: gate_up → h, shrink,
+  // expand, activation, down, shrink, expand — three launches and h's round trip more.
+  const bool decode_gemm_lora =
+      lora && small && moe_lora_small_fits(pairs) && in_gemm && block_m == kMoeGemmBlockMDecode;  // z's room
   // Then each expert's pairs are ordered by slot (moe_align order_by_slot), so a warp's 16 rows hold one or
   // two adapters even where adapters interleave token by token.
   const bool order_by_slot = gemm_lora_gu || gemm_lora_down;
@@ -2184,14 +2224,35 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   auto zero_z = [&](const MoeGemmLora& lora) {
     LMX_CUDA_CHECK(cudaMemsetAsync(lora.z.data, 0, lora.z.nbytes(), stream));
   };
+  // The decode path's z: gate_up's [pairs, R_gu] then down's [pairs, R_down], side by side (the
+  // workspace's z has room for both), cleared together by the combine.
+  const int64_t rank_gu = lora_gu ? p.lora_gate_up.b.dim(-1) : 0, rank_down = lora_down ? p.lora_down.b.dim(-1) : 0;
+  auto decode_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, int64_t z_offset, bool x_before_wait) {
+    const Tensor z(base + l.z + size_t(z_offset) * 4, DType::F32, {pairs, w.b.dim(-1)}, Device::kCuda);
+    moe_lora_small_shrink({.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w, .z = z,
+                           .z_readers = view(l.z_readers, DType::I32, {pairs + 1}), .y = y,
+                           .pdl = config.small_pdl, .x_before_wait = x_before_wait},
+                          stream);
+    return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot};
+  };
   const bool fold_lora = lora_gu && !small && lora_in_epilogue && !gemm_lora_gu;
-  const bool fused = !lora_gu || fold_lora || gemm_lora_gu;
+  const bool fused = !lora_gu || fold_lora || gemm_lora_gu || decode_gemm_lora;
   const bool fused_halves = fused && p.layout == ops::GateUpLayout::kHalves;
   if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
   const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
-  if (gemm_lora_gu) {
+  if (decode_gemm_lora) {
+    // The shrink reads x before its wait (x is the router's input, written three launches back), and
+    // gate_up streams its first weight stages during the shrink: align, which writes the tiles, is two
+    // launches back and the shrink waits in every CTA before it triggers.
+    gate_up.a = a;
+    if (lora_gu) {
+      gate_up.lora = decode_lora(p.lora_gate_up, p.x, h, 0, true);
+      gate_up.routing_before_wait = gate_up.pdl;
+    }
+    moe_gate_up(gate_up, stream);
+  } else if (gemm_lora_gu) {
     gate_up.a = a;
     gate_up.lora = gemm_lora(p.lora_gate_up, p.x, view(l.h, DType::BF16, {pairs, 2 * inter}));
     moe_gate_up(gate_up, stream);
@@ -2215,7 +2276,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   }
 
   // 4. down (+ LoRA into d), 5. combine.
-  const MoeGemmLora down_lora = gemm_lora_down ? gemm_lora(p.lora_down, a, d) : MoeGemmLora{};
+  const MoeGemmLora down_lora = gemm_lora_down                 ? gemm_lora(p.lora_down, a, d)
+                                : decode_gemm_lora && lora_down ? decode_lora(p.lora_down, a, d, pairs * rank_gu, false)
+                                                                : MoeGemmLora{};
   moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows ? block_down_block_n : 0, .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
@@ -2223,8 +2286,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
             .lora = down_lora, .top_k = top_k},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
-  else if (lora_down) apply_lora(p.lora_down, a, d);
-  moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out}, stream);
+  else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a, d);
+  const Tensor clear = decode_gemm_lora ? view(l.z, DType::F32, {pairs * (rank_gu + rank_down)}) : Tensor();
+  moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out, .clear = clear}, stream);
 }
 
 }  // namespace lmx::cuda

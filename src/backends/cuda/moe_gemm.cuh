@@ -67,9 +67,11 @@ enum class MoeLoraInGemm {
 // Process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_gemm(MoeLoraInGemm mode);
 // The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
-// tiles of `block_m` rows. kLongRuns: 128-row tiles, and scattered known and at most T / 256 (long runs)
-// or at least T / 2 (mostly interleaved); not in between, where a few short runs' adapters add passes to
-// a long run's warps. moe_block also needs the persistent kernel, and for gate_up the interleaved layout.
+// tiles of `block_m` rows. kLongRuns: 16-row tiles (decode: the direct shrink writes z, the decode GEMMs
+// add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known and at most T / 256 (long runs) or at
+// least T / 2 (mostly interleaved); not in between, where a few short runs' adapters add passes to a long
+// run's warps. moe_block also needs, at 16 rows, the direct MoE-LoRA path (moe_lora_small_fits), at 128
+// the persistent kernel, and for gate_up the interleaved layout.
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
@@ -88,8 +90,9 @@ struct MoeExpertTiles {
 // With `a` defined the activation is fused (a[pair] = act(h[pair]) of h rounded to bf16, bit-identical to
 // h then moe_activation); otherwise the pre-activation h is written (the MoE-LoRA adds into h before
 // moe_activation). Exactly one of h, a.
-// The MoE-LoRA in a GEMM's accumulators (moe_gate_up / moe_down on the persistent TMA kernel only: BLOCK_M
-// 64/128, sorted_rows given, weight not in the fused halves layout; anything else is refused): every row
+// The MoE-LoRA in a GEMM's accumulators (moe_gate_up / moe_down on the BLOCK_M 16 decode kernel, any layout,
+// or on the persistent TMA kernel: BLOCK_M 64/128, sorted_rows given, weight not in the fused halves layout;
+// anything else is refused): every row
 // whose token has a slot of nonzero rank gets z[pair]·B[slot, expert]ᵀ added in fp32 before the bias and
 // the epilogue (the fused activation sees h + LoRA). z [T*K, R] f32 (moe_lora_shrink's output; only the rows
 // of tokens with a slot are read; the caller restores its zero invariant afterwards), b [S, E, n, R] bf16
@@ -178,6 +181,10 @@ struct MoeCombineParams {
   Tensor d;             // [T*K, H] bf16
   Tensor topk_weights;  // [T, K] f32
   Tensor out;           // [T, H] bf16
+  // Optional, contiguous F32 (any shape, 16-byte aligned, numel % 4 == 0): set to zero by the same kernel,
+  // after its programmatic wait. moe_block's decode MoE-LoRA in the GEMM accumulators restores the
+  // workspace's zero z this way (the GEMMs before it have read z), with no memset node in the chain.
+  Tensor clear;
 };
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 
@@ -215,7 +222,9 @@ void moe_workspace_prepare(const MoeWorkspace& workspace, cudaStream_t stream);
 
 // The ops::MoeParams contract on cuda (x, out bf16): align by expert, gate_up, (with LoRA: align by
 // (slot, expert) — or pair by pair for a tiny batch (moe_lora_small.cuh) — LoRA into h, activation), down
-// (+ LoRA into d), combine. No allocation and no host
+// (+ LoRA into d), combine. Where set_moe_lora_in_gemm's rule picks it, the LoRA goes into the GEMMs'
+// accumulators instead (decode: align, shrink, gate_up with the activation fused, shrink, down, combine).
+// No allocation and no host
 // synchronization: capturable in a CUDA graph. T must not exceed the workspace's max_tokens.
 // PRECOND (not checkable without a sync, unlike the CPU oracle): topk_ids in [0, E) (router output),
 // token_slot in [-1, S), ranks in [0, R]. Shapes, dtypes and devices are checked, naming the field.
