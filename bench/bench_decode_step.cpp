@@ -348,6 +348,13 @@ int main(int argc, char** argv) {
     row("same, rope and kv_write as two kernels", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_fuse_rope_kv_write(true);
+    // Before/after of the decode MoE-LoRA in the GEMM accumulators (perf-log run 68): the expand kernels.
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+    cuda_backend.set_programmatic_launches(true);  // unchanged; makes the engine record its graphs again
+    row("same, MoE-LoRA by the expand kernels", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+    cuda_backend.set_programmatic_launches(true);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
     // The yardstick's steady state: contexts spread ± 300 around --context, pages interleaved by admission

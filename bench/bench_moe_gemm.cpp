@@ -203,20 +203,20 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   // moe_block with that MoE-LoRA (shrink included): by the expand kernels, and in the GEMMs' accumulators
   // (`in_gemm`: how moe_block gets it there at this size). Minus the block without LoRA, this is the
   // layer's MoE-LoRA cost (issue 4's table).
-  auto lora_block_rows = [&](const char* in_gemm) {
+  auto lora_block_rows = [&](const char* in_gemm, bool decode = false) {
     const cuda::MoeWorkspaceShape lora_shape{.max_tokens = tokens, .top_k = K, .experts = E, .slots = kSlots,
                                              .hidden = H, .inter = I, .max_rank = kRank};
     OwnedTensor lora_workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(lora_shape))});
     cuda::moe_workspace_prepare({.shape = lora_shape, .memory = lora_workspace}, stream);
     for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters spread"}}) {
-      auto lora_block = [&](int layer) {
+      auto lora_block = [&](int layer, bool overlap = true) {
         ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .token_slot = *slots,
                          .gate_up = layers[layer].gate_up, .gate_up_bias = layers[layer].gate_up_bias,
                          .down = layers[layer].down, .down_bias = layers[layer].down_bias, .activation = m.activation,
                          .layout = m.layout, .out = out};
         p.lora_gate_up = {.a = lora_a_gate_up, .b = lora_b_gate_up, .rank = lora_rank};
         p.lora_down = {.a = lora_a_down, .b = lora_b_down, .rank = lora_rank};
-        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream);
+        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream, {.decode_lora_overlap = overlap});
       };
       for (const auto& [mode, how] : {std::pair{cuda::MoeLoraInGemm::kOff, "by the expand kernels"},
                                       std::pair{cuda::MoeLoraInGemm::kAlways, in_gemm}}) {
@@ -227,13 +227,18 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                   align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { lora_block(i % kCopies); }));
       }
+      if (decode) {  // before/after of the decode GEMMs' k-loops alongside their shrinks
+        print_row((std::string("block + MoE-LoRA, ") + name + ", " + in_gemm + ", GEMMs waiting for the shrinks").c_str(),
+                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { lora_block(i % kCopies, false); }));
+      }
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }
   };
   if (block_m == cuda::kMoeGemmBlockMDecode) {  // before/after of gate_up and down as programmatic dependents
     print_row("block (no LoRA), GEMMs without PDL", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, false); }));
-    if (pairs <= cuda::kMoeLoraSmallMaxPairs) lora_block_rows("in the decode GEMMs' accumulators");
+    if (pairs <= cuda::kMoeLoraSmallMaxPairs) lora_block_rows("in the decode GEMMs' accumulators", true);
   }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before/after for the BLOCK_M 64/128 tiles: the other kernels
     // (the default, kAuto, is the persistent warp-specialized kernel where both operands come by TMA)

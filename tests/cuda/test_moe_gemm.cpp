@@ -173,7 +173,7 @@ cuda::MoeWorkspaceShape workspace_shape(const BlockCase& c) {
 // moe_block on the device data into a fresh poisoned [T, H] output; with_lora = false drops the stacks.
 // scattered: MoeParams::lora_scattered_tokens (-1: unknown, so the default mode keeps the expand kernels).
 OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cudaStream_t stream,
-                      int64_t scattered = -1) {
+                      int64_t scattered = -1, const cuda::MoeBlockConfig& config = {}) {
   OwnedTensor out = poisoned(DType::BF16, {c.tokens, c.hidden});
   const cuda::MoeWorkspaceShape shape = workspace_shape(c);
   OwnedTensor memory = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
@@ -188,7 +188,7 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
     if (c.rank_gate_up > 0) p.lora_gate_up = {.a = b.d_gu_a, .b = b.d_gu_b, .rank = b.d_gu_rank};
     if (c.rank_down > 0) p.lora_down = {.a = b.d_down_a, .b = b.d_down_b, .rank = b.d_down_rank};
   }
-  cuda::moe_block(p, workspace, stream);
+  cuda::moe_block(p, workspace, stream, config);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   OwnedTensor first = cuda::download(out);
@@ -197,7 +197,7 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
   // and the down product carries the flip into the output (seen: 5 ulps at 1.3, scaled error 0.0098), so
   // the bound is 1/64; a z left over from the first run would double the LoRA term, far outside it.
   cuda::fill_bytes(out.view, 0xff);
-  cuda::moe_block(p, workspace, stream);
+  cuda::moe_block(p, workspace, stream, config);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_TRUE(all_close(cuda::download(out), widen(first), 1.0 / 64.0))
       << "second moe_block on the same workspace differs";
@@ -343,6 +343,8 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     // of the direct path, the persistent kernel at 64/128; others: the expand kernels).
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
     EXPECT_TRUE(all_close(run_block(c, b, true, stream_), want, kTolMoeBlock)) << "LoRA in the GEMM accumulators";
+    EXPECT_TRUE(all_close(run_block(c, b, true, stream_, -1, {.decode_lora_overlap = false}), want, kTolMoeBlock))
+        << "LoRA in the GEMM accumulators, decode GEMMs waiting for their shrinks first";
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     for (int64_t scattered : {int64_t(0), c.tokens}) {

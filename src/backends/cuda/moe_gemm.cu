@@ -76,6 +76,7 @@ struct GemmKernelParams {
   bool compact_epilogue;        // persistent kernel: the epilogue form chosen once per work item (Epilogue)
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
+  bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -452,6 +453,10 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
 // that starts in the previous kernel's tail streams weights meanwhile. x is read and out written only
 // after the wait. PRECOND with routing_before_wait: the kernel launched directly before does not write
 // sorted_pairs / tile_group / num_tiles, and itself waits in every CTA before it triggers (or is a plain launch).
+// wait_before_epilogue (moe_block's decode MoE-LoRA): the whole k-loop — tiles, x, weights — runs before the
+// wait, so the kernel just before (the LoRA shrink writing z) runs alongside it; only z is read and out written
+// after it. PRECOND: the kernel just before writes none of tiles, x, weights, bias and reads nothing of out,
+// and waits in every CTA before it triggers (so tiles and x, written two launches back or earlier, are complete).
 template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
 __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarpsN == 8 ? 2 : 3)
     grouped_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
@@ -462,11 +467,12 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockN % (16 * kWarpsN) == 0 && kThreads >= kBlockM);
 
-  const bool weights_first = p.pdl && p.routing_before_wait;
-  if (p.pdl && !weights_first) wait_then_allow_dependents();
+  const bool late_wait = p.pdl && p.wait_before_epilogue;
+  const bool weights_first = p.pdl && p.routing_before_wait && !late_wait;
+  if (p.pdl && !weights_first && !late_wait) wait_then_allow_dependents();
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) {
-    if (weights_first) wait_then_allow_dependents();  // every CTA waits before it exits (the chain rule)
+    if (weights_first || late_wait) wait_then_allow_dependents();  // every CTA waits before it exits (the chain rule)
     return;
   }
   const int expert = p.tile_group[tile];
@@ -539,6 +545,9 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
     }
   }
 
+  // late_wait: everything above read only what was complete two launches back; z (below) is the output
+  // of the kernel just before, and `out` is written only after the wait.
+  if (late_wait) wait_then_allow_dependents();
   // The MoE-LoRA in the accumulators (MoeGemmLora; host-checked: BLOCK_M 16, so one 16-row warp tile),
   // read after the wait like x: z is the shrink's output, written by the kernel just before.
   if constexpr (kMi == 1) {
@@ -1861,6 +1870,7 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .work_column_blocks = 0,
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
+                          .wait_before_epilogue = p.wait_before_epilogue,
                           .weight_map = {},
                           .a_map = {},
                           .lora_h = p.lora_h.defined() ? static_cast<const __nv_bfloat16*>(p.lora_h.data) : nullptr,
@@ -1940,6 +1950,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .work_column_blocks = 0,
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
+                          .wait_before_epilogue = p.wait_before_epilogue,
                           .weight_map = {},
                           .a_map = {},
                           .lora_h = nullptr,
@@ -2242,14 +2253,21 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
   const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
+  // With config.decode_lora_overlap each decode GEMM runs its whole k-loop alongside the shrink launched
+  // just before it (wait_before_epilogue: tiles and x are two launches back, the shrink touches neither them
+  // nor the GEMM's output), and waits only to read z; otherwise the GEMM streams its first weight stages
+  // during the shrink (routing_before_wait) and waits for it before its k-loop. Only from 32 pairs: GPT-OSS-20B
+  // T 16 403.9 vs 407.8 µs, but T 1 (one wave of GEMM CTAs, nothing to hide the shrink behind) 74.6 vs 72.7
+  // (perf-log run 70).
+  constexpr int64_t kDecodeLoraOverlapMinPairs = 32;
+  const bool overlap = config.decode_lora_overlap && pairs >= kDecodeLoraOverlapMinPairs;
   if (decode_gemm_lora) {
-    // The shrink reads x before its wait (x is the router's input, written three launches back), and
-    // gate_up streams its first weight stages during the shrink: align, which writes the tiles, is two
-    // launches back and the shrink waits in every CTA before it triggers.
+    // The shrink reads x before its wait (x is the router's input, written three launches back).
     gate_up.a = a;
     if (lora_gu) {
       gate_up.lora = decode_lora(p.lora_gate_up, p.x, h, 0, true);
-      gate_up.routing_before_wait = gate_up.pdl;
+      gate_up.routing_before_wait = gate_up.pdl && !overlap;
+      gate_up.wait_before_epilogue = gate_up.pdl && overlap;
     }
     moe_gate_up(gate_up, stream);
   } else if (gemm_lora_gu) {
@@ -2282,6 +2300,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows ? block_down_block_n : 0, .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
+            .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
             .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor(),
             .lora = down_lora, .top_k = top_k},
            stream);

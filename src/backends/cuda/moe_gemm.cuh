@@ -132,6 +132,12 @@ struct MoeGateUpParams {
   // does not write the tiles, and waits in every CTA before it triggers its dependents (or is a plain launch).
   bool pdl = false;
   bool routing_before_wait = false;
+  // With pdl, BLOCK_M 16: the whole k-loop (tiles, x, weights) before the wait; only lora.z is read and the
+  // output written after it, so the kernel launched directly before (the LoRA shrink that writes z) runs
+  // alongside the weight stream. PRECOND: that kernel writes none of the tiles, x, weight, bias, reads
+  // nothing of the output, and waits in every CTA before it triggers; tiles and x are written two or more
+  // launches back. Overrides routing_before_wait.
+  bool wait_before_epilogue = false;
   // Scratch [capacity of tiles.sorted_pairs, H] bf16, optional: with the warp-specialized kernel (BLOCK_M
   // 64/128; kAuto picks it when this is given and the weight is one box) x's rows are first gathered here in
   // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
@@ -170,6 +176,7 @@ struct MoeDownParams {
   int decode_stages = 0;  // as MoeGateUpParams::decode_stages
   bool pdl = false;  // as MoeGateUpParams::pdl
   bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
+  bool wait_before_epilogue = false;  // as MoeGateUpParams::wait_before_epilogue (x is a)
   Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
   MoeGemmLora lora;    // as MoeGateUpParams::lora (b [S, E, H, R])
   int64_t top_k = 1;   // K, with lora only: token of pair = pair / K
@@ -214,6 +221,9 @@ struct MoeBlockConfig {
   // gate_up and down as programmatic dependents (MoeGateUpParams::pdl; down reads its tiles and first
   // weight stages before the wait): false = plain launches (the before/after figure).
   bool gemm_pdl = true;
+  // The decode MoE-LoRA in the GEMM accumulators: from 32 pairs each GEMM's k-loop runs alongside the shrink
+  // before it (MoeGateUpParams::wait_before_epilogue); false = the GEMM waits for the shrink first (the before row).
+  bool decode_lora_overlap = true;
 };
 
 // Zero the workspace's self-cleaning MoE-LoRA scratch (z and its counters): once after allocating (or
