@@ -253,7 +253,9 @@ void bench_linear(cudaStream_t stream, Rng& rng) {
                           {"o_proj", kQHeads * kHeadDim, kHidden, DType::BF16},
                           {"router", kHidden, 32, DType::F32},
                           {"lm_head", kHidden, kVocab, DType::F32}};
-  cuda::LinearRunner runner;
+  cuda::LinearRunner runner, untuned;  // untuned: cuBLASLt's heuristic choice (LinearRunner::set_autotune)
+  untuned.set_autotune(false);
+  untuned.set_path(cuda::LinearPath::kCublasLt);
   for (const Shape& shape : shapes) {
     const double weight_bytes = double(shape.in) * double(shape.out) * 2;
     const int sets = sets_for(weight_bytes);
@@ -265,19 +267,22 @@ void bench_linear(cudaStream_t stream, Rng& rng) {
       Buffer x = cuda::allocate(size_t(T * shape.in) * 2), out = cuda::allocate(size_t(T * shape.out) * out_elem);
       fill_random_bf16(x, rng);
       const double bytes = weight_bytes + double(T * shape.in) * 2 + double(T * shape.out) * double(out_elem);
-      for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kCublasLt}) {
+      for (int variant = 0; variant < 3; ++variant) {  // skinny, cuBLASLt (autotuned at T <= 16), its heuristic's choice
+        const cuda::LinearPath path = variant == 0 ? cuda::LinearPath::kSkinny : cuda::LinearPath::kCublasLt;
         if (path == cuda::LinearPath::kSkinny && T > 16) continue;  // the skinny kernel's limit
-        runner.set_path(path);
+        if (variant == 2 && T > 16) continue;                         // the same as variant 1 there
+        cuda::LinearRunner& use = variant == 2 ? untuned : runner;
+        use.set_path(path);
         auto launch = [&](int i) {
-          runner.run({.x = Tensor(x.data(), DType::BF16, {T, shape.in}, Device::kCuda),
-                      .weight = Tensor(weights.slot(i), DType::BF16, {shape.out, shape.in}, Device::kCuda),
-                      .out = Tensor(out.data(), shape.out_dtype, {T, shape.out}, Device::kCuda)},
-                     stream);
+          use.run({.x = Tensor(x.data(), DType::BF16, {T, shape.in}, Device::kCuda),
+                   .weight = Tensor(weights.slot(i), DType::BF16, {shape.out, shape.in}, Device::kCuda),
+                   .out = Tensor(out.data(), shape.out_dtype, {T, shape.out}, Device::kCuda)},
+                  stream);
         };
-        launch(0);  // the heuristic query (host) before capture
+        launch(0);  // the heuristic query and the autotune (host) before capture
         BENCH_CUDA(cudaStreamSynchronize(stream));
         const double s = time_per_launch(stream, launches_for(sets), launch);
-        print_row({.op = std::string(path == cuda::LinearPath::kSkinny ? "skinny " : "cublasLt ") + shape.name,
+        print_row({.op = std::string(variant == 0 ? "skinny " : variant == 1 ? "cublasLt " : "cublasLt heuristic ") + shape.name,
                    .shape = dims({T, shape.in}) + " x " + dims({shape.out, shape.in}), .tokens = T, .bytes = bytes,
                    .seconds = s});
       }

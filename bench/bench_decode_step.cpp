@@ -355,6 +355,10 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     cuda_backend.set_programmatic_launches(true);
+    cuda_backend.set_linear_autotune(false);  // before/after of timing cuBLASLt's candidates for few-row products
+    row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_linear_autotune(true);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
     // The yardstick's steady state: contexts spread ± 300 around --context, pages interleaved by admission

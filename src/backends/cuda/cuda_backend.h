@@ -78,6 +78,12 @@ class CudaBackend final : public ops::Backend {
     linear_.set_skinny_max_out(out);
     ++memory_epoch_;
   }
+  // LinearRunner::set_autotune (bench before/after); graphs are recorded again, and every shape chooses its
+  // cuBLASLt algorithm again on its next (eager) call.
+  void set_linear_autotune(bool on) {
+    linear_.set_autotune(on);
+    ++memory_epoch_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

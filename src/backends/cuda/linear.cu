@@ -20,7 +20,11 @@
 
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <span>
+#include <vector>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/launch.cuh"
@@ -215,6 +219,60 @@ int alignment_of(const void* p) {
 
 // ---- launchers ----------------------------------------------------------------------------------------
 
+constexpr int64_t kAutotuneMaxRows = 16;  // products of at most this many rows time their candidates
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneReps = 5;
+
+// Index of the fastest of cuBLASLt's candidates for one product: each runs kAutotuneReps times from a cold L2
+// (a write of twice the L2 before each run, as a decode step streams its weights from HBM), timed by events,
+// median kept. Host-synchronizing, so only outside stream capture (inside one, or when anything fails,
+// candidate 0: the heuristic's own choice). run(algo) enqueues the product on `stream` and returns cuBLASLt's
+// status; a candidate that fails is skipped.
+int fastest_candidate(std::span<const cublasLtMatmulHeuristicResult_t> candidates,
+                      const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& run, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) return 0;
+  int device = 0, l2_bytes = 0;
+  LMX_CUDA_CHECK(cudaGetDevice(&device));
+  LMX_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const size_t flush_bytes = size_t(std::max(l2_bytes, 1 << 20)) * 2;
+  void* flush = nullptr;
+  if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+    cudaGetLastError();  // clear the failed allocation: untimed, the heuristic's choice
+    return 0;
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LMX_CUDA_CHECK(cudaEventCreate(&start));
+  LMX_CUDA_CHECK(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = 0.0f;
+  bool timed = false;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    if (candidates[c].state != CUBLAS_STATUS_SUCCESS) continue;
+    std::vector<float> ms;
+    for (int rep = 0; rep < kAutotuneReps; ++rep) {
+      LMX_CUDA_CHECK(cudaMemsetAsync(flush, rep, flush_bytes, stream));
+      LMX_CUDA_CHECK(cudaEventRecord(start, stream));
+      const cublasStatus_t status = run(candidates[c].algo);
+      LMX_CUDA_CHECK(cudaEventRecord(stop, stream));
+      LMX_CUDA_CHECK(cudaEventSynchronize(stop));
+      if (status != CUBLAS_STATUS_SUCCESS) break;
+      float elapsed = 0.0f;
+      LMX_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+      ms.push_back(elapsed);
+    }
+    if (ms.size() != size_t(kAutotuneReps)) continue;
+    std::nth_element(ms.begin(), ms.begin() + kAutotuneReps / 2, ms.end());
+    const float median = ms[kAutotuneReps / 2];
+    if (!timed || median < best_ms) best = int(c), best_ms = median, timed = true;
+  }
+  LMX_CUDA_CHECK(cudaEventDestroy(start));
+  LMX_CUDA_CHECK(cudaEventDestroy(stop));
+  LMX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  LMX_CUDA_CHECK(cudaFree(flush));
+  return best;
+}
+
 struct LinearRunner::State {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
@@ -225,6 +283,11 @@ struct LinearRunner::State {
 LinearRunner::LinearRunner() : state_(std::make_unique<State>()) {
   LMX_CUBLAS_CHECK(cublasLtCreate(&state_->handle));
   LMX_CUDA_CHECK(cudaMalloc(&state_->workspace, kWorkspaceBytes));
+}
+
+void LinearRunner::set_autotune(bool on) {
+  autotune_ = on;
+  state_->algos.clear();
 }
 
 LinearRunner::~LinearRunner() {
@@ -303,17 +366,35 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
     LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
     LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
     LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
-    cublasLtMatmulHeuristicResult_t result{};
+    // Deterministic reductions only (split-K through the workspace, never accumulated in place in `out`):
+    // the same batch gives the same bits on every call, in a graph or not.
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                             CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                          &schemes, sizeof(schemes)));
+    // Few rows (decode): the heuristic's first choice leaves bandwidth on the table for some shapes (o_proj
+    // [16, 4096]·[2880, 4096]ᵀ at 51% of its bytes floor, perf-log run 9), so its candidates are timed once.
+    const bool tune = autotune_ && tokens <= kAutotuneMaxRows;
+    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
     int count = 0;
     LMX_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state_->handle, desc, a_layout, b_layout, c_layout, c_layout,
-                                                    preference, 1, &result, &count));
+                                                    preference, tune ? kAutotuneCandidates : 1, results, &count));
     cublasLtMatmulPreferenceDestroy(preference);
     if (count == 0) {
       std::fprintf(stderr, "loramux: cuBLASLt has no algorithm for linear T %lld in %lld out %lld\n", (long long)tokens,
                    (long long)in, (long long)out);
       std::abort();
     }
-    found = state_->algos.emplace(key, result.algo).first;
+    int best = 0;
+    if (tune && count > 1) {
+      best = fastest_candidate(std::span(results, size_t(count)), [&](const cublasLtMatmulAlgo_t& algo) {
+        const float alpha = 1.0f, beta = 0.0f;
+        return cublasLtMatmul(state_->handle, desc, &alpha, p.weight.data, a_layout, p.x.data, b_layout, &beta,
+                              p.out.data, c_layout, p.out.data, c_layout, &algo, state_->workspace, kWorkspaceBytes,
+                              stream);
+      }, stream);
+    }
+    found = state_->algos.emplace(key, results[best].algo).first;
   }
   const float alpha = 1.0f, beta = 0.0f;
   LMX_CUBLAS_CHECK(cublasLtMatmul(state_->handle, desc, &alpha, p.weight.data, a_layout, p.x.data, b_layout, &beta,

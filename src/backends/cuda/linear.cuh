@@ -29,16 +29,23 @@ class LinearRunner {
   LinearRunner& operator=(const LinearRunner&) = delete;
 
   // x [T, in] bf16, weight [out, in] bf16, bias [out] bf16 (optional), out [T, out] bf16 or f32, all on
-  // cuda, rows contiguous. Enqueued on `stream`; no synchronization. The first call of a shape asks
+  // cuda, rows contiguous. Enqueued on `stream`; no synchronization, except on the first call of a shape
+  // of at most 16 rows, which times cuBLASLt's candidates (set_autotune). The first call of a shape asks
   // cuBLASLt's heuristic (host work): warm every shape up before capturing a CUDA graph.
   void run(const ops::LinearParams& p, cudaStream_t stream);
   void set_path(LinearPath path) { path_ = path; }
   // kAuto's skinny path takes T <= 16 products of at most this many outputs (a huge value puts q|k|v and
   // o_proj on it too: the bench's comparison row).
   void set_skinny_max_out(int64_t out) { skinny_max_out_ = out; }
+  // cuBLASLt products of at most 16 rows (decode) time the heuristic's first 8 candidates on their first
+  // call (outside stream capture: host-synchronizing, once per shape) and keep the fastest (on, the
+  // default); off keeps the heuristic's first choice (the bench's before row). Forgets the algorithms chosen
+  // so far, so every shape chooses again on its next call.
+  void set_autotune(bool on);
 
  private:
   LinearPath path_ = LinearPath::kAuto;
+  bool autotune_ = true;
   int64_t skinny_max_out_ = 1024;
   struct State;
   std::unique_ptr<State> state_;
