@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_skinny_max_out(1024);
     cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write
-    row("same, rope and kv_write as two kernels", time_decode(**engine, o, vocab, rng, spread),
+    row("same, rope, kv_write (and a QK-norm) unfused", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_fuse_rope_kv_write(true);
     // Before/after of the decode MoE-LoRA in the GEMM accumulators (perf-log run 68): the expand kernels.
@@ -385,6 +385,9 @@ int main(int argc, char** argv) {
   std::snprintf(prefill_what, sizeof prefill_what, "prefill of one %d-token prompt", o.prefill);
   if (o.prefill > 0) {
     row(prefill_what, time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write (+ QK-norm)
+    row("same, rope, kv_write (and a QK-norm) unfused", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda_backend.set_fuse_rope_kv_write(true);
     // Before/after of the default (kAuto: the persistent warp-specialized kernel where both operands come by
     // TMA): the MoE GEMMs of 64/128-row tiles all on the ring kernel.
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);

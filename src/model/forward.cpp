@@ -165,15 +165,15 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
     }
   }
   Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
-  if (config_.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE
-    Tensor qh = q.reshape({int64_t(T) * Hq, D}), kh = k.reshape({int64_t(T) * Hkv, D});
-    backend_.rms_norm({.x = qh, .weight = w.q_norm, .eps = config_.rms_norm_eps, .out = qh});
-    backend_.rms_norm({.x = kh, .weight = w.k_norm, .eps = config_.rms_norm_eps, .out = kh});
+  ops::RopeParams rope{.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,
+                       .attention_scaling = rope_attention_scaling_};
+  if (config_.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE (one kernel with the rotation on cuda)
+    rope.q_norm = w.q_norm;
+    rope.k_norm = w.k_norm;
+    rope.norm_eps = config_.rms_norm_eps;
   }
-  backend_.rope_kv_write({.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,
-                          .attention_scaling = rope_attention_scaling_},
-                         {.k = k3, .v = v3, .kv_write_index = batch.kv_write_index, .k_cache = cache.k[size_t(layer)],
-                          .v_cache = cache.v[size_t(layer)]});
+  backend_.rope_kv_write(rope, {.k = k3, .v = v3, .kv_write_index = batch.kv_write_index,
+                                .k_cache = cache.k[size_t(layer)], .v_cache = cache.v[size_t(layer)]});
   dump("q", layer, q);
   dump("k", layer, k);
   const bool sliding = config_.sliding_window > 0 && config_.layer_sliding[size_t(layer)];

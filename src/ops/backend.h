@@ -53,6 +53,14 @@ class Backend {
     rope(r);
     kv_write(w);
   }
+  // RopeParams' QK-norm alone, as rms_norm on the [T·H, D] views of q and k (in place): what a backend's rope
+  // runs first where it does not fuse the norm into the rotation. No-op without QK-norm weights.
+  void qk_norm(const RopeParams& p) {
+    if (!p.has_qk_norm()) return;
+    Tensor q = p.q.reshape({p.q.dim(0) * p.q.dim(1), p.q.dim(2)}), k = p.k.reshape({p.k.dim(0) * p.k.dim(1), p.k.dim(2)});
+    rms_norm({.x = q, .weight = p.q_norm, .eps = p.norm_eps, .out = q});
+    rms_norm({.x = k, .weight = p.k_norm, .eps = p.norm_eps, .out = k});
+  }
   virtual void attention(const AttentionParams& p) = 0;
   virtual void router_topk(const RouterTopKParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;

@@ -237,6 +237,19 @@ Status check(const RopeParams& p) {
   LMX_RETURN_IF_ERROR(expect(p.positions, "RopeParams.positions", DType::I32, {tokens}));
   LMX_RETURN_IF_ERROR(expect(p.inv_freq, "RopeParams.inv_freq", DType::F32, {head_dim / 2}));
   LMX_RETURN_IF_ERROR(expect_finite(p.attention_scaling, "RopeParams.attention_scaling"));
+  if (p.q_norm.defined() != p.k_norm.defined()) {
+    return invalid_argument(std::string("RopeParams.") + (p.q_norm.defined() ? "k_norm" : "q_norm") +
+                            ": expected [" + std::to_string(head_dim) + "] BF16 with the other QK-norm weight, found none");
+  }
+  if (p.q_norm.defined()) {
+    LMX_RETURN_IF_ERROR(expect(p.q_norm, "RopeParams.q_norm", DType::BF16, {head_dim}));
+    LMX_RETURN_IF_ERROR(expect(p.k_norm, "RopeParams.k_norm", DType::BF16, {head_dim}));
+    if (!(p.norm_eps >= 0.0f) || !std::isfinite(p.norm_eps)) {
+      return invalid_argument("RopeParams.norm_eps: expected a finite number >= 0, found " + std::to_string(p.norm_eps));
+    }
+    LMX_RETURN_IF_ERROR(expect_one_device({{"RopeParams.q", &p.q}, {"RopeParams.q_norm", &p.q_norm},
+                                           {"RopeParams.k_norm", &p.k_norm}}));
+  }
   return expect_one_device({{"RopeParams.q", &p.q},
                             {"RopeParams.k", &p.k},
                             {"RopeParams.positions", &p.positions},

@@ -101,4 +101,11 @@ RopeTable make_rope_table(const RopeScaling& scaling, int head_dim) {
   return table;
 }
 
+RopeParams without_qk_norm(const RopeParams& p) {
+  RopeParams r = p;
+  r.q_norm = Tensor{};
+  r.k_norm = Tensor{};
+  return r;
+}
+
 }  // namespace lmx::ops

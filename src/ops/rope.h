@@ -37,7 +37,16 @@ struct RopeParams {
   Tensor positions;  // [T] i32
   Tensor inv_freq;   // [D/2] f32
   float attention_scaling = 1.0f;
+  // Optional, both or neither (Qwen3's QK-norm): every head of q and of k is first RMS-normalized over its D
+  // values with these [D] bf16 weights and norm_eps, exactly as rms_norm on the [T·H, D] view would (rounded
+  // to q's dtype), and then rotated. Backends may fuse the two (cuda: one kernel with the rotation).
+  Tensor q_norm;
+  Tensor k_norm;
+  float norm_eps = 1e-6f;
+  bool has_qk_norm() const { return q_norm.defined(); }
 };
 Status check(const RopeParams& p);
+// p without its QK-norm (the rotation alone).
+RopeParams without_qk_norm(const RopeParams& p);
 
 }  // namespace lmx::ops

@@ -102,5 +102,78 @@ TEST_F(CudaRope, RopeKvWriteMatchesTheTwoOps) {
   }
 }
 
+// The QK-norm inside the rotation (RopeParams::q_norm / k_norm, Qwen3) against the CPU oracle's rms_norm
+// on every head followed by its rope: the fused 16-byte path (D 128: 8 threads a head, D 64: 4, D 256: 16)
+// and the rms_norm-first fallbacks (D 96: 6 threads a head, not a power of two; D 6: scalar path); and
+// rope_kv_write with it against rope then kv_write, whose k rows must reach the cache normalized too.
+TEST_F(CudaRope, QkNormMatchesCpu) {
+  struct Case { int64_t tokens, q_heads, kv_heads, head_dim; };
+  for (const Case& c : {Case{16, 32, 4, 128}, Case{5, 8, 2, 64}, Case{3, 4, 2, 256}, Case{4, 4, 2, 96},
+                        Case{3, 2, 1, 6}, Case{1, 32, 4, 128}}) {
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " Hq " + std::to_string(c.q_heads) + " Hkv " +
+                 std::to_string(c.kv_heads) + " D " + std::to_string(c.head_dim));
+    const ops::RopeTable table = ops::make_rope_table({.theta = 1000000.0}, int(c.head_dim));
+    OwnedTensor inv_freq = OwnedTensor::host(DType::F32, {c.head_dim / 2});
+    std::copy(table.inv_freq.begin(), table.inv_freq.end(), inv_freq.view.ptr<float>());
+    const OwnedTensor positions = random_ids(rng(), c.tokens, 0, 40960);
+    const OwnedTensor q = random_bf16(rng(), {c.tokens, c.q_heads, c.head_dim}, 3.0f);
+    const OwnedTensor k = random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim}, 8.0f);
+    const OwnedTensor q_norm = random_bf16(rng(), {c.head_dim}), k_norm = random_bf16(rng(), {c.head_dim});
+    constexpr float kEps = 1e-6f;
+
+    OwnedTensor want_q = widen(q), want_k = widen(k);
+    cpu_.rope({.q = want_q, .k = want_k, .positions = positions, .inv_freq = inv_freq, .q_norm = q_norm,
+               .k_norm = k_norm, .norm_eps = kEps});
+    // The oracle's own composition, spelled out: rms_norm on the [T·H, D] views, then the rotation alone.
+    OwnedTensor two_q = widen(q), two_k = widen(k);
+    Tensor qh = two_q.view.reshape({c.tokens * c.q_heads, c.head_dim}), kh = two_k.view.reshape({c.tokens * c.kv_heads, c.head_dim});
+    cpu_.rms_norm({.x = qh, .weight = q_norm, .eps = kEps, .out = qh});
+    cpu_.rms_norm({.x = kh, .weight = k_norm, .eps = kEps, .out = kh});
+    cpu_.rope({.q = two_q, .k = two_k, .positions = positions, .inv_freq = inv_freq});
+    EXPECT_TRUE(bitwise_equal(want_q, two_q)) << "cpu q";
+    EXPECT_TRUE(bitwise_equal(want_k, two_k)) << "cpu k";
+    // The device's reference: its activations are bf16, so the normalized heads are rounded to bf16 before
+    // the rotation (as the unfused rms_norm kernel stores them); the CPU oracle keeps them in f32.
+    want_q = widen(q), want_k = widen(k);
+    qh = want_q.view.reshape({c.tokens * c.q_heads, c.head_dim}), kh = want_k.view.reshape({c.tokens * c.kv_heads, c.head_dim});
+    cpu_.rms_norm({.x = qh, .weight = q_norm, .eps = kEps, .out = qh});
+    cpu_.rms_norm({.x = kh, .weight = k_norm, .eps = kEps, .out = kh});
+    for (OwnedTensor* t : {&want_q, &want_k}) {
+      for (int64_t i = 0; i < t->view.numel(); ++i) t->view.ptr<float>()[i] = round_bf16(t->view.ptr<float>()[i]);
+    }
+    cpu_.rope({.q = want_q, .k = want_k, .positions = positions, .inv_freq = inv_freq});
+
+    OwnedTensor d_positions = cuda::upload(positions), d_inv_freq = cuda::upload(inv_freq);
+    OwnedTensor d_q_norm = cuda::upload(q_norm), d_k_norm = cuda::upload(k_norm);
+    OwnedTensor d_q = cuda::upload(q), d_k = cuda::upload(k);
+    const ops::RopeParams r{.q = d_q, .k = d_k, .positions = d_positions, .inv_freq = d_inv_freq, .q_norm = d_q_norm,
+                            .k_norm = d_k_norm, .norm_eps = kEps};
+    cuda::rope(r, stream_);
+    sync();
+    const OwnedTensor got_q = cuda::download(d_q), got_k = cuda::download(d_k);
+    EXPECT_TRUE(all_close(got_q, want_q, kTolBf16Out)) << "q";
+    EXPECT_TRUE(all_close(got_k, want_k, kTolBf16Out)) << "k";
+
+    // rope_kv_write: q and k as cuda::rope left them (the same kernel path), k's rows also in the cache.
+    const int64_t rows = c.tokens;
+    OwnedTensor index = OwnedTensor::host(DType::I32, {c.tokens});
+    for (int64_t t = 0; t < c.tokens; ++t) index.view.ptr<int32_t>()[t] = int32_t(t);
+    OwnedTensor d_index = cuda::upload(index), d_v = cuda::upload(random_bf16(rng(), {c.tokens, c.kv_heads, c.head_dim}));
+    OwnedTensor f_q = cuda::upload(q), f_k = cuda::upload(k);
+    OwnedTensor k_cache = poisoned(DType::BF16, {rows, 1, c.kv_heads, c.head_dim});
+    OwnedTensor v_cache = poisoned(DType::BF16, {rows, 1, c.kv_heads, c.head_dim});
+    ops::RopeParams fused = r;
+    fused.q = f_q;
+    fused.k = f_k;
+    cuda::rope_kv_write(fused, {.k = f_k, .v = d_v, .kv_write_index = d_index, .k_cache = k_cache, .v_cache = v_cache},
+                        stream_);
+    sync();
+    EXPECT_TRUE(bitwise_equal(cuda::download(f_q), got_q)) << "rope_kv_write q";
+    EXPECT_TRUE(bitwise_equal(cuda::download(f_k), got_k)) << "rope_kv_write k";
+    EXPECT_TRUE(bitwise_equal(cuda::download(k_cache).view.reshape({c.tokens, c.kv_heads, c.head_dim}), got_k.view))
+        << "k_cache";
+  }
+}
+
 }  // namespace
 }  // namespace lmx::test

@@ -189,6 +189,16 @@ TEST(OpChecks, Rope) {
   EXPECT_REJECTS(valid, "RopeParams.inv_freq", p.inv_freq = retyped(p.inv_freq, DType::BF16));
   EXPECT_REJECTS(valid, "RopeParams.attention_scaling", p.attention_scaling = INFINITY);
   EXPECT_REJECTS(valid, "RopeParams.inv_freq", p.inv_freq = on_cuda(p.inv_freq));
+  // The QK-norm: both [D] bf16 weights or neither, a finite eps >= 0.
+  ops::RopeParams normed = valid;
+  normed.q_norm = m.bf({8});
+  normed.k_norm = m.bf({8});
+  EXPECT_TRUE(check(normed).ok()) << check(normed).message();
+  EXPECT_REJECTS(normed, "RopeParams.k_norm: expected [8] BF16 with the other QK-norm weight", p.k_norm = Tensor{});
+  EXPECT_REJECTS(normed, "RopeParams.q_norm: expected [8] BF16 with the other QK-norm weight", p.q_norm = Tensor{});
+  EXPECT_REJECTS(normed, "RopeParams.q_norm", p.q_norm = m.bf({4}));
+  EXPECT_REJECTS(normed, "RopeParams.k_norm", p.k_norm = m.f32({8}));
+  EXPECT_REJECTS(normed, "RopeParams.norm_eps", p.norm_eps = -1.0f);
 }
 
 TEST(OpChecks, KvWrite) {

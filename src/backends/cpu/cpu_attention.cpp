@@ -16,6 +16,11 @@ namespace lmx::cpu {
 // product of the fp32 position and inverse frequency, as in transformers' rotary embedding.
 void CpuBackend::rope(const ops::RopeParams& p) {
   ops::require(ops::check(p), "rope");
+  if (p.has_qk_norm()) {  // the QK-norm as rms_norm on each head, then the rotation
+    qk_norm(p);
+    rope(ops::without_qk_norm(p));
+    return;
+  }
   require_host_f32(p.q, "RopeParams.q", "rope");
   const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), kv_heads = p.k.dim(1), head_dim = p.q.dim(2);
   const int64_t half = head_dim / 2;

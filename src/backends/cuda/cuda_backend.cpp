@@ -158,8 +158,9 @@ void CudaBackend::split_columns(const ops::SplitColumnsParams& p) { cuda::split_
 void CudaBackend::rope(const ops::RopeParams& p) { cuda::rope(p, stream_); }
 void CudaBackend::kv_write(const ops::KvWriteParams& p) { cuda::kv_write(p, stream_); }
 void CudaBackend::rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) {
-  if (!fuse_rope_kv_write_) {
-    ops::Backend::rope_kv_write(r, w);
+  if (!fuse_rope_kv_write_) {  // the unfused chain: QK-norm by rms_norm, rope, kv_write
+    qk_norm(r);
+    ops::Backend::rope_kv_write(ops::without_qk_norm(r), w);
     return;
   }
   cuda::rope_kv_write(r, w, stream_);

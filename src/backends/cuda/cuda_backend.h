@@ -68,7 +68,7 @@ class CudaBackend final : public ops::Backend {
   // false: the kernels that can start in the previous kernel's tail (launch.cuh, the MoE GEMMs) go out as
   // plain launches (bench before/after). Process-wide; bumps memory_epoch() so recorded graphs are made again.
   void set_programmatic_launches(bool on);
-  // false: rope_kv_write runs rope then kv_write (bench before/after); bumps memory_epoch().
+  // false: rope_kv_write runs rms_norm for a QK-norm, rope, then kv_write (bench before/after); bumps memory_epoch().
   void set_fuse_rope_kv_write(bool on) {
     fuse_rope_kv_write_ = on;
     ++memory_epoch_;

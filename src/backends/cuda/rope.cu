@@ -1,12 +1,16 @@
 // The RoPE kernel and its launcher. One block per token: the token's D/2 (cos, sin) pairs are computed once
 // into shared memory, then every head of q and k is rotated from them, 8 pairs per thread with 16-byte
-// accesses when D/2 % 8 == 0 (D = 64 and 128 both qualify), one pair per thread otherwise.
+// accesses when D/2 % 8 == 0 (D = 64 and 128 both qualify), one pair per thread otherwise. Qwen3's QK-norm
+// (RopeParams::q_norm / k_norm) is fused on the 16-byte path where a head's D/16 threads are a power of two
+// (they sit in one warp and sum their squares by shuffles): the head is normalized as rms_norm would
+// (x · rsqrt(mean(x²) + eps) · w, rounded to bf16) and then rotated; elsewhere rms_norm runs first.
 #include "backends/cuda/rope.cuh"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
+#include "backends/cuda/basic.cuh"
 #include "backends/cuda/check.h"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
@@ -34,6 +38,10 @@ struct RopeKernelParams {
   const int32_t* kv_write_index;  // [T] i32
   __nv_bfloat16* k_cache;         // [rows, Hkv, D] bf16
   __nv_bfloat16* v_cache;         // [rows, Hkv, D] bf16
+  // The QK-norm (16-byte path only), or null: [D] bf16 weights of q's and k's heads.
+  const __nv_bfloat16* q_norm;
+  const __nv_bfloat16* k_norm;
+  float norm_eps;
 };
 
 // For each head and i < D/2, with a = position * inv_freq[i] (one fp32 product, as transformers computes it):
@@ -92,6 +100,26 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
       float lo[8], hi[8], new_lo[8], new_hi[8];
       detail::load8(x + first, lo);
       detail::load8(x + p.half_dim + first, hi);
+      if (p.q_norm != nullptr) {
+        // The head's `groups` threads are consecutive lanes of one warp (groups a power of two <= 32, the
+        // block a multiple of 32 threads, every head's items consecutive), and all of them take this branch.
+        float sum_squares = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum_squares += lo[j] * lo[j] + hi[j] * hi[j];
+        const int lane = int(threadIdx.x % 32);
+        const unsigned group_mask = groups == 32 ? 0xffffffffu : ((1u << groups) - 1u) << (lane & ~(groups - 1));
+        for (int offset = groups / 2; offset > 0; offset /= 2) sum_squares += __shfl_xor_sync(group_mask, sum_squares, offset);
+        const float inv_rms = rsqrtf(sum_squares / float(dim) + p.norm_eps);
+        const __nv_bfloat16* weight = is_k ? p.k_norm : p.q_norm;
+        float w_lo[8], w_hi[8];
+        detail::load8(weight + first, w_lo);
+        detail::load8(weight + p.half_dim + first, w_hi);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // as rms_norm: x · inv_rms · w, rounded once to bf16
+          lo[j] = __bfloat162float(__float2bfloat16_rn(lo[j] * inv_rms * w_lo[j]));
+          hi[j] = __bfloat162float(__float2bfloat16_rn(hi[j] * inv_rms * w_hi[j]));
+        }
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float c = cos_table[first + j], s = sin_table[first + j];
@@ -122,7 +150,7 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
 
 constexpr int kMaxRopeThreads = 512;
 
-// rope, and with `w` (rope_kv_write) the cache write in the same kernel.
+// rope, and with `w` (rope_kv_write) the cache write in the same kernel; the QK-norm fused where it can be.
 void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStream_t stream) {
   const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), kv_heads = p.k.dim(1), half_dim = p.q.dim(2) / 2;
   if (tokens == 0 || half_dim == 0 || q_heads + kv_heads == 0) return;
@@ -131,6 +159,19 @@ void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStre
   if (w != nullptr) {
     vector = vector && detail::aligned16(w->v.data) && detail::aligned16(w->k_cache.data) &&
              detail::aligned16(w->v_cache.data);
+  }
+  if (p.has_qk_norm()) {
+    const int64_t groups = half_dim / kBf16PerVector;
+    const bool fuse = vector && groups <= 32 && (groups & (groups - 1)) == 0 && detail::aligned16(p.q_norm.data) &&
+                      detail::aligned16(p.k_norm.data);
+    if (!fuse) {  // rms_norm on the [T·H, D] views first, then the rotation alone
+      for (const auto& [x, weight] : {std::pair{p.q, p.q_norm}, std::pair{p.k, p.k_norm}}) {
+        const Tensor rows = x.reshape({x.dim(0) * x.dim(1), x.dim(2)});
+        rms_norm({.x = rows, .weight = weight, .eps = p.norm_eps, .out = rows}, stream);
+      }
+      launch_rope(ops::without_qk_norm(p), w, stream);
+      return;
+    }
   }
   const int width = vector ? kBf16PerVector : 1;
   // GPT-OSS (Hq 64, Hkv 8, D 64): 72 heads * 4 groups = 288 threads, one group each (80 with the cache write).
@@ -150,7 +191,10 @@ void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStre
                                 .kv_write_index = w != nullptr ? static_cast<const int32_t*>(w->kv_write_index.data)
                                                                : nullptr,
                                 .k_cache = w != nullptr ? static_cast<__nv_bfloat16*>(w->k_cache.data) : nullptr,
-                                .v_cache = w != nullptr ? static_cast<__nv_bfloat16*>(w->v_cache.data) : nullptr};
+                                .v_cache = w != nullptr ? static_cast<__nv_bfloat16*>(w->v_cache.data) : nullptr,
+                                .q_norm = p.has_qk_norm() ? static_cast<const __nv_bfloat16*>(p.q_norm.data) : nullptr,
+                                .k_norm = p.has_qk_norm() ? static_cast<const __nv_bfloat16*>(p.k_norm.data) : nullptr,
+                                .norm_eps = p.norm_eps};
   if (vector) {
     detail::launch(rope_kernel<kBf16PerVector>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   } else {
@@ -164,6 +208,7 @@ void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStre
 void rope(const ops::RopeParams& p, cudaStream_t stream) {
   ops::require(ops::check(p), "cuda::rope");
   detail::require_cuda("rope", {{"q", &p.q}, {"k", &p.k}, {"positions", &p.positions}, {"inv_freq", &p.inv_freq}});
+  if (p.has_qk_norm()) detail::require_cuda("rope", {{"q_norm", &p.q_norm}, {"k_norm", &p.k_norm}});
   detail::require_bf16_activation("rope", "q", p.q);
   launch_rope(p, nullptr, stream);
 }
@@ -174,6 +219,7 @@ void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w, cudaSt
   detail::require_cuda("rope_kv_write", {{"q", &r.q}, {"k", &r.k}, {"positions", &r.positions},
                                          {"inv_freq", &r.inv_freq}, {"v", &w.v}, {"kv_write_index", &w.kv_write_index},
                                          {"k_cache", &w.k_cache}, {"v_cache", &w.v_cache}});
+  if (r.has_qk_norm()) detail::require_cuda("rope_kv_write", {{"q_norm", &r.q_norm}, {"k_norm", &r.k_norm}});
   detail::require_bf16_activation("rope_kv_write", "q", r.q);
   detail::require_bf16_activation("rope_kv_write", "k_cache", w.k_cache);
   if (w.k.data != r.k.data || w.k.shape_str() != r.k.shape_str()) {
