@@ -37,7 +37,11 @@ TEST_F(CudaLinear, MatchesCpu) {
       {5, 16, 8, true, DType::BF16},       {1024, 512, 384, false, DType::BF16}, {16, 2880, 5760, false, DType::BF16},
       {8, 72, 40, true, DType::F32},       {2, 2880, 201088 / 64, false, DType::F32}, {11, 4104, 24, true, DType::BF16},
       {16, 2880, 5120, true, DType::BF16}, {1600, 2880, 5120, true, DType::BF16}, {16, 2880, 512, true, DType::BF16},
-      {16, 2880, 32, true, DType::F32},    {13, 2048, 128, false, DType::F32},  {16, 4096, 2880, false, DType::BF16}};
+      {16, 2880, 32, true, DType::F32},    {13, 2048, 128, false, DType::F32},  {16, 4096, 2880, false, DType::BF16},
+      // one shape without and then with a bias (a tiny model's q_proj and o_proj): the cached algorithm of
+      // the first must not serve the second's bias epilogue
+      {4, 64, 64, false, DType::BF16},     {4, 64, 64, true, DType::BF16},      {40, 64, 64, false, DType::BF16},
+      {40, 64, 64, true, DType::BF16}};
   cuda::LinearRunner runner;
   for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kAuto, cuda::LinearPath::kCublasLt})
   for (const Case& c : cases) {
