@@ -180,7 +180,7 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   while (engine.scheduler().num_waiting() > 0 || guard < o.decode_warmup) {
     if (engine.step().num_tokens == o.batch) ++guard;
   }
-  std::vector<double> seconds;
+  std::vector<double> seconds, device, launch;
   if (profiler) profiler->reset();
   // The sampled tokens: with generated weights greedy decoding may repeat one token across the batch, which
   // routes every sequence to the same experts at layer 0 (fewer expert bytes than the floor assumes).
@@ -189,6 +189,8 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
     const auto t0 = std::chrono::steady_clock::now();
     const engine::Engine::StepReport report = engine.step();
     seconds.push_back(seconds_since(t0));
+    device.push_back(report.device_seconds);
+    launch.push_back(report.launch_seconds);
     if (report.num_tokens != o.batch) {
       std::fprintf(stderr, "bench_decode_step: a step ran %d tokens, not %d\n", report.num_tokens, o.batch);
     }
@@ -198,8 +200,14 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
       all_tokens.insert(out.token);
     }
   }
+  // The serve run's step metrics, for the same step here: device time (enqueued inputs to sampled tokens)
+  // and the host time until the forward was launched, medians.
+  std::sort(device.begin(), device.end());
+  std::sort(launch.begin(), launch.end());
   std::printf("  (%zu distinct tokens among the batch's last step, %zu over the %d timed steps, after %d decode "
-              "steps of warm-up)\n", last_tokens.size(), all_tokens.size(), o.steps, o.decode_warmup);
+              "steps of warm-up; device median %.3f ms, host launch median %.3f ms)\n",
+              last_tokens.size(), all_tokens.size(), o.steps, o.decode_warmup, device[device.size() / 2] * 1e3,
+              launch[launch.size() / 2] * 1e3);
   for (uint64_t id : ids) engine.abort(id);
   std::sort(seconds.begin(), seconds.end());
   if (profiler) profiler->print(o.steps, seconds[seconds.size() / 2]);

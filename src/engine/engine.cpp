@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -414,6 +415,7 @@ Engine::StepReport Engine::step() {
   const int bucket = decode_bucket(step);
   build_batch(step, bucket);
   backend_.time_mark(0);  // the step's inputs are enqueued: device time from here to the sampled tokens
+  const auto launch_start = std::chrono::steady_clock::now();
   report.num_tokens = 0;
   for (const ScheduledSeq& s : step) {
     report.num_tokens += s.num_tokens;
@@ -421,6 +423,7 @@ Engine::StepReport Engine::step() {
   }
   const model::ModelConfig& mc = model_->config();
   Tensor logits = run_forward(bucket);
+  report.launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_start).count();
   int real_samples = 0;
   for (const ScheduledSeq& s : step) real_samples += s.sample ? 1 : 0;
   logits = logits.rows(0, real_samples);  // padding rows' logits are not sampled

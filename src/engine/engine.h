@@ -65,6 +65,10 @@ class Engine {
     std::vector<StepOutput> outputs;
     std::vector<uint64_t> scheduled;  // ids of the sequences that ran this step (queue-time metrics)
     double device_seconds = -1;       // device time from the enqueued inputs to the sampled tokens (-1: none)
+    // Host time from the enqueued inputs (the device timer's start) until the forward's last launch returned
+    // (a graph replay's cudaGraphLaunch, or every eager launch). Until the first kernel is launched the GPU
+    // idles inside device_seconds, so this bounds how much of that is host time.
+    double launch_seconds = 0;
   };
   StepReport step();
   // A finished sequence (tokens, finish reason, logits if asked), removed from the engine.

@@ -228,13 +228,14 @@ void EngineLoop::run() {
     const Clock::time_point iteration_start = Clock::now();
     for (auto& command : commands) command();
     EngineSnapshot::StepTimes* times = nullptr;  // the kind of step this iteration ran, if any
-    double step_seconds = 0, device_seconds = 0;
+    double step_seconds = 0, device_seconds = 0, launch_seconds = 0;
     if (engine_.has_work()) {
       const Clock::time_point step_start = Clock::now();
       engine::Engine::StepReport report = engine_.step();
       const Clock::time_point ran = Clock::now();
       step_seconds = std::chrono::duration<double>(ran - step_start).count();
       device_seconds = std::max(report.device_seconds, 0.0);
+      launch_seconds = report.launch_seconds;
       if (report.num_tokens > 0) {
         times = report.num_tokens == int(report.outputs.size()) ? &decode_times_ : &mixed_times_;
       }
@@ -261,8 +262,9 @@ void EngineLoop::run() {
       ++times->steps;
       times->step_s += step_seconds;
       times->device_s += device_seconds;
+      times->launch_s += launch_seconds;
       times->loop_s += std::chrono::duration<double>(Clock::now() - iteration_start).count();
-      times->add_recent(step_seconds, device_seconds);
+      times->add_recent(step_seconds, device_seconds, launch_seconds);
       std::lock_guard<std::mutex> lock(mu_);
       snapshot_.decode_steps = decode_times_;
       snapshot_.mixed_steps = mixed_times_;

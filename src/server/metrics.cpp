@@ -34,14 +34,16 @@ std::string prometheus_label(const std::string& value) {
   return out;
 }
 
-void EngineSnapshot::StepTimes::add_recent(double step_seconds, double device_seconds) {
+void EngineSnapshot::StepTimes::add_recent(double step_seconds, double device_seconds, double launch_seconds) {
   if (recent_step_s.size() < kRecentSteps) {
     recent_step_s.push_back(step_seconds);
     recent_device_s.push_back(device_seconds);
+    recent_launch_s.push_back(launch_seconds);
     return;
   }
   recent_step_s[recent_next] = step_seconds;
   recent_device_s[recent_next] = device_seconds;
+  recent_launch_s[recent_next] = launch_seconds;
   recent_next = (recent_next + 1) % kRecentSteps;
 }
 
@@ -146,10 +148,14 @@ std::string Metrics::render(const EngineSnapshot& e) const {
        "Wall time inside the engine's step over the last 1024 steps of the kind: quantiles, sum, count.");
   help(&out, "loramux_engine_step_device_seconds", "summary",
        "Device time of the step's ops over the last 1024 steps of the kind (0 without a device timer).");
+  help(&out, "loramux_engine_step_launch_seconds", "summary",
+       "Host time from the step's enqueued inputs until its forward was launched (graph replay or eager launches), "
+       "over the last 1024 steps of the kind: the device span includes it until the first kernel starts.");
   for (const auto& [kind, t] : {std::pair{"decode", e.decode_steps}, std::pair{"mixed", e.mixed_steps}}) {
     const std::string label = std::string("kind=\"") + kind + "\"";
     summary(&out, "loramux_engine_step_seconds", label, t.recent_step_s);
     summary(&out, "loramux_engine_step_device_seconds", label, t.recent_device_s);
+    summary(&out, "loramux_engine_step_launch_seconds", label, t.recent_launch_s);
   }
   help(&out, "loramux_adapter_resident", "gauge", "1 for each adapter in a device slot.");
   for (const std::string& a : e.resident_adapters) line(&out, "loramux_adapter_resident", "adapter=\"" + prometheus_label(a) + "\"", 1);

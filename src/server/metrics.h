@@ -40,10 +40,10 @@ struct EngineSnapshot {
   static constexpr size_t kRecentSteps = 1024;
   struct StepTimes {
     uint64_t steps = 0;
-    double step_s = 0, loop_s = 0, device_s = 0;
-    std::vector<double> recent_step_s, recent_device_s;
+    double step_s = 0, loop_s = 0, device_s = 0, launch_s = 0;
+    std::vector<double> recent_step_s, recent_device_s, recent_launch_s;
     size_t recent_next = 0;
-    void add_recent(double step_seconds, double device_seconds);
+    void add_recent(double step_seconds, double device_seconds, double launch_seconds);
   };
   StepTimes decode_steps, mixed_steps;
 };

@@ -199,6 +199,11 @@ def test_64_concurrent_streams_while_adapters_load_and_unload(server):
         q = [m[f'loramux_engine_step_seconds{{kind="{kind}",quantile="{p}"}}'] for p in ("0.5", "0.9", "0.99")]
         assert 0 < q[0] <= q[1] <= q[2] <= m[f'loramux_engine_step_seconds_sum{{kind="{kind}"}}']
         assert m[f'loramux_engine_step_device_seconds{{kind="{kind}",quantile="0.5"}}'] == 0
+        # host launch time: the CPU backend runs the forward inside the launch, so it is there, positive and
+        # at most the step's own time
+        launch = [m[f'loramux_engine_step_launch_seconds{{kind="{kind}",quantile="{p}"}}'] for p in ("0.5", "0.99")]
+        assert 0 < launch[0] <= launch[1] <= q[2]
+        assert m[f'loramux_engine_step_launch_seconds_count{{kind="{kind}"}}'] == count
 
 
 def wait_idle(server, timeout=20):
