@@ -9,6 +9,7 @@
 // and the share of the H200 floor max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_moe_lora:
 // many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
 // (≥ 3.6 GB, far beyond the 50 MB L2) so weights come from DRAM; median of 5 replays. Random bf16 data.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/linear.cuh"
@@ -72,6 +74,109 @@ void print_row(const char* what, int64_t tokens, double bytes, double flops, dou
 struct Layer {
   OwnedTensor gate_up, gate_up_bias, down, down_bias;  // [E, 2I, H], [E, 2I], [E, H, I], [E, H] bf16
 };
+
+// cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx: one call, one group per expert) on moe_block's gathered
+// rows (the persistent kernel's sorted_x / sorted_a: each expert's rows contiguous, padded to block_m):
+// what a library grouped GEMM reaches once the row count of every expert is known on the host. Prefill runs
+// eagerly, so moe_block could read the counts back once per layer. Unfused: gate_up writes the
+// pre-activation h, in tile order. Timing rows only, by events over 30 calls (no graph: the call is not
+// known to be capturable); a status other than success is printed and the rows are skipped.
+void grouped_library_rows(const Model& m, int64_t tokens, int64_t pairs, int block_m, const Tensor& host_ids,
+                          const std::vector<Layer>& layers, const Tensor& sorted_x, const Tensor& sorted_a,
+                          cudaStream_t stream, double gate_up_bytes, double gate_up_flops, double down_bytes,
+                          double down_flops) {
+  const int64_t H = m.hidden, I = m.inter, E = m.experts;
+  std::vector<int> count(size_t(E), 0);
+  for (int64_t i = 0; i < pairs; ++i) ++count[size_t(host_ids.ptr<int32_t>()[i])];
+  std::vector<int64_t> start(size_t(E), 0);
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    start[size_t(e)] = rows;
+    rows += (count[size_t(e)] + block_m - 1) / block_m * block_m;
+  }
+  if (rows > sorted_x.dim(0)) {
+    std::printf("  cuBLAS grouped GEMM: %lld padded rows exceed the gathered rows' %lld (skipped)\n", (long long)rows,
+                (long long)sorted_x.dim(0));
+    return;
+  }
+  OwnedTensor grouped_h = cuda::empty(DType::BF16, {rows, 2 * I}), grouped_d = cuda::empty(DType::BF16, {rows, H});
+  OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(32) << 20});
+  cublasHandle_t handle = nullptr;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::printf("  cuBLAS grouped GEMM: no cuBLAS handle (skipped)\n");
+    return;
+  }
+  cublasSetStream(handle, stream);
+  cublasSetWorkspace(handle, workspace.view.data, workspace.view.nbytes());
+  // One group per expert with rows; within a group every problem shares m, n, k (one problem per group).
+  std::vector<int> experts;
+  for (int64_t e = 0; e < E; ++e)
+    if (count[size_t(e)] > 0) experts.push_back(int(e));
+  const int groups = int(experts.size());
+  struct Product { int64_t out, in; };
+  // Device arrays of per-expert pointers for each weight copy: A = the expert's weight, B = its rows, C = out.
+  auto pointer_arrays = [&](const Product& shape, const Tensor& x, void* out, bool gate_up) {
+    std::vector<OwnedTensor> arrays;  // per copy: [3 * groups] pointers
+    for (size_t c = 0; c < layers.size(); ++c) {
+      const auto* weight = static_cast<const char*>(gate_up ? layers[c].gate_up.view.data : layers[c].down.view.data);
+      std::vector<const void*> host(size_t(3 * groups));
+      for (int g = 0; g < groups; ++g) {
+        const int64_t e = experts[size_t(g)];
+        host[size_t(g)] = weight + e * shape.out * shape.in * 2;
+        host[size_t(groups + g)] = static_cast<const char*>(x.data) + start[size_t(e)] * shape.in * 2;
+        host[size_t(2 * groups + g)] = static_cast<char*>(out) + start[size_t(e)] * shape.out * 2;
+      }
+      OwnedTensor device = cuda::empty(DType::U8, {int64_t(host.size() * sizeof(void*))});
+      BENCH_CUDA(cudaMemcpy(device.view.data, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      arrays.push_back(std::move(device));
+    }
+    return arrays;
+  };
+  // Column-major, as LinearRunner: C [out, M] = op(A)·B with A the weight as [in, out] (op T), B the rows [in, M].
+  auto run = [&](const Product& shape, const std::vector<OwnedTensor>& arrays, int copy) {
+    std::vector<cublasOperation_t> transa(size_t(groups), CUBLAS_OP_T), transb(size_t(groups), CUBLAS_OP_N);
+    std::vector<int> m_array(size_t(groups), int(shape.out)), k_array(size_t(groups), int(shape.in));
+    std::vector<int> n_array(size_t(groups), 0);
+    std::vector<int> lda(size_t(groups), int(shape.in)), ldb(size_t(groups), int(shape.in)), ldc(size_t(groups), int(shape.out));
+    std::vector<int> group_size(size_t(groups), 1);
+    std::vector<float> alpha(size_t(groups), 1.0f), beta(size_t(groups), 0.0f);
+    for (int g = 0; g < groups; ++g) n_array[size_t(g)] = count[size_t(experts[size_t(g)])];
+    const auto* pointers = static_cast<const void* const*>(arrays[size_t(copy)].view.data);
+    return cublasGemmGroupedBatchedEx(handle, transa.data(), transb.data(), m_array.data(), n_array.data(),
+                                      k_array.data(), alpha.data(), pointers, CUDA_R_16BF, lda.data(),
+                                      pointers + groups, CUDA_R_16BF, ldb.data(), beta.data(),
+                                      const_cast<void* const*>(pointers + 2 * groups), CUDA_R_16BF, ldc.data(),
+                                      groups, group_size.data(), CUBLAS_COMPUTE_32F);
+  };
+  const Product gate_up{2 * I, H}, down{H, I};
+  const std::vector<OwnedTensor> gate_up_arrays = pointer_arrays(gate_up, sorted_x, grouped_h.view.data, true);
+  const std::vector<OwnedTensor> down_arrays = pointer_arrays(down, sorted_a, grouped_d.view.data, false);
+  for (const auto& [shape, arrays, name, bytes, flops] :
+       {std::tuple{gate_up, &gate_up_arrays, "  cuBLAS grouped GEMM, gate_up -> h", gate_up_bytes, gate_up_flops},
+        std::tuple{down, &down_arrays, "  cuBLAS grouped GEMM, down", down_bytes, down_flops}}) {
+    const cublasStatus_t status = run(shape, *arrays, 0);
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      std::printf("%s: cublasGemmGroupedBatchedEx status %d (skipped)\n", name, int(status));
+      continue;
+    }
+    constexpr int kCalls = 30;
+    cudaEvent_t begin, end;
+    BENCH_CUDA(cudaEventCreate(&begin));
+    BENCH_CUDA(cudaEventCreate(&end));
+    for (int i = 0; i < 3; ++i) run(shape, *arrays, i % int(arrays->size()));  // warm-up
+    BENCH_CUDA(cudaEventRecord(begin, stream));
+    for (int i = 0; i < kCalls; ++i) run(shape, *arrays, i % int(arrays->size()));
+    BENCH_CUDA(cudaEventRecord(end, stream));
+    BENCH_CUDA(cudaEventSynchronize(end));
+    float ms = 0.0f;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, begin, end));
+    BENCH_CUDA(cudaEventDestroy(begin));
+    BENCH_CUDA(cudaEventDestroy(end));
+    print_row(name, tokens, bytes, flops, double(ms) * 1e-3 / kCalls);
+  }
+  cublasDestroy(handle);
+}
 
 void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& layers, cudaStream_t stream, Rng& rng) {
   const int64_t H = m.hidden, I = m.inter, E = m.experts, K = m.top_k, pairs = tokens * K;
@@ -385,6 +490,9 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               time(dense_gate_up));
     print_row("  cuBLASLt dense, down FLOPs", tokens, p * I * 2 + double(H) * I * 2 + p * H * 2, down_flops,
               time(dense_down));
+    grouped_library_rows(m, tokens, pairs, block_m, ids.view, layers, sorted_x.view, sorted_a.view, stream,
+                         p * H * 2 + double(experts_touched) * 2.0 * I * H * 2 + p * 2 * I * 2, gate_up_flops,
+                         p * I * 2 + double(experts_touched) * H * I * 2 + p * H * 2, down_flops);
   }
   print_row("  combine", tokens, combine_bytes, 0, time([&](int) {
               cuda::moe_combine({.d = d, .topk_weights = d_weights, .out = out}, stream);
