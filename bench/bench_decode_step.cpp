@@ -367,6 +367,10 @@ int main(int argc, char** argv) {
     row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_linear_autotune(true);
+    cuda_backend.set_fuse_linear_lora(false);  // before/after of the fused linear + LoRA (shrink beside the product)
+    row("same, projections, split, bias and LoRA unfused", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_fuse_linear_lora(true);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
     // The yardstick's steady state: contexts spread ± 300 around --context, pages interleaved by admission

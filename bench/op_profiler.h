@@ -44,6 +44,12 @@ class OpProfiler final : public ops::Backend {
     // Split by output width, so the projections and the LM head read apart.
     timed("linear out=" + std::to_string(p.weight.dim(0)), [&] { inner_.linear(p); });
   }
+  void linear_lora(const ops::LinearLoraParams& p) override {
+    // The projection with its split and LoRA (the backend may fuse them): "linear+lora" when the batch has
+    // an adapter on it, "linear" (+ split) otherwise.
+    const char* kind = p.token_slot.defined() ? "linear+lora out=" : "linear out=";
+    timed(kind + std::to_string(p.linear.weight.dim(0)), [&] { inner_.linear_lora(p); });
+  }
   void add(const ops::AddParams& p) override { timed("add", [&] { inner_.add(p); }); }
   void silu_mul(const ops::SiluMulParams& p) override { timed("silu_mul", [&] { inner_.silu_mul(p); }); }
   void gather_rows(const ops::GatherRowsParams& p) override { timed("gather_rows", [&] { inner_.gather_rows(p); }); }

@@ -126,20 +126,15 @@ void Model::dump(const char* name, int layer, const Tensor& t) const {
   if (dump_) dump_(name, layer, t);
 }
 
-// out = x·Wᵀ + b, then the adapter's LoRA for the tokens that have one.
+// out = x·Wᵀ + b, then the adapter's LoRA for the tokens that have one (one backend call: cuda fuses them).
 void Model::linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, int layer, LoraTarget target,
                         const BatchView& batch, const LoraLookup& lora, const Tensor& out) {
-  backend_.linear({.x = x, .weight = weight, .bias = bias, .out = out});
-  add_lora(x, layer, target, batch, lora, out);
-}
-
-// out += the adapter's LoRA of x for the tokens that have one (nothing when the batch or layer has none).
-void Model::add_lora(const Tensor& x, int layer, LoraTarget target, const BatchView& batch, const LoraLookup& lora,
-                     const Tensor& out) {
-  if (!batch.any_lora) return;
-  ops::LoraStack stack = lora(layer, target);
-  if (!stack.defined()) return;
-  backend_.lora({.x = x, .token_slot = batch.token_slot.rows(0, x.dim(0)), .w = stack, .y = out});
+  ops::LinearLoraParams p{.linear = {.x = x, .weight = weight, .bias = bias, .out = out}};
+  if (batch.any_lora) {
+    p.lora[0] = lora(layer, target);
+    if (p.lora[0].defined()) p.token_slot = batch.token_slot.rows(0, x.dim(0));
+  }
+  backend_.linear_lora(p);
 }
 
 void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, const LoraLookup& lora, int T) {
@@ -153,16 +148,15 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
     linear_lora(normed, w.k, w.k_bias, layer, LoraTarget::kK, batch, lora, k);
     linear_lora(normed, w.v, w.v_bias, layer, LoraTarget::kV, batch, lora, v);
   } else {
-    Tensor qkv = qkv_.view.rows(0, T);
-    backend_.linear({.x = normed, .weight = qkv_weight_[size_t(layer)], .bias = qkv_bias_[size_t(layer)], .out = qkv});
-    backend_.split_columns({.x = qkv, .parts = {q, k, v}});
-    if (batch.any_lora) {  // q, k and v read the same x: one group (one launch pair on cuda)
-      const Tensor slots = batch.token_slot.rows(0, T);
-      const ops::LoraParams parts[3] = {{.x = normed, .token_slot = slots, .w = lora(layer, LoraTarget::kQ), .y = q},
-                                        {.x = normed, .token_slot = slots, .w = lora(layer, LoraTarget::kK), .y = k},
-                                        {.x = normed, .token_slot = slots, .w = lora(layer, LoraTarget::kV), .y = v}};
-      backend_.lora_group(parts);
+    // One product for q|k|v, split into q, k and v with their LoRA (one group: one launch pair on cuda).
+    ops::LinearLoraParams p{.linear = {.x = normed, .weight = qkv_weight_[size_t(layer)], .bias = qkv_bias_[size_t(layer)],
+                                       .out = qkv_.view.rows(0, T)},
+                            .parts = {q, k, v}};
+    if (batch.any_lora) {
+      p.lora = {lora(layer, LoraTarget::kQ), lora(layer, LoraTarget::kK), lora(layer, LoraTarget::kV)};
+      if (p.lora[0].defined() || p.lora[1].defined() || p.lora[2].defined()) p.token_slot = batch.token_slot.rows(0, T);
     }
+    backend_.linear_lora(p);
   }
   Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
   ops::RopeParams rope{.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,

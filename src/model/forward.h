@@ -67,8 +67,6 @@ class Model {
   void mlp_block(int layer, const BatchView& batch, const LoraLookup& lora, int T);
   void linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, int layer, ops::LoraTarget target,
                    const BatchView& batch, const LoraLookup& lora, const Tensor& out);
-  void add_lora(const Tensor& x, int layer, ops::LoraTarget target, const BatchView& batch, const LoraLookup& lora,
-                const Tensor& out);
   void dump(const char* name, int layer, const Tensor& t) const;
   void fuse_qkv(const ModelWeights& weights);
 

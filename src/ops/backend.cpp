@@ -23,6 +23,22 @@ OwnedTensor Backend::upload(const Tensor& host) {
   return o;
 }
 
+void Backend::linear_lora(const LinearLoraParams& p) {
+  require(check(p), "linear_lora");
+  linear(p.linear);
+  const bool split = p.parts[0].defined();
+  if (split) split_columns({.x = p.linear.out, .parts = p.parts});
+  if (!p.token_slot.defined()) return;
+  LoraParams parts[3];
+  size_t count = 0;
+  for (size_t i = 0; i < p.lora.size(); ++i) {
+    if (!p.lora[i].defined()) continue;
+    parts[count++] = {.x = p.linear.x, .token_slot = p.token_slot, .w = p.lora[i], .y = split ? p.parts[i] : p.linear.out};
+  }
+  if (count == 1) lora(parts[0]);
+  else if (count > 1) lora_group(std::span<const LoraParams>(parts, count));
+}
+
 void require(const Status& status, const char* op) {
   if (status.ok()) return;
   std::fprintf(stderr, "loramux: %s called against its contract: %s\n", op, status.message().c_str());

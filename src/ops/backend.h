@@ -71,6 +71,9 @@ class Backend {
   virtual void lora_group(std::span<const LoraParams> parts) {
     for (const LoraParams& p : parts) lora(p);
   }
+  // LinearLoraParams: the projection, its split and its LoRA. Default: linear, split_columns, then lora /
+  // lora_group over the outputs with a stack (when token_slot is defined).
+  virtual void linear_lora(const LinearLoraParams& p);
   virtual void sample(const SamplingParams& p) = 0;
 
   // Recorded op sequences (CUDA graphs): between begin_capture() and end_capture() the ops are recorded,

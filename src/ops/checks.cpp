@@ -399,6 +399,23 @@ Status check(const LoraParams& p) {
                             {"LoraParams.y", &p.y}});
 }
 
+Status check(const LinearLoraParams& p) {
+  LMX_RETURN_IF_ERROR(check(p.linear));
+  const bool split = p.parts[0].defined();
+  if (split) LMX_RETURN_IF_ERROR(check(SplitColumnsParams{.x = p.linear.out, .parts = p.parts}));
+  for (size_t i = 0; i < p.lora.size(); ++i) {
+    if (!p.lora[i].defined()) continue;
+    const std::string name = "LinearLoraParams.lora[" + std::to_string(i) + "]";
+    if (!split && i > 0) return invalid_argument(name + ": defined without parts (only lora[0] serves linear.out)");
+    if (split && !p.parts[i].defined()) return invalid_argument(name + ": defined for an undefined part");
+    if (!p.token_slot.defined()) continue;  // no LoRA in this batch
+    const Status status = check(LoraParams{.x = p.linear.x, .token_slot = p.token_slot, .w = p.lora[i],
+                                           .y = split ? p.parts[i] : p.linear.out});
+    if (!status.ok()) return invalid_argument(name + ": " + status.message());
+  }
+  return Status::Ok();
+}
+
 // ---- sampling.h -----------------------------------------------------------------------------------------
 
 Status check(const SamplingParams& p) {

@@ -2,10 +2,12 @@
 // the dense multi-LoRA op (y += (x·Aᵀ)·Bᵀ per token by adapter slot). The MoE LoRA travels inside
 // MoeParams (ops/moe.h). Scaling (alpha/r or alpha/sqrt(r)) is folded into B when an adapter is loaded.
 #pragma once
+#include <array>
 #include <string_view>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/basic.h"
 
 namespace lmx::ops {
 
@@ -30,5 +32,18 @@ struct LoraParams {
   Tensor y;           // [T, out] accumulated: y[t] += B[s]·(A[s]·x[t]) over the slot's true rank
 };
 Status check(const LoraParams& p);
+
+// A projection and its LoRA in one call (the model's every dense projection): out = x·Wᵀ + b, optionally
+// split into column parts (a fused q|k|v product; split_columns' contract), then each output's LoRA for the
+// tokens with an adapter (LoraParams' math on linear.x). A backend may fuse the steps (cuda at decode sizes:
+// the shrink beside the product, then one expand that also splits, adds the bias and the LoRA).
+// Default (ops::Backend::linear_lora): linear, split_columns, lora_group.
+struct LinearLoraParams {
+  LinearParams linear;              // the product into linear.out [T, N]; with parts, the split's source
+  std::array<Tensor, 3> parts;      // optional: [T, N_i] in order, sum N_i = N; parts[0] undefined = no split
+  Tensor token_slot;                // [T] i32; undefined = no LoRA in this batch (lora is then ignored)
+  std::array<LoraStack, 3> lora;    // per output: parts[i], or lora[0] for linear.out itself; undefined = none
+};
+Status check(const LinearLoraParams& p);
 
 }  // namespace lmx::ops

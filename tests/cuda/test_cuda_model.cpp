@@ -45,8 +45,16 @@ std::vector<std::string> fixture_cases() {
 // How the steps run: decode graphs (the default), op by op (--enforce-eager), and op by op without the
 // split-KV attention (the plain flash kernel): the same answers are due from all three, and when one
 // breaks, which one says where to look.
-enum class Mode { kGraphs, kEager, kEagerNoSplitKv };
-const char* mode_name(Mode m) { return m == Mode::kGraphs ? "graphs" : m == Mode::kEager ? "eager" : "eager_no_split_kv"; }
+// kEagerUnfused: eager, every projection as linear, split and LoRA launches (CudaBackend::set_fuse_linear_lora).
+enum class Mode { kGraphs, kEager, kEagerNoSplitKv, kEagerUnfused };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kGraphs: return "graphs";
+    case Mode::kEager: return "eager";
+    case Mode::kEagerNoSplitKv: return "eager_no_split_kv";
+    default: return "eager_unfused";
+  }
+}
 
 class CudaModel : public ::testing::TestWithParam<std::tuple<std::string, Mode>> {};
 
@@ -107,6 +115,7 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
   const std::vector<std::string> adapter_names = expected["adapters"].get<std::vector<std::string>>();
   cuda::CudaBackend backend;
   backend.set_attention_split_kv(mode != Mode::kEagerNoSplitKv);
+  backend.set_fuse_linear_lora(mode != Mode::kEagerUnfused);
   EngineConfig config;
   config.enforce_eager = mode != Mode::kGraphs;
   config.max_loras = std::max<int>(1, int(adapter_names.size()) - 1);  // one fewer slot than adapters: eviction
@@ -254,7 +263,7 @@ TEST(CudaGraphs, DecodeGraphsMatchEagerSteps) {
 
 INSTANTIATE_TEST_SUITE_P(CudaFixtures, CudaModel,
                          ::testing::Combine(::testing::ValuesIn(fixture_cases()),
-                                            ::testing::Values(Mode::kGraphs, Mode::kEager, Mode::kEagerNoSplitKv)),
+                                            ::testing::Values(Mode::kGraphs, Mode::kEager, Mode::kEagerNoSplitKv, Mode::kEagerUnfused)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& info) {
                            return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
                          });

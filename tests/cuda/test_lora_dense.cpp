@@ -3,11 +3,14 @@
 // (the kernels' rank cap 128) with ranks 8/72/128/97/64, tokens with slot -1, NaN in the padding ranks of A and B, `in`
 // with and without the 64-input EVEN_K fast path, GPT-OSS q_proj and o_proj shapes, several knob settings, repeated
 // calls on one scratch (its z must stay zero), a batch without adapters that must leave y bit-identical, and
-// groups of q / k / v parts (lora_dense_group) against one CPU call per part.
+// groups of q / k / v parts (lora_dense_group) against one CPU call per part; and the backend's fused
+// linear + LoRA (CudaBackend::linear_lora: the shrink on a side stream, one expand that splits and adds
+// the LoRA) against the CPU backend's composition, eager and in a graph.
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/lora_dense.cuh"
 #include "backends/cuda/moe_lora_small.cuh"
 #include "cuda_test_util.h"
@@ -218,6 +221,110 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
         expect_scratch_clean(scratch);
       }
     }
+    if (HasFatalFailure()) return;
+  }
+}
+
+// CudaBackend::linear_lora against CpuBackend::linear_lora (ops::Backend's composition: linear, split_columns,
+// lora per output) for a q|k|v-like split with a bias, one output with and without a bias (o_proj, dense MLP),
+// T 1 / 16 / 256 (fused) and 300 (the composition), a part without a stack (the composition), the fused form
+// switched off, outputs poisoned with NaN before each call (the fused expand writes every row, adapter or
+// not), tokens without adapter and a rank-0 slot, repeated calls (a z left dirty would show in the second) and
+// a CUDA graph (the side stream's fork and join captured) replayed twice.
+TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
+  struct LinearCase {
+    int64_t tokens, slots, capacity_rank, in;
+    std::vector<int64_t> outs;  // one entry: no split
+    bool bias;
+    int undefined_part;  // -1: every output has a stack
+  };
+  const std::vector<LinearCase> cases = {{16, 8, 32, 2880, {4096, 512, 512}, true, -1},  // GPT-OSS q|k|v
+                                         {1, 8, 32, 2880, {4096, 512, 512}, true, -1},
+                                         {16, 8, 32, 4096, {2880}, true, -1},             // GPT-OSS o_proj
+                                         {256, 4, 16, 264, {136, 64, 64}, true, -1},
+                                         {7, 3, 16, 264, {520}, false, -1},               // dense MLP
+                                         {16, 4, 32, 264, {256, 64, 64}, true, 1},        // k without LoRA
+                                         {300, 4, 16, 264, {256, 64, 64}, true, -1}};     // tiled: composition
+  cuda::CudaBackend backend;
+  for (const LinearCase& c : cases) {
+    const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
+    int64_t width = 0;
+    for (int64_t o : c.outs) width += o;
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " in " + std::to_string(c.in) + " parts " + std::to_string(parts) +
+                 " width " + std::to_string(width) + (c.bias ? " bias" : "") +
+                 (c.undefined_part >= 0 ? " part " + std::to_string(c.undefined_part) + " without LoRA" : ""));
+    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
+    OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
+    OwnedTensor weight = random_bf16(rng(), {width, c.in}, 0.05f);
+    OwnedTensor bias = random_bf16(rng(), {width});
+    std::vector<OwnedTensor> a, b, rank;
+    for (int64_t i = 0; i < parts; ++i) {
+      const int64_t out = c.outs[size_t(i)];
+      rank.push_back(OwnedTensor::host(DType::I32, {c.slots}));
+      for (int64_t s = 0; s < c.slots; ++s) rank.back().view.ptr<int32_t>()[s] = s == 1 ? 0 : 1 + int32_t(rng().next_u64() % uint64_t(R));
+      a.push_back(random_bf16(rng(), {c.slots, R, c.in}, 0.05f));
+      b.push_back(random_bf16(rng(), {c.slots, out, R}, 0.05f));
+    }
+    // The oracle: the CPU backend's composition on f32 activations.
+    OwnedTensor want_all = OwnedTensor::host(DType::F32, {c.tokens, width});
+    std::vector<OwnedTensor> want;
+    for (int64_t o : c.outs) want.push_back(OwnedTensor::host(DType::F32, {c.tokens, o}));
+    OwnedTensor wide_x = widen(x);
+    ops::LinearLoraParams host{.linear = {.x = wide_x, .weight = weight, .bias = c.bias ? bias.view : Tensor{},
+                                          .out = parts == 1 ? want[0].view : want_all.view},
+                               .token_slot = token_slot};
+    for (int64_t i = 0; i < parts; ++i) {
+      if (parts > 1) host.parts[size_t(i)] = want[size_t(i)];
+      if (i != c.undefined_part) host.lora[size_t(i)] = {.a = a[size_t(i)], .b = b[size_t(i)], .rank = rank[size_t(i)]};
+    }
+    cpu_.linear_lora(host);
+
+    OwnedTensor d_x = cuda::upload(x), d_weight = cuda::upload(weight), d_bias = cuda::upload(bias);
+    OwnedTensor d_slot = cuda::upload(token_slot), d_all = poisoned(DType::BF16, {c.tokens, width});
+    std::vector<OwnedTensor> d_a, d_b, d_rank, d_out;
+    for (int64_t i = 0; i < parts; ++i) {
+      d_a.push_back(cuda::upload(a[size_t(i)]));
+      d_b.push_back(cuda::upload(b[size_t(i)]));
+      d_rank.push_back(cuda::upload(rank[size_t(i)]));
+      d_out.push_back(poisoned(DType::BF16, {c.tokens, c.outs[size_t(i)]}));
+    }
+    ops::LinearLoraParams device{.linear = {.x = d_x, .weight = d_weight, .bias = c.bias ? d_bias.view : Tensor{},
+                                            .out = parts == 1 ? d_out[0].view : d_all.view},
+                                 .token_slot = d_slot};
+    for (int64_t i = 0; i < parts; ++i) {
+      if (parts > 1) device.parts[size_t(i)] = d_out[size_t(i)];
+      if (i != c.undefined_part) device.lora[size_t(i)] = {.a = d_a[size_t(i)], .b = d_b[size_t(i)], .rank = d_rank[size_t(i)]};
+    }
+    auto poison_outputs = [&] {
+      backend.synchronize();
+      for (int64_t i = 0; i < parts; ++i) cuda::fill_bytes(d_out[size_t(i)].view, 0xff);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    };
+    auto expect_outputs = [&](const std::string& how) {
+      backend.synchronize();
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess) << how;
+      for (int64_t i = 0; i < parts; ++i) {
+        EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolBf16Out)) << how << ": output " << i;
+      }
+    };
+    for (bool fuse : {true, false}) {
+      backend.set_fuse_linear_lora(fuse);
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        poison_outputs();
+        backend.linear_lora(device);
+        expect_outputs(std::string(fuse ? "fused" : "composed") + " call " + std::to_string(repeat));
+      }
+    }
+    backend.set_fuse_linear_lora(true);
+    backend.begin_capture();
+    backend.linear_lora(device);
+    const int graph = backend.end_capture();
+    for (int replay = 0; replay < 2; ++replay) {
+      poison_outputs();
+      backend.replay(graph);
+      expect_outputs("graph replay " + std::to_string(replay));
+    }
+    backend.release_graph(graph);
     if (HasFatalFailure()) return;
   }
 }

@@ -81,6 +81,88 @@ TEST(Lora, UndefinedStackLeavesYUnchanged) {
   EXPECT_TRUE(test::bitwise_equal(y, before));
 }
 
+// ops::Backend::linear_lora (the composition every backend may fuse) against the merged weights, in double:
+// out = x·(W + ΔW_part)ᵀ + b per token, split into q|k|v-like parts with a part without LoRA, and one output
+// without a split; the contract names a stack given for an output that is not there.
+TEST(LinearLora, MatchesMergedWeights) {
+  Rng rng(11);
+  const int tokens = 5, in = 12, capacity = 4, slots = 3;
+  const std::vector<int64_t> outs = {6, 3, 3};
+  const int width = 12;
+  OwnedTensor x = test::random_f32(rng, {tokens, in});
+  OwnedTensor weight = test::random_bf16(rng, {width, in});
+  OwnedTensor bias = test::random_bf16(rng, {width});
+  OwnedTensor token_slot = test::i32_tensor({0, -1, 2, 1, 2});
+  OwnedTensor rank = test::i32_tensor({4, 0, 2});
+  std::vector<OwnedTensor> a, b;
+  for (int64_t out : outs) {
+    a.push_back(test::random_f32(rng, {slots, capacity, in}));
+    b.push_back(test::random_f32(rng, {slots, out, capacity}));
+  }
+  for (bool split : {true, false}) {
+    SCOPED_TRACE(split ? "q|k|v split, k without LoRA" : "one output");
+    const int parts = split ? 3 : 1;
+    OwnedTensor all = OwnedTensor::host(DType::F32, {tokens, width});
+    std::vector<OwnedTensor> out;
+    for (int i = 0; i < parts; ++i) out.push_back(OwnedTensor::host(DType::F32, {tokens, split ? outs[size_t(i)] : width}));
+    ops::LinearLoraParams p{.linear = {.x = x, .weight = weight, .bias = bias, .out = split ? all.view : out[0].view},
+                            .token_slot = token_slot};
+    // Without a split the one output is `width` wide: its own [S, width, R] B.
+    OwnedTensor b_whole = test::random_f32(rng, {slots, width, capacity});
+    for (int i = 0; i < parts; ++i) {
+      if (split) p.parts[size_t(i)] = out[size_t(i)];
+      if (split && i == 1) continue;  // k: no adapter targets it
+      p.lora[size_t(i)] = {.a = a[size_t(i)], .b = split ? b[size_t(i)].view : b_whole.view, .rank = rank};
+    }
+    cpu::CpuBackend(2).linear_lora(p);
+    int64_t first = 0;
+    for (int i = 0; i < parts; ++i) {
+      const int64_t n = out[size_t(i)].view.dim(1);
+      std::vector<double> want(size_t(tokens * n));
+      for (int t = 0; t < tokens; ++t) {
+        const int s = token_slot.view.ptr<int32_t>()[t];
+        for (int64_t o = 0; o < n; ++o) {
+          double v = test::value_at(bias, first + o);
+          for (int k = 0; k < in; ++k) v += test::value_at(weight, (first + o) * in + k) * test::value_at(x, t * in + k);
+          if (s >= 0 && p.lora[size_t(i)].defined()) {
+            const Tensor& bt = p.lora[size_t(i)].b;
+            for (int r = 0; r < rank.view.ptr<int32_t>()[s]; ++r) {
+              double z = 0;
+              for (int k = 0; k < in; ++k) z += test::value_at(a[size_t(i)], (int64_t(s) * capacity + r) * in + k) * test::value_at(x, t * in + k);
+              v += test::value_at(bt, (int64_t(s) * n + o) * capacity + r) * z;
+            }
+          }
+          want[size_t(t * n + o)] = v;
+        }
+      }
+      EXPECT_TRUE(test::all_close(out[size_t(i)], want, test::kTolReduction)) << "output " << i;
+      first += n;
+    }
+  }
+}
+
+TEST(LinearLora, ContractNamesTheStackWithoutAnOutput) {
+  OwnedTensor x = OwnedTensor::host(DType::F32, {2, 4});
+  OwnedTensor weight = OwnedTensor::host(DType::BF16, {3, 4});
+  OwnedTensor out = OwnedTensor::host(DType::F32, {2, 3});
+  OwnedTensor a = OwnedTensor::host(DType::F32, {1, 2, 4});
+  OwnedTensor b = OwnedTensor::host(DType::F32, {1, 3, 2});
+  OwnedTensor rank = test::i32_tensor({2});
+  OwnedTensor token_slot = test::i32_tensor({0, -1});
+  ops::LinearLoraParams p{.linear = {.x = x, .weight = weight, .out = out}, .token_slot = token_slot};
+  p.lora[1] = {.a = a, .b = b, .rank = rank};
+  const Status status = ops::check(p);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("LinearLoraParams.lora[1]: defined without parts"), std::string::npos) << status.message();
+  p.lora[1] = {};
+  p.lora[0] = {.a = a, .b = OwnedTensor::host(DType::F32, {1, 5, 2}).view, .rank = rank};  // B for 5 outputs, out has 3
+  const Status wrong_width = ops::check(p);
+  ASSERT_FALSE(wrong_width.ok());
+  EXPECT_NE(wrong_width.message().find("LinearLoraParams.lora[0]"), std::string::npos) << wrong_width.message();
+  p.lora[0] = {.a = a, .b = b, .rank = rank};
+  EXPECT_TRUE(ops::check(p).ok()) << ops::check(p).message();
+}
+
 TEST(LoraDeathTest, BadSlotAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   OwnedTensor x = OwnedTensor::host(DType::F32, {2, 4});

@@ -52,6 +52,7 @@ class CudaBackend final : public ops::Backend {
   void moe(const ops::MoeParams& p) override;
   void lora(const ops::LoraParams& p) override;
   void lora_group(std::span<const ops::LoraParams> parts) override;
+  void linear_lora(const ops::LinearLoraParams& p) override;
   void sample(const ops::SamplingParams& p) override;
 
   bool supports_graphs() const override { return true; }
@@ -73,6 +74,12 @@ class CudaBackend final : public ops::Backend {
     fuse_rope_kv_write_ = on;
     ++memory_epoch_;
   }
+  // false: linear_lora always runs as linear, split, then the LoRA pair (bench before/after); true (default)
+  // fuses them at decode sizes (lora_dense.cuh). Bumps memory_epoch() so graphs are recorded again.
+  void set_fuse_linear_lora(bool on) {
+    fuse_linear_lora_ = on;
+    ++memory_epoch_;
+  }
   // LinearRunner::set_skinny_max_out (bench before/after); bumps memory_epoch() so graphs are recorded again.
   void set_skinny_max_out(int64_t out) {
     linear_.set_skinny_max_out(out);
@@ -87,6 +94,11 @@ class CudaBackend final : public ops::Backend {
 
  private:
   cudaStream_t stream_ = nullptr;
+  // linear_lora's fork: the LoRA shrink runs on side_stream_ beside the product (fork_ orders it after the
+  // stream's work, join_ the expand after it); captured into a graph as a parallel branch.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  bool fuse_linear_lora_ = true;
   ops::KernelConfigs kernel_configs_;
   LinearRunner linear_;
   std::unique_ptr<MoeBlockState> moe_;

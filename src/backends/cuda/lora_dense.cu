@@ -140,6 +140,35 @@ void tiled_part(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
   moe_lora_expand(params, stream);
 }
 
+// The direct path's params of a group's defined parts (lora_dense_group's checks, each violation named):
+// the number of targets, and the group's T in *tokens (-1 when no part is defined).
+int pack_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch, bool pdl, const char* op,
+               MoeLoraSmallParams (&direct)[kMoeLoraSmallMaxTargets], int64_t* tokens) {
+  if (parts.size() > size_t(kMoeLoraSmallMaxTargets)) {
+    detail::contract_failure(op, "x", parts[0].x,
+                             ("at most " + std::to_string(kMoeLoraSmallMaxTargets) + " parts in a group, found " +
+                              std::to_string(parts.size()))
+                                 .c_str());
+  }
+  int targets = 0;
+  *tokens = -1;
+  for (const ops::LoraParams& p : parts) {
+    if (!p.w.defined()) continue;
+    check_part(p, scratch, op);
+    if (*tokens < 0) *tokens = p.x.dim(0);
+    const ops::LoraParams& first = parts[0];
+    if (p.x.data != first.x.data || p.x.dim(0) != first.x.dim(0) || p.x.dim(1) != first.x.dim(1)) {
+      detail::contract_failure(op, "x", p.x, ("the group's x, " + first.x.shape_str() + " at the same address").c_str());
+    }
+    if (p.token_slot.data != first.token_slot.data) {
+      detail::contract_failure(op, "token_slot", p.token_slot, "the group's token_slot (the same tensor in every part)");
+    }
+    direct[targets] = direct_params(p, scratch, targets, pdl);
+    ++targets;
+  }
+  return targets;
+}
+
 }  // namespace
 
 void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const MoeLoraConfig& config,
@@ -160,29 +189,9 @@ void lora_dense(const ops::LoraParams& p, const LoraDenseScratch& scratch, const
 void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
                       const MoeLoraConfig& config, cudaStream_t stream, int path) {
   const char* op = "lora_dense_group";
-  if (parts.size() > size_t(kMoeLoraSmallMaxTargets)) {
-    detail::contract_failure(op, "x", parts[0].x,
-                             ("at most " + std::to_string(kMoeLoraSmallMaxTargets) + " parts in a group, found " +
-                              std::to_string(parts.size()))
-                                 .c_str());
-  }
   MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
-  int targets = 0;
   int64_t tokens = -1;
-  for (const ops::LoraParams& p : parts) {
-    if (!p.w.defined()) continue;
-    check_part(p, scratch, op);
-    if (tokens < 0) tokens = p.x.dim(0);
-    const ops::LoraParams& first = parts[0];
-    if (p.x.data != first.x.data || p.x.dim(0) != first.x.dim(0) || p.x.dim(1) != first.x.dim(1)) {
-      detail::contract_failure(op, "x", p.x, ("the group's x, " + first.x.shape_str() + " at the same address").c_str());
-    }
-    if (p.token_slot.data != first.token_slot.data) {
-      detail::contract_failure(op, "token_slot", p.token_slot, "the group's token_slot (the same tensor in every part)");
-    }
-    direct[targets] = direct_params(p, scratch, targets, config.pdl);
-    ++targets;
-  }
+  const int targets = pack_group(parts, scratch, config.pdl, op, direct, &tokens);
   if (targets == 0 || tokens == 0) return;
   if (path == 0 || (path < 0 && moe_lora_small_fits(tokens))) {
     moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
@@ -201,6 +210,50 @@ void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScr
     tiled_part(p, scratch, config, stream, aligned);
     aligned = true;
   }
+}
+
+// The fused linear + LoRA's halves (lora_dense.cuh). Every part must carry a stack: a part without one
+// would get no expand CTA to write it.
+namespace {
+int pack_fused(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch, bool pdl, const char* op,
+               MoeLoraSmallParams (&direct)[kMoeLoraSmallMaxTargets]) {
+  for (const ops::LoraParams& p : parts) {
+    if (!p.w.defined()) detail::contract_failure(op, "w.a", p.w.a, "defined in every part of the fused form");
+  }
+  int64_t tokens = -1;
+  const int targets = pack_group(parts, scratch, pdl, op, direct, &tokens);
+  if (tokens > kMoeLoraSmallMaxPairs) {
+    detail::contract_failure(op, "x", parts[0].x,
+                             ("T <= " + std::to_string(kMoeLoraSmallMaxPairs) + " (lora_dense_fused_fits)").c_str());
+  }
+  return targets;
+}
+}  // namespace
+
+void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
+                             cudaStream_t stream) {
+  MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
+  const int targets = pack_fused(parts, scratch, false, "lora_dense_fused_shrink", direct);
+  if (targets == 0 || parts[0].x.dim(0) == 0) return;
+  moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
+}
+
+void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out,
+                             const LoraDenseScratch& scratch, const MoeLoraConfig& config, cudaStream_t stream) {
+  const char* op = "lora_dense_fused_expand";
+  MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
+  const int targets = pack_fused(parts, scratch, config.pdl, op, direct);
+  if (targets == 0 || parts[0].x.dim(0) == 0) return;
+  int64_t column = 0;
+  for (int t = 0; t < targets; ++t) {
+    direct[t].base = out;
+    direct[t].base_column = column;
+    column += parts[size_t(t)].y.dim(1);
+  }
+  if (column != out.dim(1)) {
+    detail::contract_failure(op, "out", out, ("the parts' columns in order, " + std::to_string(column) + " in all").c_str());
+  }
+  moe_lora_small_expand(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
 }
 
 }  // namespace lmx::cuda

@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "backends/cuda/moe_lora.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
 #include "ops/lora.h"
 
 namespace lmx::cuda {
@@ -52,5 +53,20 @@ constexpr MoeLoraConfig kLoraDenseConfig{.expand_block_n = 64};
 // parts; each part as lora_dense's contract, and every part's x and token_slot the same tensor.
 void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
                       const MoeLoraConfig& config, cudaStream_t stream, int path = -1);
+
+// The fused linear + LoRA of a projection at decode sizes (ops::LinearLoraParams; CudaBackend::linear_lora),
+// in two halves around the product out = x·Wᵀ + b:
+//   lora_dense_fused_shrink: the group's shrink (z = A·x); it needs only x, so it may run on another stream
+//     beside the product (the caller orders it before the expand with an event);
+//   lora_dense_fused_expand: after the product, one expand that writes every row of every part:
+//     parts[i].y = out[:, columns of part i] + the LoRA delta (moe_lora_small.cuh's epilogue).
+// parts: lora_dense_group's contract, each w defined; their y widths in order cover out's columns (one part:
+// y may be out itself). T <= kMoeLoraSmallMaxPairs (lora_dense_fused_fits). Plain launches for the shrink
+// (no programmatic wait on another stream); the expand with config.pdl.
+inline bool lora_dense_fused_fits(int64_t tokens) { return moe_lora_small_fits(tokens); }
+void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
+                             cudaStream_t stream);
+void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out,
+                             const LoraDenseScratch& scratch, const MoeLoraConfig& config, cudaStream_t stream);
 
 }  // namespace lmx::cuda

@@ -402,14 +402,15 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
       // per pass of a 128-column item). Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1);
       // what they fetch past the slot's rank or past n is masked to zero afterwards.
       // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
-      // z by __ldcg (L2, never L1): the shrink's atomics wrote it in L2, and with wait_before_epilogue
-      // (decode) the shrink ran during this grid, so the read-only path's contract (no writes while the
-      // kernel runs) does not hold for it; moe_lora_small's expand reads z the same way.
+      // z by __ldca (a plain coherent load, cached in L1): with wait_before_epilogue (decode) the shrink
+      // writes z while this grid runs, which the read-only path's contract (__ldg: no writes during the
+      // kernel) excludes; every read of z follows the programmatic wait, which makes the shrink's atomics
+      // visible. __ldcg (L2 only) cost ~0.8 ms a decode step (perf-log run 76): z is re-read every pass.
       float2 z[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int k = k0 + 2 * t + 8 * (q / 2);
-        z[q] = __ldcg(reinterpret_cast<const float2*>(z_row[q % 2] + min(k, p.lora_r - 2)));
+        z[q] = __ldca(reinterpret_cast<const float2*>(z_row[q % 2] + min(k, p.lora_r - 2)));
       }
       // B registers of n-tile j: ranks k0 + 2t, + 1 and k0 + 2t + 8, + 9 of output column first_column + 8j + g.
       const int k_lo = k0 + 2 * t, k_hi = k_lo + 8;

@@ -82,6 +82,8 @@ struct SmallKernelParams {
   float* z;                   // [T*K, R] f32, zero between calls
   int32_t* z_readers;         // [T*K + 1] i32, zero between calls
   __nv_bfloat16* y;           // [T*K, out] bf16
+  const __nv_bfloat16* base;  // epilogue: [T*K, base_stride] bf16 at the part's first column, or null
+  int base_stride;            // base's row length N
   int top_k;                  // K
   int experts;                // E
   int in;
@@ -199,6 +201,19 @@ __device__ __forceinline__ int count_reader(int32_t* counter) {
   return earlier;
 }
 
+// The epilogue's value of y[pair, row] before the LoRA delta (SmallKernelParams::base).
+__device__ __forceinline__ float epilogue_value(const SmallKernelParams& p, int pair, int row) {
+  return __bfloat162float(p.base[int64_t(pair) * p.base_stride + row]);
+}
+
+// The epilogue of a pair without an adapter: y = base over the chunk's rows [first, first + count).
+// PRECOND: p.base is set; called after the programmatic wait.
+__device__ __forceinline__ void epilogue_copy(const SmallKernelParams& p, int pair, int first, int count) {
+  for (int r = int(threadIdx.x); r < count && first + r < p.out; r += int(blockDim.x)) {
+    p.y[int64_t(pair) * p.out + first + r] = __float2bfloat16_rn(epilogue_value(p, pair, first + r));
+  }
+}
+
 // One expand chunk: y[pair, rows of the chunk] += B[s,e][rows, :rank]·z[pair, :rank]. B and y are loaded
 // first, then wait_for_z() (the PDL wait, or the fused kernel's spin on the pair's shrink count), then z.
 // z_readers[pair] counts up from `readers_before`; the CTA whose count returns readers_before + chunks - 1
@@ -219,17 +234,25 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
                            q_read * kBf16PerVector;  // [out, R] of (slot, expert), at vector q_read
   __nv_bfloat16* y = p.y + int64_t(pair) * p.out;  // [out]
 
-  // Before the wait: B (weights) and y (complete before the shrink triggered us), all unconditional.
+  // Before the wait: B (weights) and y (complete before the shrink triggered us), all unconditional. In the
+  // epilogue (p.base) the old value is the product of the kernel just before: loaded after the wait.
   uint4 b_raw[kVectorsPerThread];
-  __nv_bfloat16 y_old[kVectorsPerThread];
+  float y_old[kVectorsPerThread];
 #pragma unroll
   for (int i = 0; i < kVectorsPerThread; ++i) {
     const int row = min(first_row + i * rows_per_pass, p.out - 1);
     b_raw[i] = load_vector(b + int64_t(row) * p.capacity_rank);
-    y_old[i] = y[row];
+    if (p.base == nullptr) y_old[i] = __bfloat162float(y[row]);
   }
 
   wait_for_z();
+  if (p.base != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int row = min(first_row + i * rows_per_pass, p.out - 1);
+      y_old[i] = epilogue_value(p, pair, row);
+    }
+  }
   float* z = p.z + int64_t(pair) * p.capacity_rank;  // [R]
   constexpr int kStagedRank = kLanesPerRow <= 8 ? 64 : 8 * kLanesPerRow;  // 64 as before R 128, else 128
   __shared__ float4 z_staged[kStagedRank / 4];
@@ -255,7 +278,7 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
 #pragma unroll
     for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
     const int row = first_row + i * rows_per_pass;
-    if (q == 0 && row < p.out) y[row] = __float2bfloat16_rn(__bfloat162float(y_old[i]) + partial);
+    if (q == 0 && row < p.out) y[row] = __float2bfloat16_rn(y_old[i] + partial);
   }
 }
 
@@ -305,6 +328,8 @@ __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __g
   if (adapter.rank == 0) {
     wait_for_previous_grid();  // every CTA waits, so this grid never completes before the shrink
     allow_next_grid();
+    const int rows_per_chunk = int(blockDim.x) / kLanesPerRow * kVectorsPerThread;
+    if (p.base != nullptr) epilogue_copy(p, pair, chunk * rows_per_chunk, rows_per_chunk);  // no adapter: the copy
     return;
   }
   expand_chunk<kLanesPerRow, kVectorsPerThread>(p, pair, chunk, adapter, 0, [] {
@@ -410,6 +435,14 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
   if (p.y.dtype != DType::BF16 || p.y.ndim != 2 || p.y.dim(0) != pairs || p.y.dim(1) != out) {
     detail::contract_failure(op, "y", p.y, "[T*K, out] BF16, out = w.b.dim(2)");
   }
+  if (p.base.defined()) {
+    if (p.base.device != Device::kCuda || p.base.dtype != DType::BF16 || p.base.ndim != 2 || p.base.dim(0) != pairs ||
+        p.base_column < 0 || p.base.dim(1) < p.base_column + out || p.base.dim(1) >= 0x7fffffff) {
+      detail::contract_failure(op, "base", p.base,
+                               ("[T*K, N] BF16 on cuda, N >= base_column + out = " + std::to_string(p.base_column + out))
+                                   .c_str());
+    }
+  }
   if (pairs * std::max<int64_t>(in / kBf16PerVector, out) >= 0x7fffffff || slots * experts >= 0x7fffffff) {
     detail::contract_failure(op, "topk_ids", p.topk_ids, "T*K small enough for a per-pair grid (moe_lora_small_fits)");
   }
@@ -422,6 +455,8 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
                            .z = static_cast<float*>(p.z.data),
                            .z_readers = static_cast<int32_t*>(p.z_readers.data),
                            .y = static_cast<__nv_bfloat16*>(p.y.data),
+                           .base = p.base.defined() ? static_cast<const __nv_bfloat16*>(p.base.data) + p.base_column : nullptr,
+                           .base_stride = p.base.defined() ? int(p.base.dim(1)) : 0,
                            .top_k = int(top_k),
                            .experts = int(experts),
                            .in = int(in),
@@ -639,6 +674,9 @@ void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
 }
 
 void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {
+  if (p.base.defined()) {
+    detail::contract_failure("moe_lora_small_fused", "base", p.base, "undefined (the epilogue is the expand's alone)");
+  }
   Group g = check_and_pack_group(std::span<const MoeLoraSmallParams>(&p, 1), "moe_lora_small_fused");
   if (g.targets == 0 || g.pairs == 0) return;
   SmallKernelParams& params = g.grid.target[0];

@@ -40,6 +40,13 @@ struct MoeLoraSmallParams {
   // the bench's sweep and the tests; the fused kernel ignores them.
   int shrink_vectors_per_lane = 0;    // 1, 2 or 4: 16-byte vectors of `in` per lane, 256·V inputs per CTA
   int expand_vectors_per_thread = 0;  // 4 or 8: B vectors each expand thread loads before the wait
+  // The epilogue of a product (lora_dense's fused linear + LoRA; expand only, not the fused kernel): with
+  // base defined the expand writes EVERY pair's y, adapter or not, as
+  //   y[pair] = base[pair, base_column + o] + the LoRA delta,   o < out,
+  // reading base after its programmatic wait (the product is the kernel just before). base may be y itself
+  // (base_column 0); undefined = the plain y += delta.
+  Tensor base{};             // [T*K, N] bf16, N >= base_column + out
+  int64_t base_column = 0;
 };
 
 // The largest batch this path is meant for, in pairs T·K (docs/kernels.md). Measured side by side on the
