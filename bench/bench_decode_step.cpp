@@ -368,7 +368,7 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_linear_autotune(true);
     cuda_backend.set_fuse_linear_lora(false);  // before/after of the fused linear + LoRA (shrink beside the product)
-    row("same, projections, split, bias and LoRA unfused", time_decode(**engine, o, vocab, rng, spread),
+    row("same, projections as product, bias, split, LoRA launches", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_fuse_linear_lora(true);
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),

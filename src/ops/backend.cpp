@@ -28,7 +28,11 @@ void Backend::linear_lora(const LinearLoraParams& p) {
   linear(p.linear);
   const bool split = p.parts[0].defined();
   if (split) split_columns({.x = p.linear.out, .parts = p.parts});
-  if (!p.token_slot.defined()) return;
+  if (p.token_slot.defined()) lora_outputs(p);
+}
+
+void Backend::lora_outputs(const LinearLoraParams& p) {
+  const bool split = p.parts[0].defined();
   LoraParams parts[3];
   size_t count = 0;
   for (size_t i = 0; i < p.lora.size(); ++i) {

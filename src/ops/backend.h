@@ -74,6 +74,9 @@ class Backend {
   // LinearLoraParams: the projection, its split and its LoRA. Default: linear, split_columns, then lora /
   // lora_group over the outputs with a stack (when token_slot is defined).
   virtual void linear_lora(const LinearLoraParams& p);
+  // linear_lora's last step: lora (one output with a stack) or lora_group (several) on linear.x.
+  // PRECOND: check(p) holds and p.token_slot is defined.
+  void lora_outputs(const LinearLoraParams& p);
   virtual void sample(const SamplingParams& p) = 0;
 
   // Recorded op sequences (CUDA graphs): between begin_capture() and end_capture() the ops are recorded,

@@ -6,6 +6,7 @@
 // groups of q / k / v parts (lora_dense_group) against one CPU call per part; and the backend's fused
 // linear + LoRA (CudaBackend::linear_lora: the shrink on a side stream, one expand that splits and adds
 // the LoRA) against the CPU backend's composition, eager and in a graph.
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -229,8 +230,9 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
 // lora per output) for a q|k|v-like split with a bias, one output with and without a bias (o_proj, dense MLP),
 // T 1 / 16 / 256 (fused) and 300 (the composition), a part without a stack (the composition), the fused form
 // switched off, outputs poisoned with NaN before each call (the fused expand writes every row, adapter or
-// not), tokens without adapter and a rank-0 slot, repeated calls (a z left dirty would show in the second) and
-// a CUDA graph (the side stream's fork and join captured) replayed twice.
+// not), tokens without adapter and a rank-0 slot (their rows bit for bit the composition's), repeated calls (a z
+// left dirty would show in the second), a scalar (unaligned-width) split with a bias, and a CUDA graph (the
+// side stream's fork and join captured) replayed twice.
 TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
   struct LinearCase {
     int64_t tokens, slots, capacity_rank, in;
@@ -244,7 +246,9 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
                                          {256, 4, 16, 264, {136, 64, 64}, true, -1},
                                          {7, 3, 16, 264, {520}, false, -1},               // dense MLP
                                          {16, 4, 32, 264, {256, 64, 64}, true, 1},        // k without LoRA
-                                         {300, 4, 16, 264, {256, 64, 64}, true, -1}};     // tiled: composition
+                                         {16, 4, 32, 264, {256, 64, 64}, true, -1},       // skinny keeps the bias
+                                         {300, 4, 16, 264, {256, 64, 64}, true, -1},      // tiled: split + bias
+                                         {300, 4, 16, 264, {130, 66, 68}, true, -1}};     // scalar split + bias
   cuda::CudaBackend backend;
   for (const LinearCase& c : cases) {
     const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
@@ -307,13 +311,32 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
         EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolBf16Out)) << how << ": output " << i;
       }
     };
-    for (bool fuse : {true, false}) {
+    std::vector<OwnedTensor> composed;  // the composition's outputs (fuse off), for the bitwise check below
+    for (bool fuse : {false, true}) {
       backend.set_fuse_linear_lora(fuse);
       for (int repeat = 0; repeat < 2; ++repeat) {
         poison_outputs();
         backend.linear_lora(device);
         expect_outputs(std::string(fuse ? "fused" : "composed") + " call " + std::to_string(repeat));
+        if (!fuse && repeat == 0) {
+          for (int64_t i = 0; i < parts; ++i) composed.push_back(cuda::download(d_out[size_t(i)]));
+        }
       }
+    }
+    // Rows without a LoRA term (slot -1, or slot 1 whose rank is 0) hold product + bias alone: the fused
+    // forms must give them bit for bit what the composition does (same bias rounding). Rows with an adapter
+    // may differ in the last bit (fp32 atomics into z in another order).
+    for (int64_t i = 0; i < parts; ++i) {
+      OwnedTensor got = cuda::download(d_out[size_t(i)]);
+      const int64_t width_i = c.outs[size_t(i)];
+      int64_t differing = 0;
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        const int32_t slot = token_slot.view.ptr<int32_t>()[t];
+        if (slot >= 0 && slot != 1 && i != c.undefined_part) continue;
+        differing += std::memcmp(got.view.ptr<bf16>() + t * width_i, composed[size_t(i)].view.ptr<bf16>() + t * width_i,
+                                 size_t(width_i) * sizeof(bf16)) != 0;
+      }
+      EXPECT_EQ(differing, 0) << "output " << i << ": rows without a LoRA term differ from the composition's";
     }
     backend.set_fuse_linear_lora(true);
     backend.begin_capture();

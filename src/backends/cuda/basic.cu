@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <string>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/launch.cuh"
@@ -43,6 +44,7 @@ __global__ static void copy_rows_kernel(const __grid_constant__ CopyRowsParams p
 
 struct SplitColumnsKernelParams {
   const void* x;            // [T, C] bf16
+  const void* bias;         // [C] bf16 added (and rounded) before the copy, or null
   void* parts[3];           // [T, C_i] bf16
   int64_t units[3];         // C_i in Units (16-byte vectors or bf16 scalars); 0 for unused parts
   int64_t units_per_row;    // C in Units
@@ -58,7 +60,16 @@ __global__ static void split_columns_kernel(const __grid_constant__ SplitColumns
   const int64_t row = blockIdx.x;
   int64_t column = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (column >= p.units_per_row) return;
-  const Unit value = static_cast<const Unit*>(p.x)[row * p.units_per_row + column];
+  Unit value = static_cast<const Unit*>(p.x)[row * p.units_per_row + column];
+  if (p.bias != nullptr) {  // the same fp32 add and rounding as linear's bias kernel
+    const Unit bias = static_cast<const Unit*>(p.bias)[column];
+    auto* v = reinterpret_cast<__nv_bfloat16*>(&value);
+    const auto* b = reinterpret_cast<const __nv_bfloat16*>(&bias);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(Unit) / sizeof(__nv_bfloat16)); ++i) {
+      v[i] = __float2bfloat16_rn(__bfloat162float(v[i]) + __bfloat162float(b[i]));
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 3; ++i) {
     if (column < p.units[i]) {
@@ -341,19 +352,23 @@ void gather_rows(const ops::GatherRowsParams& p, cudaStream_t stream) {
                    p.out.dim(1) * int64_t(sizeof(__nv_bfloat16)), stream);
 }
 
-void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream) {
+void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream, const Tensor& bias) {
   ops::require(ops::check(p), "cuda::split_columns");
   detail::require_cuda("split_columns", {{"x", &p.x}, {"parts[0]", &p.parts[0]}});
   detail::require_bf16_activation("split_columns", "x", p.x);
   const int64_t rows = p.x.dim(0), cols = p.x.dim(1);
+  if (bias.defined() && (bias.device != Device::kCuda || bias.dtype != DType::BF16 || bias.ndim != 1 || bias.dim(0) != cols)) {
+    detail::contract_failure("split_columns", "bias", bias, ("[C] BF16 on cuda, C = x.dim(1) = " + std::to_string(cols)).c_str());
+  }
   if (rows == 0 || cols == 0) return;
   LMX_CHECK(rows <= 0x7fffffff);
-  bool vector = detail::aligned16(p.x.data) && cols % kBf16PerVector == 0;
+  bool vector = detail::aligned16(p.x.data) && cols % kBf16PerVector == 0 && (!bias.defined() || detail::aligned16(bias.data));
   for (const Tensor& part : p.parts) {
     if (part.defined()) vector = vector && detail::aligned16(part.data) && part.dim(1) % kBf16PerVector == 0;
   }
   const int64_t per_unit = vector ? kBf16PerVector : 1;
-  SplitColumnsKernelParams params{.x = p.x.data, .parts = {}, .units = {}, .units_per_row = cols / per_unit};
+  SplitColumnsKernelParams params{.x = p.x.data, .bias = bias.defined() ? bias.data : nullptr, .parts = {}, .units = {},
+                                  .units_per_row = cols / per_unit};
   for (size_t i = 0; i < p.parts.size(); ++i) {
     if (!p.parts[i].defined()) continue;
     params.parts[i] = p.parts[i].data;

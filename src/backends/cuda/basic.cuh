@@ -14,7 +14,9 @@ void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream);
 void add(const ops::AddParams& p, cudaStream_t stream);
 void silu_mul(const ops::SiluMulParams& p, cudaStream_t stream);
 void gather_rows(const ops::GatherRowsParams& p, cudaStream_t stream);
-void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream);
+// With `bias` ([C] bf16): parts get x + bias rounded to bf16 per element, bit for bit a product's bias
+// kernel followed by the plain split (CudaBackend::linear_lora: one launch instead of two).
+void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream, const Tensor& bias = {});
 
 // Generated (dummy) weights in place, bit for bit generate_weights_bf16 of core/rng.h: `t` BF16 on cuda.
 void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev, cudaStream_t stream);

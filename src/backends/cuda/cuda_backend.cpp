@@ -258,16 +258,23 @@ void CudaBackend::lora_group(std::span<const ops::LoraParams> parts) {
   }
 }
 
-// The fused form at decode sizes (lora_dense.cuh), when every output has a stack and the batch an adapter:
-//   main stream:  [fork] -- product (+ bias) -- [wait join] -- expand: split + LoRA
-//   side stream:  [wait fork] -- shrink -- [join]
-// so the shrink's latency hides behind the product and the split kernel disappears: q|k|v takes 3 launches on
-// the critical path instead of 5, o_proj 3 instead of 4. Otherwise the default composition.
-// The bias stays with the product (LinearRunner's kernel after cuBLASLt, or the skinny kernel's own add):
-// adding it in the expand passed the op's parity test but broke the GPT-OSS fixture's attention-LoRA requests
-// (perf-log run 77), like cuBLASLt's BIAS epilogue did (runs 15 and 74); the cause is not found yet.
+// The projection, its split and its LoRA with fewer launches than the composition (ops/lora.h):
+//  - fused (decode sizes, every output with a stack, an adapter in the batch; lora_dense.cuh):
+//      main stream:  [fork] -- product -- [wait join] -- expand: bias + split + LoRA
+//      side stream:  [wait fork] -- shrink -- [join]
+//    the shrink's latency hides behind the product, and the bias and split kernels disappear: q|k|v takes 3
+//    launches on the critical path instead of 5, o_proj 3 instead of 4;
+//  - otherwise a split takes the bias with it (one kernel instead of two), then the LoRA launches.
+// A bias leaves the product only where the product would have added it in a kernel of its own (cuBLASLt);
+// the skinny kernel adds it inside its fp32 sum, so it keeps it. Either way the later kernel rounds it in
+// exactly like that bias kernel, so every output is bit for bit the composition's (perf-log run 77: a
+// single rounding instead flipped GPT-OSS fixture tokens at router near ties).
 void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
   ops::require(ops::check(p), "cuda::linear_lora");
+  if (!fuse_linear_lora_ || p.linear.out.dtype != DType::BF16) {
+    Backend::linear_lora(p);
+    return;
+  }
   const bool split = p.parts[0].defined();
   ops::LoraParams parts[3];
   size_t count = 0;
@@ -278,20 +285,25 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
     parts[count++] = {.x = p.linear.x, .token_slot = p.token_slot, .w = p.lora[i], .y = split ? p.parts[i] : p.linear.out};
   }
   const int64_t tokens = p.linear.x.dim(0);
-  if (!fuse_linear_lora_ || !every_output || count == 0 || tokens == 0 || !lora_dense_fused_fits(tokens) ||
-      p.linear.out.dtype != DType::BF16) {
-    Backend::linear_lora(p);
+  const bool fused = every_output && count > 0 && tokens > 0 && lora_dense_fused_fits(tokens);
+  const bool bias_later = p.linear.bias.defined() && (fused || split) && !linear_.takes_skinny(p.linear);
+  ops::LinearParams product = p.linear;
+  if (bias_later) product.bias = Tensor{};
+  if (fused) {
+    const std::span<const ops::LoraParams> group(parts, count);
+    const LoraDenseScratch& scratch = lora_scratch(parts[0]);  // may grow (a sync) before anything is enqueued
+    LMX_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+    LMX_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_, 0));
+    lora_dense_fused_shrink(group, scratch, side_stream_);
+    LMX_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
+    linear_.run(product, stream_);
+    LMX_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+    lora_dense_fused_expand(group, p.linear.out, bias_later ? p.linear.bias : Tensor{}, scratch, kLoraDenseConfig, stream_);
     return;
   }
-  const std::span<const ops::LoraParams> group(parts, count);
-  const LoraDenseScratch& scratch = lora_scratch(parts[0]);  // may grow (a sync) before anything is enqueued
-  LMX_CUDA_CHECK(cudaEventRecord(fork_, stream_));
-  LMX_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_, 0));
-  lora_dense_fused_shrink(group, scratch, side_stream_);
-  LMX_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
-  linear_.run(p.linear, stream_);  // with its bias: see the note above
-  LMX_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-  lora_dense_fused_expand(group, p.linear.out, scratch, kLoraDenseConfig, stream_);
+  linear_.run(product, stream_);
+  if (split) cuda::split_columns({.x = p.linear.out, .parts = p.parts}, stream_, bias_later ? p.linear.bias : Tensor{});
+  if (p.token_slot.defined()) lora_outputs(p);
 }
 
 // The dense-LoRA scratch, grown (outside any capture: the engine's first step of a shape is eager) when a

@@ -295,6 +295,17 @@ LinearRunner::~LinearRunner() {
   if (state_->handle) cublasLtDestroy(state_->handle);
 }
 
+// kAuto: cuBLASLt reads wide weights faster than the skinny kernel (docs/perf-log.md runs 9 and 24), but
+// narrow products (the router's 32 columns) cost it ~12 µs each (run 14's profile), far above their bytes:
+// those take the skinny kernel.
+bool LinearRunner::takes_skinny(const ops::LinearParams& p) const {
+  const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
+  const bool skinny_fits = tokens <= kSkinnyMaxRows && in % 8 == 0;
+  const bool narrow = out <= skinny_max_out_;
+  const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
+  return skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data);
+}
+
 void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   ops::require(ops::check(p), "cuda::linear");
   detail::require_cuda("linear", {{"x", &p.x}, {"weight", &p.weight}, {"out", &p.out}});
@@ -308,16 +319,10 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   }
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
   if (tokens == 0 || out == 0) return;
-  const bool skinny_fits = tokens <= kSkinnyMaxRows && in % 8 == 0;
-  if (path_ == LinearPath::kSkinny && !skinny_fits) {
+  if (path_ == LinearPath::kSkinny && !(tokens <= kSkinnyMaxRows && in % 8 == 0)) {
     detail::contract_failure("linear", "x", p.x, "T <= 16 and in % 8 == 0 for the forced skinny path");
   }
-  // kAuto: cuBLASLt reads wide weights faster than the skinny kernel (docs/perf-log.md runs 9 and 24), but
-  // narrow products (the router's 32 columns) cost it ~12 µs each (run 14's profile), far above their bytes:
-  // those take the skinny kernel.
-  const bool narrow = out <= skinny_max_out_;
-  const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
-  if (skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data)) {
+  if (takes_skinny(p)) {
     LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
     const SkinnyKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
                                     .w = static_cast<const __nv_bfloat16*>(p.weight.data),

@@ -42,6 +42,10 @@ class LinearRunner {
   // default); off keeps the heuristic's first choice (the bench's before row). Forgets the algorithms chosen
   // so far, so every shape chooses again on its next call.
   void set_autotune(bool on);
+  // Whether run(p) takes the skinny kernel, which adds the bias inside its fp32 sum (one rounding). Otherwise
+  // the bias is a separate kernel after cuBLASLt, out = bf16(bf16(x·Wᵀ) + b), which a caller may fuse into its
+  // next kernel with the same two roundings (CudaBackend::linear_lora).
+  bool takes_skinny(const ops::LinearParams& p) const;
 
  private:
   LinearPath path_ = LinearPath::kAuto;

@@ -238,7 +238,7 @@ void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraD
   moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
 }
 
-void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out,
+void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out, const Tensor& bias,
                              const LoraDenseScratch& scratch, const MoeLoraConfig& config, cudaStream_t stream) {
   const char* op = "lora_dense_fused_expand";
   MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
@@ -248,6 +248,7 @@ void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tenso
   for (int t = 0; t < targets; ++t) {
     direct[t].base = out;
     direct[t].base_column = column;
+    direct[t].bias = bias;
     column += parts[size_t(t)].y.dim(1);
   }
   if (column != out.dim(1)) {

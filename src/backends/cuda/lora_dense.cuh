@@ -55,18 +55,19 @@ void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScr
                       const MoeLoraConfig& config, cudaStream_t stream, int path = -1);
 
 // The fused linear + LoRA of a projection at decode sizes (ops::LinearLoraParams; CudaBackend::linear_lora),
-// in two halves around the product out = x·Wᵀ + b:
+// in two halves around the product out = x·Wᵀ (+ b, or the bias left to the expand):
 //   lora_dense_fused_shrink: the group's shrink (z = A·x); it needs only x, so it may run on another stream
 //     beside the product (the caller orders it before the expand with an event);
 //   lora_dense_fused_expand: after the product, one expand that writes every row of every part:
-//     parts[i].y = out[:, columns of part i] + the LoRA delta (moe_lora_small.cuh's epilogue).
+//     parts[i].y = out[:, columns of part i] (+ bias[same], rounded in on its own) + the LoRA delta
+//     (moe_lora_small.cuh's epilogue; bias [N] or undefined).
 // parts: lora_dense_group's contract, each w defined; their y widths in order cover out's columns (one part:
 // y may be out itself). T <= kMoeLoraSmallMaxPairs (lora_dense_fused_fits). Plain launches for the shrink
 // (no programmatic wait on another stream); the expand with config.pdl.
 inline bool lora_dense_fused_fits(int64_t tokens) { return moe_lora_small_fits(tokens); }
 void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
                              cudaStream_t stream);
-void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out,
+void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out, const Tensor& bias,
                              const LoraDenseScratch& scratch, const MoeLoraConfig& config, cudaStream_t stream);
 
 }  // namespace lmx::cuda

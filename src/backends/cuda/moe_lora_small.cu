@@ -83,6 +83,7 @@ struct SmallKernelParams {
   int32_t* z_readers;         // [T*K + 1] i32, zero between calls
   __nv_bfloat16* y;           // [T*K, out] bf16
   const __nv_bfloat16* base;  // epilogue: [T*K, base_stride] bf16 at the part's first column, or null
+  const __nv_bfloat16* bias;  // epilogue: [out] bf16 at the part's first column, or null
   int base_stride;            // base's row length N
   int top_k;                  // K
   int experts;                // E
@@ -201,12 +202,15 @@ __device__ __forceinline__ int count_reader(int32_t* counter) {
   return earlier;
 }
 
-// The epilogue's value of y[pair, row] before the LoRA delta (SmallKernelParams::base).
+// The epilogue's value of y[pair, row] before the LoRA delta: base, with the bias rounded in on its own
+// (SmallKernelParams::base; MoeLoraSmallParams::bias says why).
 __device__ __forceinline__ float epilogue_value(const SmallKernelParams& p, int pair, int row) {
-  return __bfloat162float(p.base[int64_t(pair) * p.base_stride + row]);
+  const float value = __bfloat162float(p.base[int64_t(pair) * p.base_stride + row]);
+  if (p.bias == nullptr) return value;
+  return __bfloat162float(__float2bfloat16_rn(value + __bfloat162float(p.bias[row])));
 }
 
-// The epilogue of a pair without an adapter: y = base over the chunk's rows [first, first + count).
+// The epilogue of a pair without an adapter: y = base (+ bias) over the chunk's rows [first, first + count).
 // PRECOND: p.base is set; called after the programmatic wait.
 __device__ __forceinline__ void epilogue_copy(const SmallKernelParams& p, int pair, int first, int count) {
   for (int r = int(threadIdx.x); r < count && first + r < p.out; r += int(blockDim.x)) {
@@ -442,6 +446,13 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
                                ("[T*K, N] BF16 on cuda, N >= base_column + out = " + std::to_string(p.base_column + out))
                                    .c_str());
     }
+    if (p.bias.defined() && (p.bias.device != Device::kCuda || p.bias.dtype != DType::BF16 || p.bias.ndim != 1 ||
+                             p.bias.dim(0) != p.base.dim(1))) {
+      detail::contract_failure(op, "bias", p.bias,
+                               ("[N] BF16 on cuda, N = base.dim(1) = " + std::to_string(p.base.dim(1))).c_str());
+    }
+  } else if (p.bias.defined()) {
+    detail::contract_failure(op, "bias", p.bias, "undefined without base (the bias belongs to the epilogue)");
   }
   if (pairs * std::max<int64_t>(in / kBf16PerVector, out) >= 0x7fffffff || slots * experts >= 0x7fffffff) {
     detail::contract_failure(op, "topk_ids", p.topk_ids, "T*K small enough for a per-pair grid (moe_lora_small_fits)");
@@ -456,6 +467,7 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
                            .z_readers = static_cast<int32_t*>(p.z_readers.data),
                            .y = static_cast<__nv_bfloat16*>(p.y.data),
                            .base = p.base.defined() ? static_cast<const __nv_bfloat16*>(p.base.data) + p.base_column : nullptr,
+                           .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) + p.base_column : nullptr,
                            .base_stride = p.base.defined() ? int(p.base.dim(1)) : 0,
                            .top_k = int(top_k),
                            .experts = int(experts),

@@ -42,11 +42,14 @@ struct MoeLoraSmallParams {
   int expand_vectors_per_thread = 0;  // 4 or 8: B vectors each expand thread loads before the wait
   // The epilogue of a product (lora_dense's fused linear + LoRA; expand only, not the fused kernel): with
   // base defined the expand writes EVERY pair's y, adapter or not, as
-  //   y[pair] = base[pair, base_column + o] + the LoRA delta,   o < out,
-  // reading base after its programmatic wait (the product is the kernel just before). base may be y itself
-  // (base_column 0); undefined = the plain y += delta.
+  //   y[pair] = bf16(bf16(base[pair, base_column + o] + bias[base_column + o]) + the LoRA delta),  o < out,
+  // reading base after its programmatic wait (the product is the kernel just before). The bias is rounded
+  // in on its own, as the product's separate bias kernel does, so the result is bit for bit that of product
+  // + bias, split, then y += delta (a single rounding flipped GPT-OSS fixture tokens at router near ties,
+  // perf-log run 77). base may be y itself (base_column 0); undefined = the plain y += delta.
   Tensor base{};             // [T*K, N] bf16, N >= base_column + out
   int64_t base_column = 0;
+  Tensor bias{};             // [N] bf16, optional (with base only)
 };
 
 // The largest batch this path is meant for, in pairs T·K (docs/kernels.md). Measured side by side on the
