@@ -252,7 +252,11 @@ void bench_linear(cudaStream_t stream, Rng& rng) {
   const Shape shapes[] = {{"qkv", kHidden, (kQHeads + 2 * kKvHeads) * kHeadDim, DType::BF16},
                           {"o_proj", kQHeads * kHeadDim, kHidden, DType::BF16},
                           {"router", kHidden, 32, DType::F32},
-                          {"lm_head", kHidden, kVocab, DType::F32}};
+                          {"lm_head", kHidden, kVocab, DType::F32},
+                          // GPT-OSS served with its tokenizer: 200019 logits a row, and the nearest
+                          // multiple of 128 below it
+                          {"lm_head", kHidden, 200019, DType::F32},
+                          {"lm_head", kHidden, 199936, DType::F32}};
   cuda::LinearRunner runner, untuned;  // untuned: cuBLASLt's heuristic choice (LinearRunner::set_autotune)
   untuned.set_autotune(false);
   untuned.set_path(cuda::LinearPath::kCublasLt);
@@ -267,12 +271,17 @@ void bench_linear(cudaStream_t stream, Rng& rng) {
       Buffer x = cuda::allocate(size_t(T * shape.in) * 2), out = cuda::allocate(size_t(T * shape.out) * out_elem);
       fill_random_bf16(x, rng);
       const double bytes = weight_bytes + double(T * shape.in) * 2 + double(T * shape.out) * double(out_elem);
-      for (int variant = 0; variant < 3; ++variant) {  // skinny, cuBLASLt (autotuned at T <= 16), its heuristic's choice
+      const bool ragged = shape.out % 128 != 0;
+      // skinny, cuBLASLt (autotuned at T <= 16; a ragged width as two products), its heuristic's choice, and
+      // for a ragged width one cuBLASLt product (the before of perf-log run 81)
+      for (int variant = 0; variant < 4; ++variant) {
         const cuda::LinearPath path = variant == 0 ? cuda::LinearPath::kSkinny : cuda::LinearPath::kCublasLt;
         if (path == cuda::LinearPath::kSkinny && T > 16) continue;  // the skinny kernel's limit
         if (variant == 2 && T > 16) continue;                         // the same as variant 1 there
+        if (variant == 3 && !ragged) continue;
         cuda::LinearRunner& use = variant == 2 ? untuned : runner;
         use.set_path(path);
+        use.set_split_ragged_rows(variant != 3);
         auto launch = [&](int i) {
           use.run({.x = Tensor(x.data(), DType::BF16, {T, shape.in}, Device::kCuda),
                    .weight = Tensor(weights.slot(i), DType::BF16, {shape.out, shape.in}, Device::kCuda),
@@ -282,7 +291,10 @@ void bench_linear(cudaStream_t stream, Rng& rng) {
         launch(0);  // the heuristic query and the autotune (host) before capture
         BENCH_CUDA(cudaStreamSynchronize(stream));
         const double s = time_per_launch(stream, launches_for(sets), launch);
-        print_row({.op = std::string(variant == 0 ? "skinny " : variant == 1 ? "cublasLt " : "cublasLt heuristic ") + shape.name,
+        print_row({.op = std::string(variant == 0   ? "skinny "
+                                     : variant == 1 ? "cublasLt "
+                                     : variant == 2 ? "cublasLt heuristic "
+                                                    : "cublasLt one product ") + shape.name,
                    .shape = dims({T, shape.in}) + " x " + dims({shape.out, shape.in}), .tokens = T, .bytes = bytes,
                    .seconds = s});
       }
@@ -293,8 +305,10 @@ void bench_linear(cudaStream_t stream, Rng& rng) {
 }  // namespace
 }  // namespace lmx
 
-int main() {
+// Usage: bench_cuda_ops [linear] — "linear": only the projection rows.
+int main(int argc, char** argv) {
   using namespace lmx;
+  const bool linear_only = argc > 1 && std::string(argv[1]) == "linear";
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("bench_cuda_ops: %s, %d SMs, L2 %d MB, %.0f GB; ceiling for %% = %.1f TB/s\n", prop.name,
@@ -308,8 +322,10 @@ int main() {
 
   std::printf("%-12s %5s  %-30s %12s  %9s  %9s  %8s  %7s\n", "op", "T", "shape", "bytes", "floor_us", "time_us",
               "GB/s", "%4.2TB/s");
-  bench_copy(stream);
-  for (int64_t T : {16, 256, 2048}) bench_tokens(T, stream, rng, table);
+  if (!linear_only) {
+    bench_copy(stream);
+    for (int64_t T : {16, 256, 2048}) bench_tokens(T, stream, rng, table);
+  }
   bench_linear(stream, rng);
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;

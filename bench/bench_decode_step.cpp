@@ -9,10 +9,14 @@
 //   bench_decode_step [--model preset:gpt-oss-20b] [--adapters 8] [--rank 32] [--batch 16] [--context 2000]
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
+//                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
-// tokens the batch sampled.
+// tokens the batch sampled. --steady-steps N (0: off): the steady-state row, the serve run's request
+// lifecycle without HTTP (requests of --prefill + --steady-output tokens replaced as they finish), timed
+// over N full-batch decode steps. --vocab N sizes a preset's vocabulary as loramux serve does from its
+// tokenizer (GPT-OSS: 200019); --weight-seed as serve's (0 there).
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 #include <algorithm>
 #include <chrono>
@@ -46,6 +50,10 @@ struct Options {
   std::string model = "preset:gpt-oss-20b";
   int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600, profile = 0;
   int max_batched_tokens = 0;         // 0: max(prefill, 4096)
+  int vocab = 0;                      // 0: the preset's; else as loramux serve sizes a preset from its tokenizer
+  uint64_t weight_seed = 1;           // loramux serve's --weight-seed is 0
+  int steady_steps = 240;             // full-batch decode steps the steady-state row times (0: no such row)
+  int steady_output = 600;            // output tokens of each request in the steady-state row
   int decode_warmup = 3;              // full-batch decode steps before the timed ones (the serve run's steps
                                       // sit hundreds of tokens into each generation)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
@@ -69,6 +77,10 @@ Options parse(int argc, char** argv) {
     else if (key == "--max-num-batched-tokens") o.max_batched_tokens = std::atoi(value.c_str());
     else if (key == "--gpu-memory-utilization") o.gpu_memory_utilization = std::atof(value.c_str());
     else if (key == "--kernel-configs") o.kernel_configs = value;
+    else if (key == "--vocab") o.vocab = std::max(0, std::atoi(value.c_str()));
+    else if (key == "--weight-seed") o.weight_seed = std::strtoull(value.c_str(), nullptr, 10);
+    else if (key == "--steady-steps") o.steady_steps = std::max(0, std::atoi(value.c_str()));
+    else if (key == "--steady-output") o.steady_output = std::max(2, std::atoi(value.c_str()));
     else if (key == "--decode-warmup") o.decode_warmup = std::max(1, std::atoi(value.c_str()));
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
@@ -214,6 +226,58 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   return seconds[seconds.size() / 2];
 }
 
+// The serve run without its HTTP side: `batch` requests in flight, each a fresh `prefill`-token prompt with
+// `steady_output` tokens (ignore_eos), adapters round-robin; a finished request is replaced at once, so its
+// successor's prompt is prefilled in a mixed step beside the others' decodes. The first requests' output
+// lengths are staggered so that they finish one by one, as in the yardstick's steady state. Runs until
+// `steady_steps` decode steps of the full batch have been seen and prints their device and wall medians
+// (the figures the serve run's /metrics reports) and the mixed steps'; returns the decode steps' wall median.
+double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
+                   const std::function<std::string(int)>& adapter_of) {
+  std::set<uint64_t> in_flight;
+  int admitted = 0;
+  auto admit_one = [&](int max_tokens) {
+    in_flight.insert(admit(engine, rng, vocab, adapter_of(admitted++), o.prefill, max_tokens));
+  };
+  for (int i = 0; i < o.batch; ++i) admit_one(std::max(2, o.steady_output * (i + 1) / o.batch));
+  std::vector<double> decode_wall, decode_device, mixed_device;
+  int steps = 0;
+  while (int(decode_device.size()) < o.steady_steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const engine::Engine::StepReport report = engine.step();
+    const double wall = seconds_since(t0);
+    if (++steps > 100 * (o.steady_steps + o.batch)) {
+      std::fprintf(stderr, "bench_decode_step: the steady-state row saw only %zu full decode steps in %d steps\n",
+                   decode_device.size(), steps);
+      std::exit(1);
+    }
+    const bool decode_only = report.num_tokens == int(report.outputs.size());
+    if (decode_only && report.num_tokens == o.batch) {
+      decode_wall.push_back(wall);
+      decode_device.push_back(report.device_seconds);
+    } else if (!decode_only && engine.scheduler().num_waiting() == 0 && admitted > o.batch) {
+      mixed_device.push_back(report.device_seconds);  // a successor's prompt beside the others' decodes
+    }
+    for (const engine::StepOutput& out : report.outputs) {
+      if (!out.finished) continue;
+      in_flight.erase(out.id);
+      admit_one(o.steady_output);
+    }
+  }
+  for (uint64_t id : in_flight) engine.abort(id);
+  while (engine.has_work()) engine.step();
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("  (%zu full decode steps: device median %.3f ms; %zu mixed steps (a new prompt beside %d decoding): "
+              "device median %.3f ms; %d requests admitted)\n",
+              decode_device.size(), median(decode_device) * 1e3, mixed_device.size(), o.batch - 1,
+              median(mixed_device) * 1e3, admitted);
+  return median(decode_wall);
+}
+
 // Median wall seconds of the prefill of one `o.prefill`-token prompt (nothing else running) for `adapter`
 // ("": the base model).
 double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rng, bench::OpProfiler* profiler = nullptr,
@@ -291,23 +355,25 @@ int main(int argc, char** argv) {
   cuda::CudaBackend cuda_backend(kernel_configs);
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
   const auto t_load = std::chrono::steady_clock::now();
-  Result<model::ModelWeights> weights = engine::load_base_model(o.model, 1, 0, &backend);
+  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend);
   if (!weights.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", weights.status().message().c_str());
     return 1;
   }
   backend.synchronize();
   const model::ModelConfig& c = weights->config;
-  std::printf("bench_decode_step: %s, weights generated on the GPU in %.1f s; B %d, context %d, %d adapters of rank %d\n",
-              o.model.c_str(), seconds_since(t_load), o.batch, o.context, o.adapters, o.rank);
+  std::printf("bench_decode_step: %s (vocab %d, weight seed %llu), weights generated on the GPU in %.1f s; B %d, "
+              "context %d, %d adapters of rank %d\n",
+              o.model.c_str(), c.vocab_size, (unsigned long long)o.weight_seed, seconds_since(t_load), o.batch,
+              o.context, o.adapters, o.rank);
 
   engine::EngineConfig config;
   config.scheduler.max_num_seqs = o.batch;
   config.scheduler.max_num_batched_tokens = o.max_batched_tokens > 0 ? o.max_batched_tokens : std::max(o.prefill, 4096);
   config.gpu_memory_utilization = o.gpu_memory_utilization;  // the serve run's KV pool (the 0.7 ms question)
   // room for the staggered row: contexts up to --context + 300, 8 decode steps per later admission
-  config.scheduler.max_model_len =
-      std::max(o.context + 300 + o.decode_warmup + o.steps + 8 * o.batch + 128, o.prefill + 16);
+  config.scheduler.max_model_len = std::max({o.context + 300 + o.decode_warmup + o.steps + 8 * o.batch + 128,
+                                             o.prefill + 16, o.steady_steps > 0 ? o.prefill + o.steady_output + 16 : 0});
   config.max_loras = std::max(1, o.adapters);
   config.max_lora_rank = o.rank;
   config.scheduler.enable_prefix_caching = false;  // every step must do its full work
@@ -367,6 +433,12 @@ int main(int argc, char** argv) {
     row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_linear_autotune(true);
+    if (c.vocab_size % 128 != 0) {  // an LM head of a ragged width (loramux serve's GPT-OSS: 200019 logits)
+      cuda_backend.set_split_ragged_rows(false);  // before/after of the LM head as two products (perf-log run 81)
+      row("same, LM head as one cuBLASLt product (ragged width)", time_decode(**engine, o, vocab, rng, spread),
+          with_lora.total() / kBytesPerSecond);
+      cuda_backend.set_split_ragged_rows(true);
+    }
     cuda_backend.set_fuse_linear_lora(false);  // before/after of the fused linear + LoRA (shrink beside the product)
     row("same, projections as product, bias, split, LoRA launches", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
@@ -377,6 +449,14 @@ int main(int argc, char** argv) {
     // one at a time (the serve run's decode steps sit ~0.7 ms above the first row; perf-log run 35).
     row("decode step, adapters spread, contexts staggered",
         time_decode(**engine, o, vocab, rng, spread, nullptr, true), with_lora.total() / kBytesPerSecond);
+    // The serve run's lifecycle (requests finishing and replaced, their prompts in mixed steps) without its
+    // HTTP side: whether the ~0.6 ms its decode steps spend above the first row comes from the lifecycle.
+    if (o.steady_steps > 0 && o.prefill > 0) {
+      char steady_what[96];
+      std::snprintf(steady_what, sizeof steady_what, "decode step, steady state (%d+%d-token requests)", o.prefill,
+                    o.steady_output);
+      row(steady_what, time_steady(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
+    }
     // The serve run with prefix caching keeps every finished prompt's pages cached, so new sequences take
     // pages ever further into the pool (ids up to ~6700 after the yardstick's 48 requests); here 6000 low
     // pages are held first: the same batch, its KV ~100 MB further into each layer's cache.

@@ -78,13 +78,14 @@ std::string knob_suffix(const cuda::MoeLoraConfig& c) {
 }
 
 void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedTensor& rank, cudaStream_t stream,
-                  Rng& rng) {
+                  Rng& rng, int64_t used_slots) {
   const int64_t pairs = tokens * kTopK, groups = kSlots * kExperts;
-  // Routing: distinct experts per token; tokens spread evenly over the 8 adapters.
+  // Routing: distinct experts per token; tokens spread evenly over `used_slots` of the 8 adapters (1: one
+  // prompt's prefill).
   std::vector<int32_t> ids(static_cast<size_t>(pairs)), slot(static_cast<size_t>(tokens));
   std::set<int64_t> touched;  // distinct (slot, expert)
   for (int64_t t = 0; t < tokens; ++t) {
-    slot[t] = int32_t(t % kSlots);
+    slot[t] = int32_t(t % used_slots);
     std::vector<int32_t> all(kExperts);
     for (int32_t e = 0; e < kExperts; ++e) all[e] = e;
     for (int64_t k = 0; k < kTopK; ++k) {
@@ -150,9 +151,9 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   const double total_flops = shrink_gu_flops + expand_gu_flops + shrink_down_flops + expand_down_flops;
   const int auto_split = cuda::moe_lora_auto_split(pairs, groups, kHidden);
   const int64_t max_tiles = capacity / cuda::kMoeLoraBlockM;
-  std::printf("-- T %lld: %lld pairs, %zu distinct (slot, expert), auto split_k %d, max tiles %lld, auto expand "
+  std::printf("-- T %lld (%lld of %lld slots used): %lld pairs, %zu distinct (slot, expert), auto split_k %d, max tiles %lld, auto expand "
               "chunks (N 128) gate_up %d down %d\n",
-              (long long)tokens, (long long)pairs, touched.size(), auto_split, (long long)max_tiles,
+              (long long)tokens, (long long)used_slots, (long long)kSlots, (long long)pairs, touched.size(), auto_split, (long long)max_tiles,
               cuda::moe_lora_auto_expand_chunks(max_tiles, (2 * kInter + 127) / 128),
               cuda::moe_lora_auto_expand_chunks(max_tiles, (kHidden + 127) / 128));
 
@@ -291,13 +292,15 @@ void bench_dense_group(int64_t tokens, int64_t used_slots, cudaStream_t stream, 
 }  // namespace lmx
 
 // Usage: bench_moe_lora [T ...] — only the MoE-LoRA rows of those token counts, no dense rows (a profiler
-// run, e.g. ncu on the T 4096 expand, wants few launches); bench_moe_lora dense [T ...] — only the dense
-// rows, at those token counts (default 16 and 2048).
+// run, e.g. ncu on the T 4096 expand, wants few launches); bench_moe_lora one [T ...] — the same with every
+// token on one adapter (a prompt's prefill); bench_moe_lora dense [T ...] — only the dense rows, at those
+// token counts (default 16 and 2048).
 int main(int argc, char** argv) {
   using namespace lmx;
   const bool dense_only = argc > 1 && std::string(argv[1]) == "dense";
+  const bool one_adapter = argc > 1 && std::string(argv[1]) == "one";
   std::vector<int64_t> token_counts;
-  for (int i = dense_only ? 2 : 1; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
+  for (int i = dense_only || one_adapter ? 2 : 1; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
   const bool dense_rows = token_counts.empty() || dense_only;
   std::vector<int64_t> dense_counts = dense_only && !token_counts.empty() ? token_counts : std::vector<int64_t>{16, 2048};
   if (dense_only) token_counts.clear();
@@ -319,7 +322,7 @@ int main(int argc, char** argv) {
               "floor = max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s)\n",
               (long long)kHidden, (long long)kInter, (long long)kExperts, (long long)kTopK, (long long)kSlots,
               (long long)kRank);
-  for (int64_t tokens : token_counts) bench_tokens(tokens, layers, d_rank, stream, rng);
+  for (int64_t tokens : token_counts) bench_tokens(tokens, layers, d_rank, stream, rng, one_adapter ? 1 : kSlots);
   for (int64_t tokens : dense_rows ? dense_counts : std::vector<int64_t>{}) {
     bench_dense("q_proj", kHidden, 4096, tokens, stream, rng);
     bench_dense("o_proj", 4096, kHidden, tokens, stream, rng);

@@ -1,5 +1,5 @@
 // bench_sampling_cuda: GPU time of cuda::sample (backends/cuda/sampling.cuh) at GPT-OSS's vocabulary
-// (V = 201,088) and Qwen3's (151,936), B = 16 and 64 rows, for the serving mixes: greedy, greedy with 20
+// (V = 201,088; 200,019 as served with its tokenizer, an odd row length) and Qwen3's (151,936), B = 16 and 64 rows, for the serving mixes: greedy, greedy with 20
 // top logprobs, top-k 50 + top-p 0.9 at T 0.8, and temperature alone (the whole vocabulary is the nucleus:
 // the worst case for the mass descents). Floor: reading the logits once, B·V·4 bytes at 4.2 TB/s; the
 // kernel reads nothing else from DRAM. The launches cycle over copies of the logits (> 4× the L2) so every
@@ -99,7 +99,7 @@ int main() {
   std::printf("  CTAs per row: V 201088 -> %d, V 151936 -> %d\n", lmx::cuda::sampling_cluster_ctas(201088),
               lmx::cuda::sampling_cluster_ctas(151936));
   for (int64_t rows : {16, 64}) {
-    for (int64_t vocab : {201088, 151936}) lmx::run(rng, rows, vocab, stream);
+    for (int64_t vocab : {201088, 200019, 151936}) lmx::run(rng, rows, vocab, stream);  // 200019: GPT-OSS served with its tokenizer
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;

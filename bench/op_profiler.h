@@ -79,6 +79,8 @@ class OpProfiler final : public ops::Backend {
   void replay(int graph) override { inner_.replay(graph); }
   void release_graph(int graph) override { inner_.release_graph(graph); }
   uint64_t memory_epoch() const override { return inner_.memory_epoch(); }
+  void time_mark(int which) override { inner_.time_mark(which); }
+  double marked_seconds() override { return inner_.marked_seconds(); }
 
   // Forget what was recorded (call between warm-up and the measured steps).
   void reset() {

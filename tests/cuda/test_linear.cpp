@@ -3,7 +3,8 @@
 // counts, the GPT-OSS q/o/fused-qkv/router shapes and the tiny presets' small dims; each through the default
 // (skinny for few rows and narrow outputs, cuBLASLt otherwise), forced cuBLASLt and, up to 16 rows, the
 // forced skinny tensor-core kernel (`in` not a multiple of 32, `out`
-// not of 16, T not of 8). Outputs start poisoned.
+// not of 16, T not of 8); widths that are not a multiple of 128 as two cuBLASLt products (default) and as one.
+// Outputs start poisoned.
 #include <cstdint>
 #include <vector>
 
@@ -41,7 +42,11 @@ TEST_F(CudaLinear, MatchesCpu) {
       // one shape without and then with a bias (a tiny model's q_proj and o_proj): the cached algorithm of
       // the first must not serve the second's bias epilogue
       {4, 64, 64, false, DType::BF16},     {4, 64, 64, true, DType::BF16},      {40, 64, 64, false, DType::BF16},
-      {40, 64, 64, true, DType::BF16}};
+      {40, 64, 64, true, DType::BF16},
+      // widths that are not a multiple of 128 (an odd vocabulary: GPT-OSS's tokenizer has 200019 ids): on
+      // cuBLASLt two products, the aligned rows of W and the rest, both into out
+      {16, 2880, 2001, false, DType::F32}, {64, 2880, 2001, true, DType::F32}, {17, 64, 1001, true, DType::BF16},
+      {3, 64, 77, false, DType::BF16},     {300, 128, 2003, false, DType::F32}};
   cuda::LinearRunner runner;
   for (cuda::LinearPath path : {cuda::LinearPath::kSkinny, cuda::LinearPath::kAuto, cuda::LinearPath::kCublasLt})
   for (const Case& c : cases) {
@@ -58,13 +63,21 @@ TEST_F(CudaLinear, MatchesCpu) {
     cpu_.linear({.x = widen(x), .weight = w, .bias = c.bias ? b.view : Tensor{}, .out = want});
 
     OwnedTensor d_x = cuda::upload(x), d_w = cuda::upload(w), d_b = cuda::upload(b);
-    OwnedTensor d_out = poisoned(c.out_dtype, {c.tokens, c.out});
-    runner.run({.x = d_x, .weight = d_w, .bias = c.bias ? d_b.view : Tensor{}, .out = d_out}, stream_);
-    sync();
-    OwnedTensor got = cuda::download(d_out);
-    // fp32 accumulation in another order: far below the bf16 rounding of the output; for f32 out, 1e-4.
-    if (c.out_dtype == DType::F32) EXPECT_TRUE(all_close_f32(got, want, 1e-4));
-    else EXPECT_TRUE(all_close(got, want, kTolBf16Out));
+    const bool ragged = c.out % 128 != 0 && c.out > 128;
+    // A ragged width on cuBLASLt: two products by default; also one (the before of perf-log run 81).
+    for (bool split : {true, false}) {
+      if (!split && !ragged) continue;
+      runner.set_split_ragged_rows(split);
+      SCOPED_TRACE(split ? "" : "one product");
+      OwnedTensor d_out = poisoned(c.out_dtype, {c.tokens, c.out});
+      runner.run({.x = d_x, .weight = d_w, .bias = c.bias ? d_b.view : Tensor{}, .out = d_out}, stream_);
+      sync();
+      OwnedTensor got = cuda::download(d_out);
+      // fp32 accumulation in another order: far below the bf16 rounding of the output; for f32 out, 1e-4.
+      if (c.out_dtype == DType::F32) EXPECT_TRUE(all_close_f32(got, want, 1e-4));
+      else EXPECT_TRUE(all_close(got, want, kTolBf16Out));
+    }
+    runner.set_split_ragged_rows(true);
   }
 }
 

@@ -91,6 +91,11 @@ class CudaBackend final : public ops::Backend {
     linear_.set_autotune(on);
     ++memory_epoch_;
   }
+  // LinearRunner::set_split_ragged_rows (bench before/after); graphs are recorded again.
+  void set_split_ragged_rows(bool on) {
+    linear_.set_split_ragged_rows(on);
+    ++memory_epoch_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

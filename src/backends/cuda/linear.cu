@@ -10,9 +10,15 @@
 //    memory; the CTA's weight rows are prefetched into L2 before the PDL wait.
 //  - otherwise cuBLASLt. Row-major x [T, in] and W [out, in] are column-major xᵀ [in, T] and Wᵀ [in, out], so
 //    outᵀ [out, T] (= row-major out) = op(W)·x with op = T: the "TN" GEMM, both operands K-contiguous. The
-//    algorithm per (T, in, out, out dtype, alignments) comes from the heuristic once and is cached; the bias
+//    algorithm per (T, in, rows, ldc, out dtype, alignments) comes from the heuristic once and is cached; the bias
 //    is a small kernel after it. (cuBLASLt's BIAS epilogue was tried and reverted: it passed the standalone
 //    parity test but broke the GPT-OSS fixture's LoRA requests, docs/perf-log.md run 15.)
+//    An output width that is not a multiple of 128 runs as two products, the first 128·⌊out/128⌋ rows of W
+//    and the rest: at an odd width (GPT-OSS's LM head served with its tokenizer, 200019 logits) cuBLASLt's
+//    candidates read the weight at a quarter of the bandwidth (T 16: 1119 µs, against 270 at 199936 rows; the
+//    same with output rows padded to 16 bytes). Split, it takes 391 µs (perf-log runs 81-85): the rest of the
+//    gap is the ragged row stride of out or the 83-row tail product (not separated yet). Widths that are
+//    multiples of 128 are fast: 201088 = 128 · 1571 took 271.
 #include "backends/cuda/linear.cuh"
 
 #include <cublasLt.h>
@@ -75,6 +81,7 @@ struct SkinnyKernelParams {
   int tokens, in, out;
 };
 
+constexpr int64_t kRowAlign = 128;  // cuBLASLt products cover whole multiples of this many rows of W (see top)
 constexpr int kSkinnyMaxRows = 16;
 constexpr int kSkinnyWarps = 8;   // split `in`
 constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
@@ -276,8 +283,8 @@ int fastest_candidate(std::span<const cublasLtMatmulHeuristicResult_t> candidate
 struct LinearRunner::State {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  // (T, in, out, out dtype, alignment of x, W, out) -> algorithm
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+  // (T, in, rows, ldc, out dtype, alignment of x, W, out) -> algorithm
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
 };
 
 LinearRunner::LinearRunner() : state_(std::make_unique<State>()) {
@@ -304,6 +311,74 @@ bool LinearRunner::takes_skinny(const ops::LinearParams& p) const {
   const bool narrow = out <= skinny_max_out_;
   const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
   return skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data);
+}
+
+// One cuBLASLt product: rows `rows` of W (from w) times x into c, whose rows (output rows of `out`) are ldc
+// elements apart. The algorithm per (T, in, rows, ldc, dtype, alignments) is cached.
+void LinearRunner::cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows,
+                                  int64_t ldc, int out_type_value, cudaStream_t stream) {
+  const auto out_type = cudaDataType_t(out_type_value);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
+  LMX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+  LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  // Column-major: A = W as [in, out] (op T -> [out, in]), B = x as [in, T], C = out as [out, T].
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, uint64_t(in), uint64_t(rows), in));
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_16BF, uint64_t(in), uint64_t(tokens), in));
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout, out_type, uint64_t(rows), uint64_t(tokens), ldc));
+
+  const int align_x = alignment_of(x), align_w = alignment_of(w), align_o = alignment_of(c);
+  const auto key = std::make_tuple(tokens, in, rows, ldc, int(out_type), align_x, align_w, align_o);
+  auto found = state_->algos.find(key);
+  if (found == state_->algos.end()) {
+    cublasLtMatmulPreference_t preference = nullptr;
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t workspace = kWorkspaceBytes;
+    const uint32_t aw = uint32_t(align_w), ax = uint32_t(align_x), ao = uint32_t(align_o);
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &workspace, sizeof(workspace)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
+    // Deterministic reductions only (split-K through the workspace, never accumulated in place in `out`):
+    // the same batch gives the same bits on every call, in a graph or not.
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                             CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                          &schemes, sizeof(schemes)));
+    // Few rows (decode): the heuristic's first choice leaves bandwidth on the table for some shapes (o_proj
+    // [16, 4096]·[2880, 4096]ᵀ at 51% of its bytes floor, perf-log run 9), so its candidates are timed once.
+    const bool tune = autotune_ && tokens <= kAutotuneMaxRows;
+    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
+    int count = 0;
+    LMX_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state_->handle, desc, a_layout, b_layout, c_layout, c_layout,
+                                                    preference, tune ? kAutotuneCandidates : 1, results, &count));
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (count == 0) {
+      std::fprintf(stderr, "loramux: cuBLASLt has no algorithm for linear T %lld in %lld out %lld (ldc %lld)\n",
+                   (long long)tokens, (long long)in, (long long)rows, (long long)ldc);
+      std::abort();
+    }
+    int best = 0;
+    if (tune && count > 1) {
+      best = fastest_candidate(std::span(results, size_t(count)), [&](const cublasLtMatmulAlgo_t& algo) {
+        const float alpha = 1.0f, beta = 0.0f;
+        return cublasLtMatmul(state_->handle, desc, &alpha, w, a_layout, x, b_layout, &beta, c, c_layout, c, c_layout,
+                              &algo, state_->workspace, kWorkspaceBytes, stream);
+      }, stream);
+    }
+    found = state_->algos.emplace(key, results[best].algo).first;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  LMX_CUBLAS_CHECK(cublasLtMatmul(state_->handle, desc, &alpha, w, a_layout, x, b_layout, &beta, c, c_layout, c,
+                                  c_layout, &found->second, state_->workspace, kWorkspaceBytes, stream));
+  cublasLtMatrixLayoutDestroy(a_layout);
+  cublasLtMatrixLayoutDestroy(b_layout);
+  cublasLtMatrixLayoutDestroy(c_layout);
+  cublasLtMatmulDescDestroy(desc);
 }
 
 void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
@@ -345,70 +420,16 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
     return;
   }
   const cudaDataType_t out_type = p.out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
-  LMX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
-  LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
-  LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
-  // Column-major: A = W as [in, out] (op T -> [out, in]), B = x as [in, T], C = out as [out, T].
-  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, uint64_t(in), uint64_t(out), in));
-  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_16BF, uint64_t(in), uint64_t(tokens), in));
-  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout, out_type, uint64_t(out), uint64_t(tokens), out));
-
-  const int align_x = alignment_of(p.x.data), align_w = alignment_of(p.weight.data), align_o = alignment_of(p.out.data);
-  const auto key = std::make_tuple(tokens, in, out, int(out_type), align_x, align_w, align_o);
-  auto found = state_->algos.find(key);
-  if (found == state_->algos.end()) {
-    cublasLtMatmulPreference_t preference = nullptr;
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const uint64_t workspace = kWorkspaceBytes;
-    const uint32_t aw = uint32_t(align_w), ax = uint32_t(align_x), ao = uint32_t(align_o);
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                          &workspace, sizeof(workspace)));
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
-    // Deterministic reductions only (split-K through the workspace, never accumulated in place in `out`):
-    // the same batch gives the same bits on every call, in a graph or not.
-    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
-                             CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-    LMX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                          &schemes, sizeof(schemes)));
-    // Few rows (decode): the heuristic's first choice leaves bandwidth on the table for some shapes (o_proj
-    // [16, 4096]·[2880, 4096]ᵀ at 51% of its bytes floor, perf-log run 9), so its candidates are timed once.
-    const bool tune = autotune_ && tokens <= kAutotuneMaxRows;
-    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
-    int count = 0;
-    LMX_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state_->handle, desc, a_layout, b_layout, c_layout, c_layout,
-                                                    preference, tune ? kAutotuneCandidates : 1, results, &count));
-    cublasLtMatmulPreferenceDestroy(preference);
-    if (count == 0) {
-      std::fprintf(stderr, "loramux: cuBLASLt has no algorithm for linear T %lld in %lld out %lld\n", (long long)tokens,
-                   (long long)in, (long long)out);
-      std::abort();
-    }
-    int best = 0;
-    if (tune && count > 1) {
-      best = fastest_candidate(std::span(results, size_t(count)), [&](const cublasLtMatmulAlgo_t& algo) {
-        const float alpha = 1.0f, beta = 0.0f;
-        return cublasLtMatmul(state_->handle, desc, &alpha, p.weight.data, a_layout, p.x.data, b_layout, &beta,
-                              p.out.data, c_layout, p.out.data, c_layout, &algo, state_->workspace, kWorkspaceBytes,
-                              stream);
-      }, stream);
-    }
-    found = state_->algos.emplace(key, results[best].algo).first;
+  // An output width that is not a multiple of kRowAlign (GPT-OSS's LM head served with its tokenizer: 200019
+  // logits) runs as two products: the aligned rows of W, then the few left, both into out (ldc = out).
+  const int64_t element = p.out.dtype == DType::F32 ? 4 : 2;
+  const int64_t main_rows = split_ragged_ && out > kRowAlign ? out / kRowAlign * kRowAlign : out;
+  cublas_product(p.weight.data, p.x.data, p.out.data, tokens, in, main_rows, out, out_type, stream);
+  if (main_rows < out) {
+    cublas_product(static_cast<const char*>(p.weight.data) + main_rows * in * 2, p.x.data,
+                   static_cast<char*>(p.out.data) + main_rows * element, tokens, in, out - main_rows, out, out_type,
+                   stream);
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  LMX_CUBLAS_CHECK(cublasLtMatmul(state_->handle, desc, &alpha, p.weight.data, a_layout, p.x.data, b_layout, &beta,
-                                  p.out.data, c_layout, p.out.data, c_layout, &found->second, state_->workspace,
-                                  kWorkspaceBytes, stream));
-  cublasLtMatrixLayoutDestroy(a_layout);
-  cublasLtMatrixLayoutDestroy(b_layout);
-  cublasLtMatrixLayoutDestroy(c_layout);
-  cublasLtMatmulDescDestroy(desc);
 
   if (p.bias.defined()) {
     const BiasKernelParams params{.out = p.out.data, .bias = static_cast<const __nv_bfloat16*>(p.bias.data),

@@ -46,11 +46,18 @@ class LinearRunner {
   // the bias is a separate kernel after cuBLASLt, out = bf16(bf16(x·Wᵀ) + b), which a caller may fuse into its
   // next kernel with the same two roundings (CudaBackend::linear_lora).
   bool takes_skinny(const ops::LinearParams& p) const;
+  // cuBLASLt products of an output width that is not a multiple of 128 run as two, the aligned rows of W and
+  // the rest (on, the default); off: one product (the bench's before row).
+  void set_split_ragged_rows(bool on) { split_ragged_ = on; }
 
  private:
   LinearPath path_ = LinearPath::kAuto;
   bool autotune_ = true;
+  bool split_ragged_ = true;
   int64_t skinny_max_out_ = 1024;
+  // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t).
+  void cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows, int64_t ldc,
+                      int out_type, cudaStream_t stream);
   struct State;
   std::unique_ptr<State> state_;
 };
