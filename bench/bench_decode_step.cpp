@@ -531,6 +531,8 @@ int main(int argc, char** argv) {
     std::printf("profile: decode step, adapters spread over the batch\n");
     backend.enable(true);
     time_decode(**engine, o, vocab, rng, spread, &backend);
+    std::printf("profile: decode step, LoRA on, no adapter in the batch\n");  // where the adapters' cost goes
+    time_decode(**engine, o, vocab, rng, no_adapter, &backend);
     if (o.prefill > 0) {
       std::printf("profile: %s\n", prefill_what);
       time_prefill(**engine, o, vocab, rng, &backend);

@@ -81,5 +81,30 @@ TEST_F(CudaLinear, MatchesCpu) {
   }
 }
 
+// The padded scratch of a ragged product moves only when a larger one needs more room; memory_epoch() says
+// so (the backend adds it to its own, so recorded graphs are made again).
+TEST_F(CudaLinear, PaddedScratchGrowsAndReportsIt) {
+  cuda::LinearRunner runner;
+  runner.set_path(cuda::LinearPath::kCublasLt);
+  auto run = [&](int64_t tokens, int64_t out) {
+    OwnedTensor x = cuda::upload(random_bf16(rng(), {tokens, 64}));
+    OwnedTensor w = cuda::upload(random_bf16(rng(), {out, 64}, 0.05f));
+    OwnedTensor y = poisoned(DType::F32, {tokens, out});
+    runner.run({.x = x, .weight = w, .out = y}, stream_);
+    sync();
+  };
+  const uint64_t start = runner.memory_epoch();
+  run(4, 512);  // rows of 16-byte multiples: no scratch
+  EXPECT_EQ(runner.memory_epoch(), start);
+  run(4, 1001);
+  const uint64_t grown = runner.memory_epoch();
+  EXPECT_GT(grown, start);
+  run(2, 1001);  // fits
+  run(4, 999);
+  EXPECT_EQ(runner.memory_epoch(), grown);
+  run(64, 1001);
+  EXPECT_GT(runner.memory_epoch(), grown);
+}
+
 }  // namespace
 }  // namespace lmx::test

@@ -60,7 +60,7 @@ class CudaBackend final : public ops::Backend {
   int end_capture() override;
   void replay(int graph) override;
   void release_graph(int graph) override;
-  uint64_t memory_epoch() const override { return memory_epoch_; }
+  uint64_t memory_epoch() const override { return memory_epoch_ + linear_.memory_epoch(); }
   void time_mark(int which) override;  // CUDA events on the stream
   double marked_seconds() override;
   // false: attention never splits a row's keys over CTAs (no workspace; the plain flash kernel). For

@@ -17,8 +17,10 @@
 //    and the rest: at an odd width (GPT-OSS's LM head served with its tokenizer, 200019 logits) cuBLASLt's
 //    candidates read the weight at a quarter of the bandwidth (T 16: 1119 µs, against 270 at 199936 rows; the
 //    same with output rows padded to 16 bytes). Split, it takes 391 µs (perf-log runs 81-85): the rest of the
-//    gap is the ragged row stride of out or the 83-row tail product (not separated yet). Widths that are
-//    multiples of 128 are fast: 201088 = 128 · 1571 took 271.
+//    gap was the ragged row stride of out (the 83-row tail takes 7 µs; run 86): where a row of out is not a
+//    multiple of 16 bytes the two products write rows padded to 16 bytes into the runner's scratch, and the
+//    bias kernel's pass copies them into out. Widths that are multiples of 128 are fast: 201088 = 128 · 1571
+//    took 271.
 #include "backends/cuda/linear.cuh"
 
 #include <cublasLt.h>
@@ -53,21 +55,28 @@ namespace cg = cooperative_groups;
 
 // ---- kernels ------------------------------------------------------------------------------------------
 
-struct BiasKernelParams {
-  void* out;                  // [T, out] bf16 or f32
-  const __nv_bfloat16* bias;  // [out] bf16
-  int64_t rows, cols;
+struct FinishKernelParams {
+  const void* src;            // [rows, src_ld] bf16 or f32: cuBLASLt's product (src_ld >= cols; may be out)
+  void* out;                  // [rows, cols], the same dtype
+  const __nv_bfloat16* bias;  // [cols] bf16 or null
+  int64_t rows, cols, src_ld;
 };
 
-// out[t, o] += bias[o]. Grid-stride over the elements. PRECOND: out contiguous [rows, cols].
+// out[t, o] = src[t, o] (+ bias[o], rounded once more): the bias after cuBLASLt (src == out), and the copy of
+// a product written with padded rows (src_ld > cols). Rows stride over grid y, columns over grid x.
+// PRECOND: src == out implies src_ld == cols; otherwise the two do not overlap.
 template <typename Out>
-__global__ static void add_bias_kernel(const __grid_constant__ BiasKernelParams p) {
+__global__ static void finish_product_kernel(const __grid_constant__ FinishKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  const auto* src = static_cast<const Out*>(p.src);
   auto* out = static_cast<Out*>(p.out);
-  const int64_t n = p.rows * p.cols;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float value = float(out[i]) + __bfloat162float(p.bias[i % p.cols]);
-    out[i] = Out(value);
+  for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    const Out* src_row = src + row * p.src_ld;
+    Out* out_row = out + row * p.cols;
+    for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < p.cols;
+         col += int64_t(gridDim.x) * blockDim.x) {
+      out_row[col] = p.bias ? Out(float(src_row[col]) + __bfloat162float(p.bias[col])) : src_row[col];
+    }
   }
 }
 
@@ -285,6 +294,9 @@ struct LinearRunner::State {
   void* workspace = nullptr;
   // (T, in, rows, ldc, out dtype, alignment of x, W, out) -> algorithm
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+  void* padded = nullptr;  // a ragged product's rows padded to 16 bytes (see the top), grown outside captures
+  size_t padded_bytes = 0;
+  uint64_t epoch = 0;      // bumped when `padded` moves
 };
 
 LinearRunner::LinearRunner() : state_(std::make_unique<State>()) {
@@ -299,12 +311,15 @@ void LinearRunner::set_autotune(bool on) {
 
 LinearRunner::~LinearRunner() {
   if (state_->workspace) cudaFree(state_->workspace);
+  if (state_->padded) cudaFree(state_->padded);
   if (state_->handle) cublasLtDestroy(state_->handle);
 }
 
 // kAuto: cuBLASLt reads wide weights faster than the skinny kernel (docs/perf-log.md runs 9 and 24), but
 // narrow products (the router's 32 columns) cost it ~12 µs each (run 14's profile), far above their bytes:
 // those take the skinny kernel.
+uint64_t LinearRunner::memory_epoch() const { return state_->epoch; }
+
 bool LinearRunner::takes_skinny(const ops::LinearParams& p) const {
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
   const bool skinny_fits = tokens <= kSkinnyMaxRows && in % 8 == 0;
@@ -422,21 +437,51 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   const cudaDataType_t out_type = p.out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   // An output width that is not a multiple of kRowAlign (GPT-OSS's LM head served with its tokenizer: 200019
   // logits) runs as two products: the aligned rows of W, then the few left, both into out (ldc = out).
+  // Rows of out that are not a multiple of 16 bytes cost the first product ~110 µs more at 16 rows (perf-log
+  // run 86): then both write into the runner's scratch with rows padded to 16 bytes, copied into out after.
   const int64_t element = p.out.dtype == DType::F32 ? 4 : 2;
   const int64_t main_rows = split_ragged_ && out > kRowAlign ? out / kRowAlign * kRowAlign : out;
-  cublas_product(p.weight.data, p.x.data, p.out.data, tokens, in, main_rows, out, out_type, stream);
+  const int64_t ldc = split_ragged_ && out * element % 16 != 0 ? (out * element + 15) / 16 * 16 / element : out;
+  void* product = p.out.data;
+  if (ldc != out) {
+    const size_t bytes = size_t(tokens) * size_t(ldc) * size_t(element);
+    if (bytes > state_->padded_bytes) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      LMX_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      if (capture != cudaStreamCaptureStatusNone) {
+        std::fprintf(stderr, "loramux: cuda::linear: the padded product of T %lld out %lld needs a larger scratch "
+                     "inside a stream capture; run the shape eagerly once first\n", (long long)tokens, (long long)out);
+        std::abort();
+      }
+      LMX_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old scratch may still be in use
+      if (state_->padded) LMX_CUDA_CHECK(cudaFree(state_->padded));
+      state_->padded = nullptr;
+      LMX_CUDA_CHECK(cudaMalloc(&state_->padded, bytes));
+      state_->padded_bytes = bytes;
+      ++state_->epoch;
+    }
+    product = state_->padded;
+  }
+  cublas_product(p.weight.data, p.x.data, product, tokens, in, main_rows, ldc, out_type, stream);
   if (main_rows < out) {
     cublas_product(static_cast<const char*>(p.weight.data) + main_rows * in * 2, p.x.data,
-                   static_cast<char*>(p.out.data) + main_rows * element, tokens, in, out - main_rows, out, out_type,
+                   static_cast<char*>(product) + main_rows * element, tokens, in, out - main_rows, ldc, out_type,
                    stream);
   }
 
-  if (p.bias.defined()) {
-    const BiasKernelParams params{.out = p.out.data, .bias = static_cast<const __nv_bfloat16*>(p.bias.data),
-                                  .rows = tokens, .cols = out};
-    const unsigned blocks = unsigned(std::min<int64_t>(detail::blocks_for(tokens * out, 256), 4096));
-    if (p.out.dtype == DType::F32) detail::launch(add_bias_kernel<float>, dim3(blocks), dim3(256), 0, stream, params);
-    else detail::launch(add_bias_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream, params);
+  if (p.bias.defined() || product != p.out.data) {
+    const FinishKernelParams params{.src = product,
+                                    .out = p.out.data,
+                                    .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr,
+                                    .rows = tokens,
+                                    .cols = out,
+                                    .src_ld = ldc};
+    // ~4096 CTAs of 256 threads in all: columns first, then rows (at most 65535 along y).
+    const int64_t column_blocks = std::min<int64_t>(detail::blocks_for(out, 256), 4096);
+    const int64_t row_blocks = std::clamp<int64_t>(4096 / column_blocks, 1, std::min<int64_t>(tokens, 65535));
+    const dim3 grid{unsigned(column_blocks), unsigned(row_blocks)};
+    if (p.out.dtype == DType::F32) detail::launch(finish_product_kernel<float>, grid, dim3(256), 0, stream, params);
+    else detail::launch(finish_product_kernel<__nv_bfloat16>, grid, dim3(256), 0, stream, params);
     LMX_CUDA_CHECK_LAUNCH();
   }
 }

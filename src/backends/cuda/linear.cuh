@@ -47,8 +47,13 @@ class LinearRunner {
   // next kernel with the same two roundings (CudaBackend::linear_lora).
   bool takes_skinny(const ops::LinearParams& p) const;
   // cuBLASLt products of an output width that is not a multiple of 128 run as two, the aligned rows of W and
-  // the rest (on, the default); off: one product (the bench's before row).
+  // the rest, and where out's rows are not a multiple of 16 bytes both write padded rows into a scratch the
+  // runner owns, copied into out after (on, the default); off: one product straight into out (the bench's
+  // before row). The scratch grows on the first call of a larger shape, which must be outside a stream
+  // capture (like the cuBLASLt heuristic's first call); it then moves, and memory_epoch() changes, so
+  // recorded graphs must be made again.
   void set_split_ragged_rows(bool on) { split_ragged_ = on; }
+  uint64_t memory_epoch() const;
 
  private:
   LinearPath path_ = LinearPath::kAuto;
