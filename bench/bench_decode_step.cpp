@@ -499,6 +499,10 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_compact_epilogue(true);
     if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
       row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
+      cuda_backend.set_dense_lora_runs(false);  // before/after of the prompt's dense LoRA as cuBLASLt products
+      row("same, dense LoRA by the grouped kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+          prefill_floor);
+      cuda_backend.set_dense_lora_runs(true);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).
       cuda::set_moe_lora_in_epilogue(true);
       row("same, MoE-LoRA folded into the activation", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),

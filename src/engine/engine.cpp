@@ -178,6 +178,8 @@ Tensor Engine::run_forward(int bucket) {
   if (bucket == 0 || !backend_.supports_graphs() || config_.enforce_eager || model_->has_activation_dump())
     return model_->forward(batch_, cache_, lookup);
   batch_.lora_scattered_tokens = -1;  // a recording serves any adapter mix: no path chosen from this one
+  batch_.lora_runs = {};
+  batch_.lora_runs_cover_all = false;
   if (backend_.memory_epoch() != graphs_epoch_) {  // a workspace moved: every recording points at old memory
     release_graphs();
     graphs_epoch_ = backend_.memory_epoch();
@@ -269,9 +271,13 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   int t = 0, num_samples = 0;
   bool any_lora = false;
   int64_t scattered = 0;
+  lora_runs_.clear();
   for (size_t b = 0; b < step.size(); ++b) {
     const Sequence& seq = *step[b].seq;
     seq_start[b] = t;
+    if (seq.slot >= 0 && step[b].num_tokens >= ops::kLoraRunTokens) {  // a prompt chunk: one adapter's run
+      lora_runs_.push_back({.first = t, .tokens = step[b].num_tokens, .slot = seq.slot});
+    }
     int32_t* row = block_table + b * size_t(max_pages_per_seq_);
     std::fill(row, row + max_pages_per_seq_, 0);
     std::copy(seq.pages.begin(), seq.pages.end(), row);
@@ -319,6 +325,8 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   batch_.sample_index = upload(sample_index_, num_samples);
   batch_.any_lora = any_lora;
   batch_.lora_scattered_tokens = scattered;
+  batch_.lora_runs = lora_runs_;
+  batch_.lora_runs_cover_all = scattered == 0;
 }
 
 // One uniform number per sampled row from the request's stream and the index of the token being drawn,

@@ -124,6 +124,7 @@ class Engine {
   Staged sampled_logprob_;           // [B] f32
   Staged top_ids_, top_logprobs_;    // [B * kMaxTopLogprobs] i32 / f32, viewed as [S, N] per step
   model::BatchView batch_;
+  std::vector<ops::LoraRun> lora_runs_;  // batch_.lora_runs' storage
 
   struct DecodeGraph {
     int id = -1;    // backend recording; -1: seen once (ran eagerly), not yet recorded

@@ -222,7 +222,7 @@ ops::LoraStack SlotTable::stack(int layer, LoraTarget target) const {
   if (t.capacity == 0) return {};
   bool any = std::any_of(t.host_rank.begin(), t.host_rank.end(), [](int32_t r) { return r > 0; });
   if (!any) return {};
-  return ops::LoraStack{.a = t.a.view, .b = t.b.view, .rank = t.rank.view};
+  return ops::LoraStack{.a = t.a.view, .b = t.b.view, .rank = t.rank.view, .host_rank = t.host_rank};
 }
 
 }  // namespace lmx::lora

@@ -132,9 +132,19 @@ void Model::linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bia
   ops::LinearLoraParams p{.linear = {.x = x, .weight = weight, .bias = bias, .out = out}};
   if (batch.any_lora) {
     p.lora[0] = lora(layer, target);
-    if (p.lora[0].defined()) p.token_slot = batch.token_slot.rows(0, x.dim(0));
+    if (p.lora[0].defined()) {
+      p.token_slot = batch.token_slot.rows(0, x.dim(0));
+      set_runs(batch, &p);
+    }
   }
   backend_.linear_lora(p);
+}
+
+// The batch's run hint, where the projection covers the whole batch.
+void Model::set_runs(const BatchView& batch, ops::LinearLoraParams* p) const {
+  if (p->linear.x.dim(0) != batch.num_tokens) return;
+  p->runs = batch.lora_runs;
+  p->runs_cover_all = batch.lora_runs_cover_all;
 }
 
 void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, const LoraLookup& lora, int T) {
@@ -154,7 +164,10 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
                             .parts = {q, k, v}};
     if (batch.any_lora) {
       p.lora = {lora(layer, LoraTarget::kQ), lora(layer, LoraTarget::kK), lora(layer, LoraTarget::kV)};
-      if (p.lora[0].defined() || p.lora[1].defined() || p.lora[2].defined()) p.token_slot = batch.token_slot.rows(0, T);
+      if (p.lora[0].defined() || p.lora[1].defined() || p.lora[2].defined()) {
+        p.token_slot = batch.token_slot.rows(0, T);
+        set_runs(batch, &p);
+      }
     }
     backend_.linear_lora(p);
   }

@@ -5,6 +5,7 @@
 // Who calls: the engine's runner. Does not schedule, sample or own the KV cache.
 #pragma once
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct BatchView {
   Tensor sample_index;    // [S] i32 rows of the flat batch whose logits are wanted
   bool any_lora = false;  // false: no token has an adapter, so no LoRA op is launched at all
   int64_t lora_scattered_tokens = -1;  // ops::MoeParams::lora_scattered_tokens of this batch (-1: unknown)
+  // Long runs of one slot in token_slot (host memory; empty in recordings) and whether they hold every token
+  // with a slot: ops::LinearLoraParams::runs / runs_cover_all for the dense projections.
+  std::span<const ops::LoraRun> lora_runs;
+  bool lora_runs_cover_all = false;
 };
 
 // Paged cache of every layer, [pages, P, Hkv, D] in the backend's activation dtype.
@@ -65,6 +70,7 @@ class Model {
  private:
   void attention_block(int layer, const BatchView& batch, KvCache& cache, const LoraLookup& lora, int T);
   void mlp_block(int layer, const BatchView& batch, const LoraLookup& lora, int T);
+  void set_runs(const BatchView& batch, ops::LinearLoraParams* p) const;
   void linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bias, int layer, ops::LoraTarget target,
                    const BatchView& batch, const LoraLookup& lora, const Tensor& out);
   void dump(const char* name, int layer, const Tensor& t) const;

@@ -413,6 +413,23 @@ Status check(const LinearLoraParams& p) {
                                            .y = split ? p.parts[i] : p.linear.out});
     if (!status.ok()) return invalid_argument(name + ": " + status.message());
   }
+  int64_t end = 0;
+  for (size_t i = 0; i < p.runs.size(); ++i) {
+    const LoraRun& run = p.runs[i];
+    const std::string name = "LinearLoraParams.runs[" + std::to_string(i) + "]";
+    const int64_t tokens = p.linear.x.dim(0);
+    if (run.first < end || run.tokens < 1 || run.first + run.tokens > tokens) {
+      return invalid_argument(name + ": rows [" + std::to_string(run.first) + ", " +
+                              std::to_string(run.first + run.tokens) + ") must be non-empty, within [0, " +
+                              std::to_string(tokens) + ") and after the previous run (which ends at " +
+                              std::to_string(end) + ")");
+    }
+    if (run.slot < 0) return invalid_argument(name + ": slot " + std::to_string(run.slot) + " (expected >= 0)");
+    end = run.first + run.tokens;
+  }
+  if (!p.runs.empty() && !p.token_slot.defined()) {
+    return invalid_argument("LinearLoraParams.runs: given without token_slot");
+  }
   return Status::Ok();
 }
 

@@ -3,6 +3,8 @@
 // MoeParams (ops/moe.h). Scaling (alpha/r or alpha/sqrt(r)) is folded into B when an adapter is loaded.
 #pragma once
 #include <array>
+#include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "core/status.h"
@@ -22,7 +24,16 @@ struct LoraStack {
   Tensor a;     // dense: [S, R, in]; MoE: [S, E, R, in]   (backend's lora dtype)
   Tensor b;     // dense: [S, out, R]; MoE: [S, E, out, R] (scale already folded in)
   Tensor rank;  // [S] i32: the true rank of the slot's adapter here, 0 = slot has no LoRA on this target
+  std::span<const int32_t> host_rank;  // optional: rank's [S] values in host memory (the slot table's mirror)
   bool defined() const { return a.defined(); }
+};
+
+// Consecutive tokens of one adapter slot in a batch (a prompt's chunk): rows [first, first + tokens) of
+// token_slot all equal `slot`. A host-side hint the engine gives eager steps, so a backend may treat a long
+// run as a dense product (cuda: two cuBLASLt products per output instead of the grouped kernels).
+struct LoraRun {
+  int64_t first = 0, tokens = 0;
+  int32_t slot = -1;
 };
 
 struct LoraParams {
@@ -43,6 +54,10 @@ struct LinearLoraParams {
   std::array<Tensor, 3> parts;      // optional: [T, N_i] in order, sum N_i = N; parts[0] undefined = no split
   Tensor token_slot;                // [T] i32; undefined = no LoRA in this batch (lora is then ignored)
   std::array<LoraStack, 3> lora;    // per output: parts[i], or lora[0] for linear.out itself; undefined = none
+  // Optional hint (host memory, ascending, disjoint): runs of token_slot (LoraRun), and whether every token
+  // with a slot lies in one of them. Results are the same with or without it.
+  std::span<const LoraRun> runs;
+  bool runs_cover_all = false;
 };
 Status check(const LinearLoraParams& p);
 

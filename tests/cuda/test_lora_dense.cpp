@@ -233,6 +233,29 @@ TEST_F(CudaLoraDense, GroupMatchesCpu) {
 // not), tokens without adapter and a rank-0 slot (their rows bit for bit the composition's), repeated calls (a z
 // left dirty would show in the second), a scalar (unaligned-width) split with a bias, and a CUDA graph (the
 // side stream's fork and join captured) replayed twice.
+// The oracle of a linear_lora case: the CPU backend's composition on f32 activations, one [T, N_i] f32 per
+// output (outs: one entry = no split; stacks: one per output, undefined = no LoRA there).
+std::vector<OwnedTensor> linear_lora_oracle(ops::Backend& cpu, const OwnedTensor& x, const OwnedTensor& weight,
+                                            const Tensor& bias, const OwnedTensor& token_slot,
+                                            const std::vector<int64_t>& outs, const std::vector<ops::LoraStack>& stacks) {
+  const int64_t tokens = x.view.dim(0);
+  int64_t width = 0;
+  for (int64_t o : outs) width += o;
+  OwnedTensor all = OwnedTensor::host(DType::F32, {tokens, width});
+  std::vector<OwnedTensor> want;
+  for (int64_t o : outs) want.push_back(OwnedTensor::host(DType::F32, {tokens, o}));
+  OwnedTensor wide_x = widen(x);
+  ops::LinearLoraParams host{.linear = {.x = wide_x, .weight = weight, .bias = bias,
+                                        .out = outs.size() == 1 ? want[0].view : all.view},
+                             .token_slot = token_slot};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs.size() > 1) host.parts[i] = want[i];
+    host.lora[i] = stacks[i];
+  }
+  cpu.linear_lora(host);
+  return want;
+}
+
 TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
   struct LinearCase {
     int64_t tokens, slots, capacity_rank, in;
@@ -269,19 +292,13 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
       a.push_back(random_bf16(rng(), {c.slots, R, c.in}, 0.05f));
       b.push_back(random_bf16(rng(), {c.slots, out, R}, 0.05f));
     }
-    // The oracle: the CPU backend's composition on f32 activations.
-    OwnedTensor want_all = OwnedTensor::host(DType::F32, {c.tokens, width});
-    std::vector<OwnedTensor> want;
-    for (int64_t o : c.outs) want.push_back(OwnedTensor::host(DType::F32, {c.tokens, o}));
-    OwnedTensor wide_x = widen(x);
-    ops::LinearLoraParams host{.linear = {.x = wide_x, .weight = weight, .bias = c.bias ? bias.view : Tensor{},
-                                          .out = parts == 1 ? want[0].view : want_all.view},
-                               .token_slot = token_slot};
+    std::vector<ops::LoraStack> stacks;
     for (int64_t i = 0; i < parts; ++i) {
-      if (parts > 1) host.parts[size_t(i)] = want[size_t(i)];
-      if (i != c.undefined_part) host.lora[size_t(i)] = {.a = a[size_t(i)], .b = b[size_t(i)], .rank = rank[size_t(i)]};
+      stacks.push_back(i == c.undefined_part ? ops::LoraStack{}
+                                             : ops::LoraStack{.a = a[size_t(i)], .b = b[size_t(i)], .rank = rank[size_t(i)]});
     }
-    cpu_.linear_lora(host);
+    const std::vector<OwnedTensor> want =
+        linear_lora_oracle(cpu_, x, weight, c.bias ? bias.view : Tensor{}, token_slot, c.outs, stacks);
 
     OwnedTensor d_x = cuda::upload(x), d_weight = cuda::upload(weight), d_bias = cuda::upload(bias);
     OwnedTensor d_slot = cuda::upload(token_slot), d_all = poisoned(DType::BF16, {c.tokens, width});
@@ -370,6 +387,99 @@ TEST_F(CudaLoraDense, NoAdapterLeavesOutputBitIdentical) {
                      {}, stream_);
     sync();
     EXPECT_TRUE(bitwise_equal(cuda::download(d_y), y0)) << "slot " << only_slot;
+  }
+}
+
+// linear_lora with the engine's run hint (ops::LoraRun: a prompt chunk's tokens all on one adapter): where
+// the runs hold every adapter token they go through two cuBLASLt products per output (z rounded to bf16 in
+// between); where other tokens have adapters too, the grouped kernels take everything. Against the CPU
+// composition, which ignores the hint; a run of a rank-0 slot, and the hint switched off.
+// 2⁻⁶ (docs/NUMERICS.md): two roundings of y at the product's magnitude (product + bias, then + the LoRA
+// term) where the term cancels most of the product, over millions of elements; z in bf16 on the run path.
+constexpr double kTolLinearLoraRuns = 2 * kTolBf16Out;
+
+TEST_F(CudaLoraDense, LinearLoraRunsMatchCpu) {
+  struct RunCase {
+    int64_t slots, capacity_rank, in;
+    std::vector<int64_t> outs;  // one entry: no split
+    bool bias, cover_all;
+  };
+  const std::vector<RunCase> cases = {{8, 32, 2880, {4096, 512, 512}, true, false},  // GPT-OSS q|k|v
+                                      {8, 32, 4096, {2880}, true, true},              // GPT-OSS o_proj
+                                      {4, 16, 264, {256, 64, 64}, false, false},
+                                      {4, 16, 264, {520}, false, true}};
+  cuda::CudaBackend backend;
+  for (const RunCase& c : cases) {
+    const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
+    int64_t width = 0;
+    for (int64_t o : c.outs) width += o;
+    SCOPED_TRACE("in " + std::to_string(c.in) + " parts " + std::to_string(parts) + " width " + std::to_string(width) +
+                 (c.cover_all ? " runs cover every adapter token" : " scattered adapter tokens too"));
+    // Layout: 20 scattered tokens, a run of 300 on slot 2, 7 scattered, a run of 260 on slot 1 (rank 0
+    // everywhere: nothing to add), 5 scattered, a run of 280 on slot 0. Scattered tokens have random slots,
+    // or none when the runs cover every adapter token.
+    const std::vector<std::pair<int64_t, int32_t>> pieces = {{20, -2}, {300, 2}, {7, -2}, {260, 1}, {5, -2}, {280, 0}};
+    int64_t tokens = 0;
+    for (const auto& piece : pieces) tokens += piece.first;
+    OwnedTensor token_slot = OwnedTensor::host(DType::I32, {tokens});
+    std::vector<ops::LoraRun> runs;
+    int64_t t = 0;
+    for (const auto& [count, slot] : pieces) {
+      if (slot >= 0) runs.push_back({.first = t, .tokens = count, .slot = slot});
+      for (int64_t i = 0; i < count; ++i, ++t) {
+        token_slot.view.ptr<int32_t>()[t] =
+            slot >= 0 ? slot : c.cover_all ? -1 : int32_t(rng().next_u64() % uint64_t(c.slots + 1)) - 1;
+      }
+    }
+    OwnedTensor x = random_bf16(rng(), {tokens, c.in});
+    OwnedTensor weight = random_bf16(rng(), {width, c.in}, 0.05f);
+    OwnedTensor bias = random_bf16(rng(), {width});
+    std::vector<OwnedTensor> a, b, rank;
+    for (int64_t i = 0; i < parts; ++i) {
+      rank.push_back(OwnedTensor::host(DType::I32, {c.slots}));
+      for (int64_t s = 0; s < c.slots; ++s) rank.back().view.ptr<int32_t>()[s] = s == 1 ? 0 : 1 + int32_t(rng().next_u64() % uint64_t(R));
+      a.push_back(random_bf16(rng(), {c.slots, R, c.in}, 0.05f));
+      b.push_back(random_bf16(rng(), {c.slots, c.outs[size_t(i)], R}, 0.05f));
+    }
+    std::vector<ops::LoraStack> stacks;
+    for (int64_t i = 0; i < parts; ++i) stacks.push_back({.a = a[size_t(i)], .b = b[size_t(i)], .rank = rank[size_t(i)]});
+    const std::vector<OwnedTensor> want =
+        linear_lora_oracle(cpu_, x, weight, c.bias ? bias.view : Tensor{}, token_slot, c.outs, stacks);
+
+    OwnedTensor d_x = cuda::upload(x), d_weight = cuda::upload(weight), d_bias = cuda::upload(bias);
+    OwnedTensor d_slot = cuda::upload(token_slot), d_all = poisoned(DType::BF16, {tokens, width});
+    std::vector<OwnedTensor> d_a, d_b, d_rank, d_out;
+    for (int64_t i = 0; i < parts; ++i) {
+      d_a.push_back(cuda::upload(a[size_t(i)]));
+      d_b.push_back(cuda::upload(b[size_t(i)]));
+      d_rank.push_back(cuda::upload(rank[size_t(i)]));
+      d_out.push_back(poisoned(DType::BF16, {tokens, c.outs[size_t(i)]}));
+    }
+    ops::LinearLoraParams device{.linear = {.x = d_x, .weight = d_weight, .bias = c.bias ? d_bias.view : Tensor{},
+                                            .out = parts == 1 ? d_out[0].view : d_all.view},
+                                 .token_slot = d_slot,
+                                 .runs = runs,
+                                 .runs_cover_all = c.cover_all};
+    for (int64_t i = 0; i < parts; ++i) {
+      if (parts > 1) device.parts[size_t(i)] = d_out[size_t(i)];
+      device.lora[size_t(i)] = {.a = d_a[size_t(i)], .b = d_b[size_t(i)], .rank = d_rank[size_t(i)],
+                                .host_rank = std::span<const int32_t>(rank[size_t(i)].view.ptr<int32_t>(), size_t(c.slots))};
+    }
+    ASSERT_TRUE(ops::check(device).ok()) << ops::check(device).message();
+    for (bool dense : {true, false}) {
+      backend.set_dense_lora_runs(dense);
+      backend.synchronize();
+      for (int64_t i = 0; i < parts; ++i) cuda::fill_bytes(d_out[size_t(i)].view, 0xff);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      backend.linear_lora(device);
+      backend.synchronize();
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+      for (int64_t i = 0; i < parts; ++i) {
+        EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolLinearLoraRuns))
+            << (dense ? "runs as dense products" : "hint off") << ": output " << i;
+      }
+    }
+    backend.set_dense_lora_runs(true);
   }
 }
 

@@ -2,6 +2,7 @@
 // token, in double. Padding past each slot's rank is NaN, so reading it shows in the output.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -161,6 +162,44 @@ TEST(LinearLora, ContractNamesTheStackWithoutAnOutput) {
   EXPECT_NE(wrong_width.message().find("LinearLoraParams.lora[0]"), std::string::npos) << wrong_width.message();
   p.lora[0] = {.a = a, .b = b, .rank = rank};
   EXPECT_TRUE(ops::check(p).ok()) << ops::check(p).message();
+  // The run hint: rows within the batch, ascending and disjoint, a slot.
+  const std::vector<ops::LoraRun> good = {{.first = 0, .tokens = 1, .slot = 0}};
+  p.runs = good;
+  EXPECT_TRUE(ops::check(p).ok()) << ops::check(p).message();
+  const std::vector<ops::LoraRun> past_end = {{.first = 1, .tokens = 2, .slot = 0}};
+  p.runs = past_end;
+  ASSERT_FALSE(ops::check(p).ok());
+  EXPECT_NE(ops::check(p).message().find("LinearLoraParams.runs[0]: rows [1, 3)"), std::string::npos)
+      << ops::check(p).message();
+  const std::vector<ops::LoraRun> overlapping = {{.first = 0, .tokens = 2, .slot = 0}, {.first = 1, .tokens = 1, .slot = 0}};
+  p.runs = overlapping;
+  ASSERT_FALSE(ops::check(p).ok());
+  EXPECT_NE(ops::check(p).message().find("runs[1]"), std::string::npos) << ops::check(p).message();
+  const std::vector<ops::LoraRun> no_slot = {{.first = 0, .tokens = 1, .slot = -1}};
+  p.runs = no_slot;
+  ASSERT_FALSE(ops::check(p).ok());
+  EXPECT_NE(ops::check(p).message().find("slot -1"), std::string::npos) << ops::check(p).message();
+}
+
+// The run hint changes nothing on the CPU backend (it is a hint): the same outputs with and without it.
+TEST(LinearLora, RunHintLeavesResultsUnchanged) {
+  Rng rng(7);
+  const int64_t T = 6, in = 8, N = 5, R = 2, S = 2;
+  OwnedTensor x = test::random_f32(rng, {T, in});
+  OwnedTensor weight = test::random_bf16(rng, {N, in});
+  OwnedTensor a = test::random_f32(rng, {S, R, in}), b = test::random_f32(rng, {S, N, R});
+  OwnedTensor rank = test::i32_tensor({2, 1});
+  OwnedTensor token_slot = test::i32_tensor({-1, 1, 1, 1, 0, -1});
+  OwnedTensor plain = OwnedTensor::host(DType::F32, {T, N}), hinted = OwnedTensor::host(DType::F32, {T, N});
+  cpu::CpuBackend cpu(1);
+  ops::LinearLoraParams p{.linear = {.x = x, .weight = weight, .out = plain}, .token_slot = token_slot};
+  p.lora[0] = {.a = a, .b = b, .rank = rank};
+  cpu.linear_lora(p);
+  const std::vector<ops::LoraRun> runs = {{.first = 1, .tokens = 3, .slot = 1}};
+  p.linear.out = hinted;
+  p.runs = runs;
+  cpu.linear_lora(p);
+  EXPECT_EQ(std::memcmp(plain.view.data, hinted.view.data, plain.view.nbytes()), 0);
 }
 
 TEST(LoraDeathTest, BadSlotAborts) {

@@ -91,6 +91,10 @@ class CudaBackend final : public ops::Backend {
     linear_.set_autotune(on);
     ++memory_epoch_;
   }
+  // false: linear_lora's long single-adapter runs (ops::LinearLoraParams::runs, when they hold every adapter
+  // token) go through the grouped LoRA kernels, instead of two cuBLASLt products per run and output (bench
+  // before/after).
+  void set_dense_lora_runs(bool on) { dense_lora_runs_ = on; }
   // LinearRunner::set_split_ragged_rows (bench before/after); graphs are recorded again.
   void set_split_ragged_rows(bool on) {
     linear_.set_split_ragged_rows(on);
@@ -109,6 +113,9 @@ class CudaBackend final : public ops::Backend {
   std::unique_ptr<MoeBlockState> moe_;
   std::unique_ptr<LoraDenseScratch> lora_;
   const LoraDenseScratch& lora_scratch(const ops::LoraParams& p);
+  bool dense_lora_runs_ = true;
+  OwnedTensor run_z_;      // [longest run · R] bf16: dense_runs' z
+  bool dense_runs(const ops::LinearLoraParams& p);
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
   bool attention_split_kv_ = true;
   bool fuse_rope_kv_write_ = true;

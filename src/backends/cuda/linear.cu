@@ -292,8 +292,8 @@ int fastest_candidate(std::span<const cublasLtMatmulHeuristicResult_t> candidate
 struct LinearRunner::State {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  // (T, in, rows, ldc, out dtype, alignment of x, W, out) -> algorithm
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, int>, cublasLtMatmulAlgo_t> algos;
+  // (T, in, rows, ldc, out dtype (+1000: accumulating), alignment of x, W, out, lda) -> algorithm
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, int, int, int64_t>, cublasLtMatmulAlgo_t> algos;
   void* padded = nullptr;  // a ragged product's rows padded to 16 bytes (see the top), grown outside captures
   size_t padded_bytes = 0;
   uint64_t epoch = 0;      // bumped when `padded` moves
@@ -331,7 +331,8 @@ bool LinearRunner::takes_skinny(const ops::LinearParams& p) const {
 // One cuBLASLt product: rows `rows` of W (from w) times x into c, whose rows (output rows of `out`) are ldc
 // elements apart. The algorithm per (T, in, rows, ldc, dtype, alignments) is cached.
 void LinearRunner::cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows,
-                                  int64_t ldc, int out_type_value, cudaStream_t stream) {
+                                  int64_t ldc, int out_type_value, cudaStream_t stream, int64_t lda, bool accumulate) {
+  if (lda == 0) lda = in;
   const auto out_type = cudaDataType_t(out_type_value);
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, c_layout = nullptr;
@@ -340,12 +341,13 @@ void LinearRunner::cublas_product(const void* w, const void* x, void* c, int64_t
   LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
   LMX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
   // Column-major: A = W as [in, out] (op T -> [out, in]), B = x as [in, T], C = out as [out, T].
-  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, uint64_t(in), uint64_t(rows), in));
+  LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_16BF, uint64_t(in), uint64_t(rows), lda));
   LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_16BF, uint64_t(in), uint64_t(tokens), in));
   LMX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout, out_type, uint64_t(rows), uint64_t(tokens), ldc));
 
   const int align_x = alignment_of(x), align_w = alignment_of(w), align_o = alignment_of(c);
-  const auto key = std::make_tuple(tokens, in, rows, ldc, int(out_type), align_x, align_w, align_o);
+  const auto key = std::make_tuple(tokens, in, rows, ldc, int(out_type) + (accumulate ? 1000 : 0), align_x, align_w,
+                                   align_o, lda);
   auto found = state_->algos.find(key);
   if (found == state_->algos.end()) {
     cublasLtMatmulPreference_t preference = nullptr;
@@ -366,7 +368,8 @@ void LinearRunner::cublas_product(const void* w, const void* x, void* c, int64_t
                                                           &schemes, sizeof(schemes)));
     // Few rows (decode): the heuristic's first choice leaves bandwidth on the table for some shapes (o_proj
     // [16, 4096]·[2880, 4096]ᵀ at 51% of its bytes floor, perf-log run 9), so its candidates are timed once.
-    const bool tune = autotune_ && tokens <= kAutotuneMaxRows;
+    // (never while accumulating: the timed runs would add into c)
+    const bool tune = autotune_ && tokens <= kAutotuneMaxRows && !accumulate;
     cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
     int count = 0;
     LMX_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state_->handle, desc, a_layout, b_layout, c_layout, c_layout,
@@ -380,20 +383,41 @@ void LinearRunner::cublas_product(const void* w, const void* x, void* c, int64_t
     int best = 0;
     if (tune && count > 1) {
       best = fastest_candidate(std::span(results, size_t(count)), [&](const cublasLtMatmulAlgo_t& algo) {
-        const float alpha = 1.0f, beta = 0.0f;
+        const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
         return cublasLtMatmul(state_->handle, desc, &alpha, w, a_layout, x, b_layout, &beta, c, c_layout, c, c_layout,
                               &algo, state_->workspace, kWorkspaceBytes, stream);
       }, stream);
     }
     found = state_->algos.emplace(key, results[best].algo).first;
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   LMX_CUBLAS_CHECK(cublasLtMatmul(state_->handle, desc, &alpha, w, a_layout, x, b_layout, &beta, c, c_layout, c,
                                   c_layout, &found->second, state_->workspace, kWorkspaceBytes, stream));
   cublasLtMatrixLayoutDestroy(a_layout);
   cublasLtMatrixLayoutDestroy(b_layout);
   cublasLtMatrixLayoutDestroy(c_layout);
   cublasLtMatmulDescDestroy(desc);
+}
+
+void LinearRunner::accumulate(const Tensor& x, const Tensor& weight, int64_t weight_ld, const Tensor& out,
+                              cudaStream_t stream) {
+  detail::require_cuda("linear accumulate", {{"x", &x}, {"weight", &weight}, {"out", &out}});
+  const int64_t tokens = x.dim(0), k = x.dim(1), n = weight.dim(0);
+  if (x.dtype != DType::BF16 || weight.dtype != DType::BF16 || out.dtype != DType::BF16 || x.ndim != 2 ||
+      weight.ndim != 2 || out.ndim != 2 || weight.dim(1) < k || weight_ld < weight.dim(1) || out.dim(0) != tokens ||
+      out.dim(1) != n) {
+    detail::contract_failure("linear accumulate", "out", out,
+                             ("[T, n] bf16 with x [T, k] and weight [n, >= k] bf16, rows weight_ld apart (x " +
+                              x.shape_str() + ", weight " + weight.shape_str() + ")").c_str());
+  }
+  if (tokens == 0 || n == 0) return;
+  const int64_t main_rows = split_ragged_ && n > kRowAlign ? n / kRowAlign * kRowAlign : n;
+  cublas_product(weight.data, x.data, out.data, tokens, k, main_rows, n, CUDA_R_16BF, stream, weight_ld, true);
+  if (main_rows < n) {
+    cublas_product(static_cast<const char*>(weight.data) + main_rows * weight_ld * 2, x.data,
+                   static_cast<char*>(out.data) + main_rows * 2, tokens, k, n - main_rows, n, CUDA_R_16BF, stream,
+                   weight_ld, true);
+  }
 }
 
 void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {

@@ -53,6 +53,11 @@ class LinearRunner {
   // capture (like the cuBLASLt heuristic's first call); it then moves, and memory_epoch() changes, so
   // recorded graphs must be made again.
   void set_split_ragged_rows(bool on) { split_ragged_ = on; }
+  // out += x·W[:, :k]ᵀ in one rounding (cuBLASLt with beta 1): x [T, k] bf16, weight [n, >= k] bf16 whose rows
+  // are weight_ld elements apart, out [T, n] bf16, all on cuda. The dense LoRA's expand of a long run of one
+  // adapter (CudaBackend::linear_lora): W is B[slot] [out, R] and k the slot's true rank. Not timed on its
+  // first call (it would add into out); the heuristic's first choice.
+  void accumulate(const Tensor& x, const Tensor& weight, int64_t weight_ld, const Tensor& out, cudaStream_t stream);
   uint64_t memory_epoch() const;
 
  private:
@@ -60,9 +65,10 @@ class LinearRunner {
   bool autotune_ = true;
   bool split_ragged_ = true;
   int64_t skinny_max_out_ = 1024;
-  // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t).
+  // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t);
+  // lda: W's row stride (0: in); accumulate: c += instead of c =.
   void cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows, int64_t ldc,
-                      int out_type, cudaStream_t stream);
+                      int out_type, cudaStream_t stream, int64_t lda = 0, bool accumulate = false);
   struct State;
   std::unique_ptr<State> state_;
 };
