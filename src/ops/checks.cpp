@@ -425,6 +425,12 @@ Status check(const LinearLoraParams& p) {
                               std::to_string(end) + ")");
     }
     if (run.slot < 0) return invalid_argument(name + ": slot " + std::to_string(run.slot) + " (expected >= 0)");
+    for (const LoraStack& w : p.lora) {
+      if (w.defined() && run.slot >= w.a.dim(0)) {
+        return invalid_argument(name + ": slot " + std::to_string(run.slot) + " outside the stacks' S = " +
+                                std::to_string(w.a.dim(0)));
+      }
+    }
     end = run.first + run.tokens;
   }
   if (!p.runs.empty() && !p.token_slot.defined()) {

@@ -175,6 +175,11 @@ TEST(LinearLora, ContractNamesTheStackWithoutAnOutput) {
   p.runs = overlapping;
   ASSERT_FALSE(ops::check(p).ok());
   EXPECT_NE(ops::check(p).message().find("runs[1]"), std::string::npos) << ops::check(p).message();
+  const std::vector<ops::LoraRun> past_slots = {{.first = 0, .tokens = 1, .slot = 1}};  // S = 1
+  p.runs = past_slots;
+  ASSERT_FALSE(ops::check(p).ok());
+  EXPECT_NE(ops::check(p).message().find("slot 1 outside the stacks' S = 1"), std::string::npos)
+      << ops::check(p).message();
   const std::vector<ops::LoraRun> no_slot = {{.first = 0, .tokens = 1, .slot = -1}};
   p.runs = no_slot;
   ASSERT_FALSE(ops::check(p).ok());
