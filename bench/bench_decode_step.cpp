@@ -517,6 +517,9 @@ int main(int argc, char** argv) {
       char mixed_what[96];
       std::snprintf(mixed_what, sizeof mixed_what, "mixed step: the prompt with an adapter + %d decoding", o.batch - 1);
       row(mixed_what, time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda_backend.set_dense_lora_runs(false);  // the prompt's dense LoRA by the grouped kernels with the rest
+      row("same, dense LoRA by the grouped kernels", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda_backend.set_dense_lora_runs(true);
       // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with the decode
       // tokens' adapters in the prompt's tiles (the default's rule keeps the expand kernels here since run
       // 65), or the decoding sequences themselves.

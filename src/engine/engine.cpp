@@ -179,7 +179,7 @@ Tensor Engine::run_forward(int bucket) {
     return model_->forward(batch_, cache_, lookup);
   batch_.lora_scattered_tokens = -1;  // a recording serves any adapter mix: no path chosen from this one
   batch_.lora_runs = {};
-  batch_.lora_runs_cover_all = false;
+  batch_.lora_rest_rows = -1;
   if (backend_.memory_epoch() != graphs_epoch_) {  // a workspace moved: every recording points at old memory
     release_graphs();
     graphs_epoch_ = backend_.memory_epoch();
@@ -272,11 +272,18 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   bool any_lora = false;
   int64_t scattered = 0;
   lora_runs_.clear();
+  // Rows [0, rest_end) hold every adapter token outside the runs, unless one follows a run (the scheduler
+  // puts running sequences, decode tokens first, before new prompts, so usually none does).
+  int64_t rest_end = 0;
+  bool rest_after_run = false;
   for (size_t b = 0; b < step.size(); ++b) {
     const Sequence& seq = *step[b].seq;
     seq_start[b] = t;
     if (seq.slot >= 0 && step[b].num_tokens >= ops::kLoraRunTokens) {  // a prompt chunk: one adapter's run
       lora_runs_.push_back({.first = t, .tokens = step[b].num_tokens, .slot = seq.slot});
+    } else if (seq.slot >= 0) {
+      rest_end = t + step[b].num_tokens;
+      rest_after_run |= !lora_runs_.empty();
     }
     int32_t* row = block_table + b * size_t(max_pages_per_seq_);
     std::fill(row, row + max_pages_per_seq_, 0);
@@ -326,7 +333,7 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
   batch_.any_lora = any_lora;
   batch_.lora_scattered_tokens = scattered;
   batch_.lora_runs = lora_runs_;
-  batch_.lora_runs_cover_all = scattered == 0;
+  batch_.lora_rest_rows = rest_after_run ? -1 : rest_end;
 }
 
 // One uniform number per sampled row from the request's stream and the index of the token being drawn,

@@ -144,7 +144,7 @@ void Model::linear_lora(const Tensor& x, const Tensor& weight, const Tensor& bia
 void Model::set_runs(const BatchView& batch, ops::LinearLoraParams* p) const {
   if (p->linear.x.dim(0) != batch.num_tokens) return;
   p->runs = batch.lora_runs;
-  p->runs_cover_all = batch.lora_runs_cover_all;
+  p->rest_rows = batch.lora_rest_rows;
 }
 
 void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, const LoraLookup& lora, int T) {

@@ -28,10 +28,10 @@ struct BatchView {
   Tensor sample_index;    // [S] i32 rows of the flat batch whose logits are wanted
   bool any_lora = false;  // false: no token has an adapter, so no LoRA op is launched at all
   int64_t lora_scattered_tokens = -1;  // ops::MoeParams::lora_scattered_tokens of this batch (-1: unknown)
-  // Long runs of one slot in token_slot (host memory; empty in recordings) and whether they hold every token
-  // with a slot: ops::LinearLoraParams::runs / runs_cover_all for the dense projections.
+  // Long runs of one slot in token_slot (host memory; empty in recordings) and the rows holding every other
+  // token with a slot: ops::LinearLoraParams::runs / rest_rows for the dense projections.
   std::span<const ops::LoraRun> lora_runs;
-  bool lora_runs_cover_all = false;
+  int64_t lora_rest_rows = -1;
 };
 
 // Paged cache of every layer, [pages, P, Hkv, D] in the backend's activation dtype.

@@ -436,6 +436,11 @@ Status check(const LinearLoraParams& p) {
   if (!p.runs.empty() && !p.token_slot.defined()) {
     return invalid_argument("LinearLoraParams.runs: given without token_slot");
   }
+  if (!p.runs.empty() && (p.rest_rows < -1 || p.rest_rows > p.runs[0].first)) {
+    return invalid_argument("LinearLoraParams.rest_rows: " + std::to_string(p.rest_rows) +
+                            " (expected -1, or rows [0, rest_rows) before the first run, which starts at " +
+                            std::to_string(p.runs[0].first) + ")");
+  }
   return Status::Ok();
 }
 

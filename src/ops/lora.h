@@ -54,10 +54,11 @@ struct LinearLoraParams {
   std::array<Tensor, 3> parts;      // optional: [T, N_i] in order, sum N_i = N; parts[0] undefined = no split
   Tensor token_slot;                // [T] i32; undefined = no LoRA in this batch (lora is then ignored)
   std::array<LoraStack, 3> lora;    // per output: parts[i], or lora[0] for linear.out itself; undefined = none
-  // Optional hint (host memory, ascending, disjoint): runs of token_slot (LoraRun), and whether every token
-  // with a slot lies in one of them. Results are the same with or without it.
+  // Optional hint (host memory, ascending, disjoint): runs of token_slot (LoraRun), and where the tokens with
+  // a slot outside them lie: all in rows [0, rest_rows) (0: the runs hold every one), or -1: anywhere.
+  // Results are the same with or without it.
   std::span<const LoraRun> runs;
-  bool runs_cover_all = false;
+  int64_t rest_rows = -1;
 };
 Status check(const LinearLoraParams& p);
 

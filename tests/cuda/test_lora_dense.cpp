@@ -390,10 +390,11 @@ TEST_F(CudaLoraDense, NoAdapterLeavesOutputBitIdentical) {
   }
 }
 
-// linear_lora with the engine's run hint (ops::LoraRun: a prompt chunk's tokens all on one adapter): where
-// the runs hold every adapter token they go through two cuBLASLt products per output (z rounded to bf16 in
-// between); where other tokens have adapters too, the grouped kernels take everything. Against the CPU
-// composition, which ignores the hint; a run of a rank-0 slot, and the hint switched off.
+// linear_lora with the engine's run hint (ops::LoraRun: a prompt chunk's tokens all on one adapter): the
+// runs go through two cuBLASLt products per output (z rounded to bf16 in between) where every other adapter
+// token lies before the first run, and those through the grouped kernels on that slice alone; otherwise the
+// grouped kernels take everything. Against the CPU composition, which ignores the hint; a run of a rank-0
+// slot, and the hint switched off.
 // 2⁻⁶ (docs/NUMERICS.md): two roundings of y at the product's magnitude (product + bias, then + the LoRA
 // term) where the term cancels most of the product, over millions of elements; z in bf16 on the run path.
 constexpr double kTolLinearLoraRuns = 2 * kTolBf16Out;
@@ -402,34 +403,39 @@ TEST_F(CudaLoraDense, LinearLoraRunsMatchCpu) {
   struct RunCase {
     int64_t slots, capacity_rank, in;
     std::vector<int64_t> outs;  // one entry: no split
-    bool bias, cover_all;
+    bool bias;
+    int layout;  // adapter tokens outside the runs: 0 before the first run, 1 also between runs, 2 none
   };
-  const std::vector<RunCase> cases = {{8, 32, 2880, {4096, 512, 512}, true, false},  // GPT-OSS q|k|v
-                                      {8, 32, 4096, {2880}, true, true},              // GPT-OSS o_proj
-                                      {4, 16, 264, {256, 64, 64}, false, false},
-                                      {4, 16, 264, {520}, false, true}};
+  const std::vector<RunCase> cases = {{8, 32, 2880, {4096, 512, 512}, true, 0},  // GPT-OSS q|k|v
+                                      {8, 32, 2880, {4096, 512, 512}, true, 1},
+                                      {8, 32, 4096, {2880}, true, 2},              // GPT-OSS o_proj
+                                      {8, 32, 4096, {2880}, true, 0},
+                                      {4, 16, 264, {256, 64, 64}, false, 1},
+                                      {4, 16, 264, {520}, false, 2}};
   cuda::CudaBackend backend;
   for (const RunCase& c : cases) {
     const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
     int64_t width = 0;
     for (int64_t o : c.outs) width += o;
     SCOPED_TRACE("in " + std::to_string(c.in) + " parts " + std::to_string(parts) + " width " + std::to_string(width) +
-                 (c.cover_all ? " runs cover every adapter token" : " scattered adapter tokens too"));
-    // Layout: 20 scattered tokens, a run of 300 on slot 2, 7 scattered, a run of 260 on slot 1 (rank 0
-    // everywhere: nothing to add), 5 scattered, a run of 280 on slot 0. Scattered tokens have random slots,
-    // or none when the runs cover every adapter token.
+                 " layout " + std::to_string(c.layout));
+    // 20 scattered tokens, a run of 300 on slot 2, 7 scattered, a run of 260 on slot 1 (rank 0 everywhere:
+    // nothing to add), 5 scattered, a run of 280 on slot 0. Scattered tokens have random slots (layout 0: the
+    // first 20 only), or none (layout 2).
     const std::vector<std::pair<int64_t, int32_t>> pieces = {{20, -2}, {300, 2}, {7, -2}, {260, 1}, {5, -2}, {280, 0}};
     int64_t tokens = 0;
     for (const auto& piece : pieces) tokens += piece.first;
     OwnedTensor token_slot = OwnedTensor::host(DType::I32, {tokens});
     std::vector<ops::LoraRun> runs;
-    int64_t t = 0;
+    int64_t t = 0, rest_rows = 0;
     for (const auto& [count, slot] : pieces) {
       if (slot >= 0) runs.push_back({.first = t, .tokens = count, .slot = slot});
+      const bool scattered = slot < 0 && (c.layout == 1 || (c.layout == 0 && runs.empty()));
       for (int64_t i = 0; i < count; ++i, ++t) {
         token_slot.view.ptr<int32_t>()[t] =
-            slot >= 0 ? slot : c.cover_all ? -1 : int32_t(rng().next_u64() % uint64_t(c.slots + 1)) - 1;
+            slot >= 0 ? slot : scattered ? int32_t(rng().next_u64() % uint64_t(c.slots)) : -1;
       }
+      if (scattered) rest_rows = runs.empty() ? t : -1;  // as the engine's build_batch
     }
     OwnedTensor x = random_bf16(rng(), {tokens, c.in});
     OwnedTensor weight = random_bf16(rng(), {width, c.in}, 0.05f);
@@ -459,7 +465,7 @@ TEST_F(CudaLoraDense, LinearLoraRunsMatchCpu) {
                                             .out = parts == 1 ? d_out[0].view : d_all.view},
                                  .token_slot = d_slot,
                                  .runs = runs,
-                                 .runs_cover_all = c.cover_all};
+                                 .rest_rows = rest_rows};
     for (int64_t i = 0; i < parts; ++i) {
       if (parts > 1) device.parts[size_t(i)] = d_out[size_t(i)];
       device.lora[size_t(i)] = {.a = d_a[size_t(i)], .b = d_b[size_t(i)], .rank = d_rank[size_t(i)],

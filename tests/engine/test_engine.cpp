@@ -167,6 +167,64 @@ TEST(Engine, MoeLoraHintCountsScatteredAdapterTokens) {
   EXPECT_EQ(backend.calls[size_t(layers)].scattered, 2);
 }
 
+// A cpu backend that records the run hint of each dense projection call (ops::LinearLoraParams::runs and
+// rest_rows) with LoRA in the batch.
+class RunHintBackend : public cpu::CpuBackend {
+ public:
+  RunHintBackend() : cpu::CpuBackend(1) {}
+  void linear_lora(const ops::LinearLoraParams& p) override {
+    if (p.token_slot.defined()) calls.push_back({p.linear.x.dim(0), {p.runs.begin(), p.runs.end()}, p.rest_rows});
+    cpu::CpuBackend::linear_lora(p);
+  }
+  struct Call {
+    int64_t tokens;
+    std::vector<ops::LoraRun> runs;
+    int64_t rest_rows;
+  };
+  std::vector<Call> calls;
+};
+
+// A sequence with at least ops::kLoraRunTokens tokens of one adapter in the step is a run; rest_rows says
+// that every other adapter token lies before the first run (or -1 when one follows it).
+TEST(Engine, DenseLoraHintNamesRunsAndTheRowsBeforeThem) {
+  auto f = make_fixture(2);
+  auto request = [](const std::string& adapter, int prompt_tokens) {
+    Request r;
+    r.adapter = adapter;
+    for (int t = 0; t < prompt_tokens; ++t) r.prompt_ids.push_back(t % 200 + 1);
+    r.sampling.max_tokens = 2;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  const int long_prompt = ops::kLoraRunTokens + 4;
+  struct Order {
+    std::vector<Request> requests;
+    int64_t run_first, rest_rows;
+  };
+  const std::vector<Order> orders = {
+      {{request("a1", 5), request("a0", long_prompt), request("", 4)}, 5, 5},  // the short one first
+      {{request("a0", long_prompt), request("a1", 5)}, 0, -1},               // an adapter token after the run
+      {{request("", 4), request("a0", long_prompt)}, 4, 0}};                  // the run holds every adapter token
+  for (const Order& order : orders) {
+    RunHintBackend backend;
+    EngineConfig config;
+    config.max_loras = 2;
+    Result<std::unique_ptr<Engine>> created = Engine::create(f->weights, backend, config);
+    ASSERT_TRUE(created.ok()) << created.status().message();
+    Engine& e = **created;
+    for (const lora::Adapter& a : f->adapters) ASSERT_TRUE(e.add_adapter(a).ok());
+    run_all(e, order.requests);
+    ASSERT_FALSE(backend.calls.empty());
+    const RunHintBackend::Call& first = backend.calls[0];  // the step that prefills every prompt
+    ASSERT_EQ(first.runs.size(), 1u);
+    EXPECT_EQ(first.runs[0].first, order.run_first);
+    EXPECT_EQ(first.runs[0].tokens, long_prompt);
+    EXPECT_GE(first.runs[0].slot, 0);
+    EXPECT_EQ(first.rest_rows, order.rest_rows);
+    EXPECT_TRUE(backend.calls.back().runs.empty());  // a decode step has no runs
+  }
+}
+
 // A cpu backend that reports a fixed device memory, as a GPU does (total_bytes() > 0).
 class FixedMemoryBackend : public cpu::CpuBackend {
  public:

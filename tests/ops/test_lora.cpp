@@ -180,6 +180,11 @@ TEST(LinearLora, ContractNamesTheStackWithoutAnOutput) {
   ASSERT_FALSE(ops::check(p).ok());
   EXPECT_NE(ops::check(p).message().find("slot 1 outside the stacks' S = 1"), std::string::npos)
       << ops::check(p).message();
+  p.runs = good;
+  p.rest_rows = 1;  // rows before the first run only (it starts at 0)
+  ASSERT_FALSE(ops::check(p).ok());
+  EXPECT_NE(ops::check(p).message().find("LinearLoraParams.rest_rows: 1"), std::string::npos) << ops::check(p).message();
+  p.rest_rows = -1;
   const std::vector<ops::LoraRun> no_slot = {{.first = 0, .tokens = 1, .slot = -1}};
   p.runs = no_slot;
   ASSERT_FALSE(ops::check(p).ok());

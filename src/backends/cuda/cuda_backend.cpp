@@ -303,20 +303,37 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
   }
   linear_.run(product, stream_);
   if (split) cuda::split_columns({.x = p.linear.out, .parts = p.parts}, stream_, bias_later ? p.linear.bias : Tensor{});
-  if (p.token_slot.defined() && !dense_runs(p)) lora_outputs(p);
+  if (!p.token_slot.defined()) return;
+  if (!dense_runs(p)) {
+    lora_outputs(p);
+    return;
+  }
+  if (p.rest_rows <= 0) return;
+  // The adapter tokens outside the runs (decode tokens beside a prompt) all lie in rows [0, rest_rows): the
+  // grouped kernels on that slice alone (a few rows: the direct per-pair path).
+  ops::LinearLoraParams rest = p;
+  rest.linear.x = p.linear.x.rows(0, p.rest_rows);
+  rest.linear.out = p.linear.out.rows(0, p.rest_rows);
+  rest.token_slot = p.token_slot.rows(0, p.rest_rows);
+  for (Tensor& part : rest.parts) {
+    if (part.defined()) part = part.rows(0, p.rest_rows);
+  }
+  rest.runs = {};
+  rest.rest_rows = -1;
+  lora_outputs(rest);
 }
 
 // The LoRA of linear_lora's long single-adapter runs (ops::LoraRun: a prompt's chunk) as dense products,
-// where the runs hold every token with an adapter (a step of prompt chunks alone): per run and output,
+// where every other token with an adapter lies before the first run (rest_rows >= 0): per run and output,
 // z = x[rows]·A[slot][:r]ᵀ (bf16, rank r of the slot) and y[rows] += z·B[slot][:, :r]ᵀ, both cuBLASLt
 // (LinearRunner). The grouped kernels re-read B per 16-row tile and run at 14–23% of their bytes floor at
-// T 1600 (perf-log run 80); a 1600-token prompt with an adapter takes ~2 ms less (run 89). Where decode
-// tokens with adapters share the step, the grouped kernels take every token: running them beside the dense
-// products for the few others cost more than it saved (run 89). Eager steps only (the engine gives no runs
-// to recordings); false, with nothing enqueued, where it does not apply: switched off, inside a capture, a
-// stack without host ranks.
+// T 1600 (perf-log run 80); a 1600-token prompt with an adapter takes ~2 ms less (run 89). The caller runs
+// the grouped kernels on rows [0, rest_rows) after it; over the whole batch with the runs masked out they
+// cost more than the dense products saved (run 89). Eager steps only (the engine gives no runs to
+// recordings); false, with nothing enqueued, where it does not apply: switched off, inside a capture, a
+// stack without host ranks, rest_rows -1.
 bool CudaBackend::dense_runs(const ops::LinearLoraParams& p) {
-  if (!dense_lora_runs_ || p.runs.empty() || !p.runs_cover_all || p.linear.out.dtype != DType::BF16) return false;
+  if (!dense_lora_runs_ || p.runs.empty() || p.rest_rows < 0 || p.linear.out.dtype != DType::BF16) return false;
   for (const ops::LoraStack& w : p.lora) {
     if (w.defined() && (int64_t(w.host_rank.size()) != w.a.dim(0) || w.a.dtype != DType::BF16)) return false;
   }
