@@ -118,6 +118,16 @@ TEST(Engine, DecodePaddingToGraphBucketsChangesNothing) {
   EXPECT_EQ(reference->num_padding_rows(), 0u);
 }
 
+// A request of `prompt_tokens` ids for `adapter` ("" = base), two outputs with ignore_eos.
+Request hint_request(const std::string& adapter, int prompt_tokens) {
+  Request r;
+  r.adapter = adapter;
+  for (int t = 0; t < prompt_tokens; ++t) r.prompt_ids.push_back(t % 200 + 1);
+  r.sampling.max_tokens = 2;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
 // A cpu backend that records, per MoE call, the batch size and the host hint the engine gave for the
 // backend's MoE-LoRA path (ops::MoeParams::lora_scattered_tokens).
 class MoeHintBackend : public cpu::CpuBackend {
@@ -145,16 +155,8 @@ TEST(Engine, MoeLoraHintCountsScatteredAdapterTokens) {
   ASSERT_TRUE(created.ok()) << created.status().message();
   Engine& e = **created;
   for (const lora::Adapter& a : f->adapters) ASSERT_TRUE(e.add_adapter(a).ok());
-  auto request = [](const std::string& adapter, int prompt_tokens) {
-    Request r;
-    r.adapter = adapter;
-    for (int t = 0; t < prompt_tokens; ++t) r.prompt_ids.push_back(t % 200 + 1);
-    r.sampling.max_tokens = 2;
-    r.sampling.ignore_eos = true;
-    return r;
-  };
   const int long_prompt = ops::kLoraRunTokens + 4;
-  run_all(e, {request("a0", long_prompt), request("a1", 5), request("", 4)});
+  run_all(e, {hint_request("a0", long_prompt), hint_request("a1", 5), hint_request("", 4)});
   ASSERT_FALSE(backend.calls.empty());
   const int64_t layers = f->weights.config.num_layers;
   // The first step prefills all three prompts: only a1's 5 tokens are scattered.
@@ -188,23 +190,15 @@ class RunHintBackend : public cpu::CpuBackend {
 // that every other adapter token lies before the first run (or -1 when one follows it).
 TEST(Engine, DenseLoraHintNamesRunsAndTheRowsBeforeThem) {
   auto f = make_fixture(2);
-  auto request = [](const std::string& adapter, int prompt_tokens) {
-    Request r;
-    r.adapter = adapter;
-    for (int t = 0; t < prompt_tokens; ++t) r.prompt_ids.push_back(t % 200 + 1);
-    r.sampling.max_tokens = 2;
-    r.sampling.ignore_eos = true;
-    return r;
-  };
   const int long_prompt = ops::kLoraRunTokens + 4;
   struct Order {
     std::vector<Request> requests;
     int64_t run_first, rest_rows;
   };
   const std::vector<Order> orders = {
-      {{request("a1", 5), request("a0", long_prompt), request("", 4)}, 5, 5},  // the short one first
-      {{request("a0", long_prompt), request("a1", 5)}, 0, -1},               // an adapter token after the run
-      {{request("", 4), request("a0", long_prompt)}, 4, 0}};                  // the run holds every adapter token
+      {{hint_request("a1", 5), hint_request("a0", long_prompt), hint_request("", 4)}, 5, 5},  // the short one first
+      {{hint_request("a0", long_prompt), hint_request("a1", 5)}, 0, -1},  // an adapter token after the run
+      {{hint_request("", 4), hint_request("a0", long_prompt)}, 4, 0}};    // the run holds every adapter token
   for (const Order& order : orders) {
     RunHintBackend backend;
     EngineConfig config;
