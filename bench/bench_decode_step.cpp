@@ -488,12 +488,19 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_multicast(true);  // the persistent kernel in CTA pairs sharing each A tile (off by default)
     row("same, persistent MoE GEMM with multicast A", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_multicast(false);
-    cuda::set_moe_gemm_large_block_n(256);  // 128 × 256 tiles for the 128-row MoE GEMMs
-    row("same, gate_up GEMM at BLOCK_N 256 too", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    // The 128-row MoE GEMMs' BLOCK_N (default by width: 192 where it divides n, as GPT-OSS-20B's 5760 and
+    // 2880; else gate_up 128, down 256). Before: gate_up 128, down 256; and other widths.
     cuda::set_moe_gemm_large_block_n(128);
-    cuda::set_moe_block_down_block_n(128);  // before: down at 128 × 128 like gate_up
-    row("same, down GEMM at BLOCK_N 128", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_block_down_block_n(256);
+    row("same, gate_up GEMM at BLOCK_N 128, down 256 (before run 91)", time_prefill(**engine, o, vocab, rng),
+        prefill_floor);
+    cuda::set_moe_gemm_large_block_n(256);
+    row("same, gate_up and down GEMMs at BLOCK_N 256", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_block_down_block_n(128);
+    cuda::set_moe_gemm_large_block_n(128);
+    row("same, gate_up and down GEMMs at BLOCK_N 128", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_large_block_n(0);
+    cuda::set_moe_block_down_block_n(0);
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);

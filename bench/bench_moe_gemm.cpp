@@ -259,6 +259,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     cuda::moe_gate_up(gate_up(0, true, block_n), stream);
     cuda::moe_down(down(0, block_n), stream);
   }
+  if (block_m == cuda::kMoeGemmBlockMLarge) {  // BLOCK_N 192: the warp-specialized kernels only
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmmaWarpSpecialized);
+    cuda::moe_gate_up(gate_up_gathered(0, 192), stream);
+    cuda::moe_down(down_gathered(0, 192), stream);
+    cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kAuto);
+  }
   const std::vector<int> decode_stages =
       block_m == cuda::kMoeGemmBlockMDecode ? std::vector<int>{4, 5} : std::vector<int>{};
   for (int stages : decode_stages) {
@@ -284,11 +290,17 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-  if (block_m == cuda::kMoeGemmBlockMLarge) {  // before/after of moe_block's down at BLOCK_N 256
-    cuda::set_moe_block_down_block_n(128);
-    print_row("block (no LoRA), down at BLOCK_N 128", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
-              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-    cuda::set_moe_block_down_block_n(256);
+  if (block_m == cuda::kMoeGemmBlockMLarge) {  // moe_block at other 128-row BLOCK_N (default: by width)
+    for (const auto& [gate_up_n, down_n] : {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}}) {
+      cuda::set_moe_gemm_large_block_n(gate_up_n);
+      cuda::set_moe_block_down_block_n(down_n);
+      const std::string what = "block (no LoRA), gate_up at BLOCK_N " + std::to_string(gate_up_n) + ", down at " +
+                               std::to_string(down_n);
+      print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+                gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+    }
+    cuda::set_moe_gemm_large_block_n(0);
+    cuda::set_moe_block_down_block_n(0);
   }
   // The MoE-LoRA of 8 rank-32 adapters on gate_up and down (every token with one, or spread over 8).
   constexpr int64_t kSlots = 8, kRank = 32;
@@ -450,8 +462,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     }
     // moe_block's configuration: gathered rows, CTA groups of 8 (kAuto: gate_up of the halves layout stays
     // on the ring, as here with cp.async for the weight)
-    for (int block_n : {128, 256}) {  // 128 is moe_block's choice; 256: twice the FLOPs per byte from L2
-      const std::string suffix = ", warp-spec., A gathered, CTA groups 8" + std::string(block_n == 256 ? ", N 256" : "");
+    // 128 is moe_block's choice; 256: twice the FLOPs per byte from L2; 192 (BLOCK_M 128 only): 1.2×, and
+    // GPT-OSS-20B's widths are whole multiples of it
+    const std::vector<int> configured_ns =
+        block_m == cuda::kMoeGemmBlockMLarge ? std::vector<int>{128, 256, 192} : std::vector<int>{128, 256};
+    for (int block_n : configured_ns) {
+      const std::string suffix =
+          ", warp-spec., A gathered, CTA groups 8" + (block_n == 128 ? std::string() : ", N " + std::to_string(block_n));
       print_row(("  gate_up fused" + suffix).c_str(), tokens, gate_up_bytes, gate_up_flops,
                 time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, block_n, 8), stream); }));
       print_row(("  down" + suffix).c_str(), tokens, down_bytes, down_flops,

@@ -289,12 +289,16 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     // The default kernel with 128 × 256 tiles, and with the general epilogue for every work item (the
     // compact forms are bit-identical to it: same arithmetic per element).
     const OwnedTensor compact = run_block(c, b, true, stream_);
-    cuda::set_moe_gemm_large_block_n(256);
-    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "BLOCK_N 256";
-    cuda::set_moe_gemm_large_block_n(128);
-    cuda::set_moe_block_down_block_n(128);  // moe_block's down at 128 × 128 (its default at BLOCK_M 128: 256)
-    EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "down at BLOCK_N 128";
-    cuda::set_moe_block_down_block_n(256);
+    // 128-row tiles at each BLOCK_N built (the default picks by width: 192 where n divides, else 128 for
+    // gate_up and 256 for down), gate_up and moe_block's down in turn
+    for (int block_n : {128, 192, 256}) {
+      cuda::set_moe_gemm_large_block_n(block_n);
+      EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "BLOCK_N " << block_n;
+      cuda::set_moe_gemm_large_block_n(0);
+      cuda::set_moe_block_down_block_n(block_n);
+      EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "down at BLOCK_N " << block_n;
+      cuda::set_moe_block_down_block_n(0);
+    }
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
     cuda::set_moe_gemm_compact_epilogue(true);
@@ -307,14 +311,17 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
       const OwnedTensor want = cpu_block(cpu_, c, b, 64);
       EXPECT_TRUE(close_to_oracle(every_nth_row(mma.view, 64), want)) << "reference vs the CPU oracle";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
-      for (int down_block_n : {256, 128}) {
-        SCOPED_TRACE("LoRA in the GEMM, down at BLOCK_N " + std::to_string(down_block_n));
-        cuda::set_moe_block_down_block_n(down_block_n);
+      for (const auto& [gate_up_n, down_n] : {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}}) {
+        SCOPED_TRACE("LoRA in the GEMM, gate_up at BLOCK_N " + std::to_string(gate_up_n) + ", down at " +
+                     std::to_string(down_n));
+        cuda::set_moe_gemm_large_block_n(gate_up_n);
+        cuda::set_moe_block_down_block_n(down_n);
         const OwnedTensor got = run_block(c, b, true, stream_);
         EXPECT_TRUE(all_close(got, widen(mma), kTolMoeBlock));
         EXPECT_TRUE(close_to_oracle(every_nth_row(got.view, 64), want)) << "vs the CPU oracle";
       }
-      cuda::set_moe_block_down_block_n(256);
+      cuda::set_moe_block_down_block_n(0);
+      cuda::set_moe_gemm_large_block_n(0);
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }
   }
@@ -361,9 +368,11 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     }
     cuda::set_moe_lora_in_epilogue(false);
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
-    cuda::set_moe_gemm_large_block_n(256);  // 128-row tiles as 128 × 256 (the other BLOCK_M: unchanged)
-    EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "BLOCK_N 256 at BLOCK_M 128";
-    cuda::set_moe_gemm_large_block_n(128);
+    for (int block_n : {128, 192, 256}) {  // 128-row tiles at each width (the other BLOCK_M: unchanged)
+      cuda::set_moe_gemm_large_block_n(block_n);
+      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "BLOCK_N " << block_n << " at BLOCK_M 128";
+    }
+    cuda::set_moe_gemm_large_block_n(0);
     // The LoRA in the GEMMs' accumulators where moe_block can add it there (the decode GEMM at 16-row tiles
     // of the direct path, the persistent kernel at 64/128; others: the expand kernels).
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
@@ -534,6 +543,8 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
                {cuda::kMoeGemmBlockMLarge, 0, kWs, 3, 0, false, true, true},
                {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, false, true},
                {cuda::kMoeGemmBlockMLarge, 256, kWs, 0, 0, false, true, true},
+               {cuda::kMoeGemmBlockMLarge, 192, kWs, 0, 0, false, false, true},
+               {cuda::kMoeGemmBlockMLarge, 192, kWs, 3, 0, false, true, true},
                {cuda::kMoeGemmBlockMLarge, 0, kRing, 0, 0, false, false, true},
                {cuda::kMoeGemmBlockMLarge, 256, kRing, 3, 0, false, false, true},
                {cuda::kMoeGemmBlockMLarge, 0, kMma, 0, 0, false, false, true},

@@ -633,6 +633,37 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
 #endif
 }
 
+// d[96] += A(64×16)·B(192×16)ᵀ: a 192-column B tile. 2880 and 5760 (GPT-OSS-20B's down and gate_up widths)
+// are whole multiples of 192, where 256 leaves a quarter-full last block on down; 1.2× the FLOPs per byte
+// staged of n128 at BLOCK_M 128.
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t a, uint64_t b) {
+  const int scale_d = 1;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "l"(a), "l"(b), "r"(scale_d));
+#else
+  __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
+#endif
+}
+
 // Pins the accumulators in program order around the asynchronous MMAs (the asm statements that issue and
 // wait do not name them, so without this the compiler could move their uses across a wait).
 template <int kCount>
@@ -671,6 +702,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
 template <int kBlockN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t a, uint64_t b) {
   if constexpr (kBlockN == 256) wgmma_m64n256k16(d, a, b);
+  else if constexpr (kBlockN == 192) wgmma_m64n192k16(d, a, b);
   else wgmma_m64n128k16(d, a, b);
 }
 // One k-tile of a warpgroup (every wgmma kernel): acc += A(64 × 64 at a_tile)·B(kBlockN ×
@@ -1363,10 +1395,16 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
-int gemm_large_block_n = 128;                       // set_moe_gemm_large_block_n
-// moe_block's down GEMM at BLOCK_M 128 on the persistent kernel: BLOCK_N 256 (GPT-OSS-20B T 1600 down 335 →
-// 289 µs, T 4096 667 → 657, perf-log run 43; gate_up stays at 128: 552 vs 624 at T 1600).
-int block_down_block_n = 256;                       // set_moe_block_down_block_n
+int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
+// moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
+// GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
+int block_down_block_n = 0;                         // set_moe_block_down_block_n
+
+// BLOCK_N of 128-row tiles on the warp-specialized kernels by the output width n: 192 where n is a multiple
+// of it (GPT-OSS-20B's 5760 and 2880: 1.2× the FLOPs per staged byte of 128 with no partial column block;
+// T 4096 gate_up 1271 → 1155 µs, down 660 → 599 against 256, prefill 31.05 → 29.19 ms, perf-log run 91),
+// else `otherwise` (gate_up 128, down 256, as before).
+int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : otherwise; }
 // The fold measured slower with the per-column epilogue (perf-log runs 34-35: prefill 1600 with an adapter
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
 // it is off unless a bench or test asks for it.
@@ -1400,8 +1438,11 @@ void check_decode_stages(const char* op, int decode_stages) {
 }
 
 void check_block_n(const char* op, int block_n, int block_m, MoeGemmKernel kernel) {
-  if (block_n != 0 && block_n != 64 && block_n != 128 && block_n != 256) {
-    fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64, 128 or 256 (0 = default)");
+  if (block_n != 0 && block_n != 64 && block_n != 128 && block_n != 192 && block_n != 256) {
+    fail(op, "block_n = " + std::to_string(block_n) + ": the GEMM is built for BLOCK_N 64, 128, 192 or 256 (0 = default)");
+  }
+  if (block_n == 192 && !(block_m == kMoeGemmBlockMLarge && kernel == MoeGemmKernel::kWgmmaWarpSpecialized)) {
+    fail(op, "block_n = 192: built only for tiles.block_m 128 on the warp-specialized wgmma kernel");
   }
   if (block_m == kMoeGemmBlockMLarge && block_n == 64) {
     fail(op, "block_n = 64 with tiles.block_m = 128: BLOCK_M 128 is built for BLOCK_N 128 or 256 only");
@@ -1593,15 +1634,18 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 //  kWgmmaWarpSpecialized (kAuto's choice where both operands come by TMA, then persistent: about one wave
 //    of CTAs, each keeps one TMA ring across its work items): a producer warpgroup + one consumer warpgroup
 //    per 64 rows. BLOCK_M 64: BLOCK_N 128 (default; 4 stages, 97 KB, 2 CTAs per SM) or 256 (5 stages,
-//    201 KB); BLOCK_M 128: BLOCK_N 128 (default; 6 stages, 193 KB) or 256 (4 stages, 193 KB; 128
-//    accumulators per consumer thread, which setmaxnreg gives 224 registers).
+//    201 KB); BLOCK_M 128: BLOCK_N 128 (default; 6 stages, 193 KB), 192 (5 stages, 201 KB; 96 accumulators)
+//    or 256 (4 stages, 193 KB; 128 accumulators per consumer thread, which setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
                  const Tensor& sorted_rows, cudaStream_t stream) {
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
-              : block_m == kMoeGemmBlockMLarge && kernel != MoeGemmKernel::kMmaSync ? gemm_large_block_n
+              : block_m == kMoeGemmBlockMLarge && kernel == MoeGemmKernel::kWgmmaWarpSpecialized
+                  ? (gemm_large_block_n != 0 ? gemm_large_block_n : large_block_n_for(params.n, 128))
+              : block_m == kMoeGemmBlockMLarge && kernel == MoeGemmKernel::kWgmma
+                  ? (gemm_large_block_n == 256 ? 256 : 128)  // the ring: 128 or 256 built
                                                                                  : 128;
   }
   if (max_tiles == 0 || params.pairs == 0 || params.n == 0) return;
@@ -1623,7 +1667,9 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     if (block_m == kMoeGemmBlockMPrefill) {
       k = block_n == 256 ? prepared_ws_kernel<1, 256, 5>(even_k) : prepared_ws_kernel<1, 128, 4>(even_k);
     } else {
-      k = block_n == 256 ? prepared_ws_kernel<2, 256, 4>(even_k) : prepared_ws_kernel<2, 128, 6>(even_k);
+      k = block_n == 256   ? prepared_ws_kernel<2, 256, 4>(even_k)
+          : block_n == 192 ? prepared_ws_kernel<2, 192, 5>(even_k)
+                           : prepared_ws_kernel<2, 128, 6>(even_k);
     }
   } else if (use_wgmma && block_n == 256) {
     k = prepared_wgmma_kernel<2, 256, 4>(even_k);
@@ -1660,11 +1706,14 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     if (with_maps.a_by_tma && with_maps.weight_by_tma) {  // both by TMA: the persistent form, about one wave
       const bool large = block_m == kMoeGemmBlockMLarge, lora = params.lora_z != nullptr;
       const PreparedPersistentKernel pk =
-          lora ? (large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4, true>()
-                                          : prepared_persistent_kernel<2, 128, 6, true>())
+          lora ? (large ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true>()
+                           : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true>()
+                                            : prepared_persistent_kernel<2, 128, 6, true>())
                         : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5, true>()
                                           : prepared_persistent_kernel<1, 128, 4, true>()))
-          : large ? (block_n == 256 ? prepared_persistent_kernel<2, 256, 4>() : prepared_persistent_kernel<2, 128, 6>())
+          : large ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4>()
+                     : block_n == 192 ? prepared_persistent_kernel<2, 192, 5>()
+                                      : prepared_persistent_kernel<2, 128, 6>())
                   : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
@@ -1718,16 +1767,17 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_block_down_block_n(int block_n) {
-  if (block_n != 128 && block_n != 256) {
+  if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
     throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +
-                                ", expected 128 or 256");
+                                ", expected 0 (by width), 128, 192 or 256");
   }
   block_down_block_n = block_n;
 }
 void set_moe_gemm_large_block_n(int block_n) {
-  if (block_n != 128 && block_n != 256) {
+  if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
     throw std::invalid_argument("set_moe_gemm_large_block_n: block_n = " + std::to_string(block_n) +
-                                ", expected 128 or 256 (the wgmma kernels' BLOCK_N at BLOCK_M 128)");
+                                ", expected 0 (by width), 128, 192 or 256 (the wgmma kernels' BLOCK_N at BLOCK_M 128; "
+                                "192 on the warp-specialized kernels only)");
   }
   gemm_large_block_n = block_n;
 }
@@ -2302,7 +2352,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                                 : decode_gemm_lora && lora_down ? decode_lora(p.lora_down, a, d, pairs * rank_gu, false)
                                                                 : MoeGemmLora{};
   moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
-            .block_n = block_m == kMoeGemmBlockMLarge && gather_rows ? block_down_block_n : 0, .cta_group = cta_group,
+            .block_n = block_m == kMoeGemmBlockMLarge && gather_rows
+                           ? (block_down_block_n != 0 ? block_down_block_n : large_block_n_for(p.down.dim(1), 256))
+                           : 0,
+            .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
             .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor(),

@@ -42,11 +42,13 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
-// The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 128 (the default) or 256
-// (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps 128. Throws std::invalid_argument otherwise.
+// The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 0 (the default: by width, 192
+// where it divides the GEMM's n on the warp-specialized kernels, else 128), 128, 192 (the warp-specialized
+// kernels only; the ring keeps 128) or 256 (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps
+// 128. Throws std::invalid_argument otherwise.
 void set_moe_gemm_large_block_n(int block_n);
-// moe_block's down GEMM where it runs 128-row tiles on the persistent kernel: BLOCK_N 256 (the default) or
-// 128 (the bench's before row). Throws std::invalid_argument otherwise.
+// moe_block's down GEMM where it runs 128-row tiles on the persistent kernel: 0 (the default: by width, 192
+// where it divides H, else 256), 128, 192 or 256. Throws std::invalid_argument otherwise.
 void set_moe_block_down_block_n(int block_n);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
