@@ -309,6 +309,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_flag("--enforce-eager", opts->engine.enforce_eager,
                 "Run every step op by op (no CUDA graphs for decode steps)");
   cmd->add_option("--max-num-seqs", opts->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
+  add_prefill_packing_option(cmd, &opts->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", opts->engine.scheduler.max_num_batched_tokens, "Tokens per step")
       ->capture_default_str();
   cmd->add_option("--max-model-len", opts->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")

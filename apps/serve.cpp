@@ -182,6 +182,8 @@ int run_serve(ServeOptions o) {
             << "  decode graphs           " << (ec.enforce_eager ? "off (--enforce-eager)" : "on where the device records them") << "\n"
             << "  max-num-seqs            " << ec.scheduler.max_num_seqs << "\n"
             << "  max-num-batched-tokens  " << ec.scheduler.max_num_batched_tokens << "\n"
+            << "  prefill-packing         "
+            << (ec.scheduler.prefill_packing == engine::SchedulerLimits::PrefillPacking::kWhole ? "whole" : "fill") << "\n"
             << "  max-model-len           " << ec.scheduler.max_model_len << "\n"
             << "  gpu-memory-utilization  " << ec.gpu_memory_utilization << "\n"
             << "  page-size / kv pages    " << ec.scheduler.page_size << " / " << ec.num_kv_pages << "\n"
@@ -240,6 +242,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_flag("--enforce-eager", o->engine.enforce_eager,
                 "Run every step op by op (no CUDA graphs for decode steps)");
   cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
+  add_prefill_packing_option(cmd, &o->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--max-model-len", o->engine.scheduler.max_model_len, "Prompt + output tokens per sequence")->capture_default_str();
   cmd->add_option("--page-size", o->engine.scheduler.page_size, "KV-cache page size (tokens)")->capture_default_str();

@@ -36,7 +36,7 @@ void Scheduler::extend_page_hashes(Sequence* seq, int num_pages) {
 
 // The cached prefix is the longest run of leading full pages found in the cache, never including the
 // page of the last token: the step must compute at least one token to produce the logits it samples.
-bool Scheduler::admit_pages(Sequence* seq, int budget, int* num_tokens) {
+bool Scheduler::admit_pages(Sequence* seq, int budget, int whole_below, int* num_tokens) {
   LMX_CHECK(seq->num_computed == 0 && seq->pages.empty());
   const int P = limits_.page_size, len = int(seq->tokens.size());
   std::vector<int32_t> hits;
@@ -52,7 +52,9 @@ bool Scheduler::admit_pages(Sequence* seq, int budget, int* num_tokens) {
     }
   }
   const int cached_tokens = int(hits.size()) * P;
-  const int n = std::min(len - cached_tokens, budget);
+  const int rest = len - cached_tokens;
+  if (rest > budget && rest <= whole_below) return false;
+  const int n = std::min(rest, budget);
   const int need = kv::pages_for_tokens(cached_tokens + n, P) - int(hits.size());
   if (need > pages_.num_free() - reclaimed) return false;
   for (int32_t page : hits) pages_.share(page);
@@ -89,6 +91,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
   adapters_->collect_loads();
 
   // 1. Running sequences, oldest first: decode tokens and continuing prefill chunks.
+  bool prompt_in_step = false;  // a prefill chunk is in the step (PrefillPacking::kWhole)
   for (auto it = running_.begin(); it != running_.end() && budget > 0 && int(step.size()) < limits_.max_num_seqs;) {
     Sequence* seq = it->get();
     int n = std::min(seq->num_pending(), budget);
@@ -107,6 +110,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     }
     step.push_back({seq, n, seq->num_computed + n == int(seq->tokens.size())});
     budget -= n;
+    prompt_in_step = prompt_in_step || seq->num_computed < seq->prompt_len;
     ++it;
   }
 
@@ -146,7 +150,12 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
       continue;
     }
     int n = 0;
-    if (!admit_pages(seq, budget, &n)) break;  // FIFO: later prompts wait for pages too
+    // kWhole: beside another prompt's chunk, a prompt that a later step can hold whole (next to the
+    // running sequences' decode tokens) is not split; it starts there.
+    const int whole_below = limits_.prefill_packing == SchedulerLimits::PrefillPacking::kWhole && prompt_in_step
+                                ? limits_.max_num_batched_tokens - int(running_.size())
+                                : 0;
+    if (!admit_pages(seq, budget, whole_below, &n)) break;  // FIFO: later prompts wait for pages (or a step) too
     if (!adapter.empty()) {
       Result<int> slot = adapters_->acquire(adapter);  // prepare() said ready; only a refused copy fails
       if (!slot.ok()) {
@@ -164,6 +173,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     seq->state = SeqState::kRunning;
     step.push_back({seq, n, seq->num_computed + n == int(seq->tokens.size())});
     budget -= n;
+    prompt_in_step = true;
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
   }

@@ -27,6 +27,14 @@ struct SchedulerLimits {
   // Automatic prefix caching (--enable-prefix-caching, on by default as in vLLM V1): full pages are
   // keyed by (prefix, page tokens, adapter content hash) and shared instead of recomputed.
   bool enable_prefix_caching = true;
+  // How new prompts fill a step's token budget (--prefill-packing). kWhole (the default): a prompt that
+  // does not fit what is left of the budget, but would fit a step beside every running sequence's decode
+  // token, waits for the next step instead of starting there (and the prompts behind it wait too: FIFO).
+  // Split across two steps it would finish no sooner, and the step it started in would take longer: every
+  // request in that step waits for its chunk. Longer prompts are chunked as before. kFill: fill every
+  // step's budget, the last prompt taking what is left (vLLM's chunked prefill).
+  enum class PrefillPacking { kWhole, kFill };
+  PrefillPacking prefill_packing = PrefillPacking::kWhole;
 };
 
 struct ScheduledSeq {
@@ -74,8 +82,10 @@ class Scheduler {
   // Chain hashes of the sequence's first `num_pages` full pages (computed once, kept across preemption).
   void extend_page_hashes(Sequence* seq, int num_pages);
   // Admit a waiting sequence's first chunk: share its cached prefix pages and allocate the rest. False
-  // (nothing changed) when the pages do not fit. *num_tokens: the chunk fed this step.
-  bool admit_pages(Sequence* seq, int budget, int* num_tokens);
+  // (nothing changed) when the pages do not fit, or when its uncached tokens exceed `budget` but not
+  // `whole_below` (it fits a later step whole: PrefillPacking::kWhole; 0 = never). *num_tokens: the chunk
+  // fed this step.
+  bool admit_pages(Sequence* seq, int budget, int whole_below, int* num_tokens);
   void release_pages(Sequence* seq);
 
   SchedulerLimits limits_;

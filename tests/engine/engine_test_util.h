@@ -15,7 +15,9 @@ struct RunResult {
 };
 
 // Submit all requests, step until done, return results in input order (aborts the test on errors).
-inline std::vector<RunResult> run_all(Engine& engine, const std::vector<Request>& requests) {
+// step_tokens (optional): each step's token count, in order.
+inline std::vector<RunResult> run_all(Engine& engine, const std::vector<Request>& requests,
+                                      std::vector<int>* step_tokens = nullptr) {
   std::vector<uint64_t> ids;
   for (const Request& r : requests) {
     Result<uint64_t> id = engine.add_request(r);
@@ -24,7 +26,9 @@ inline std::vector<RunResult> run_all(Engine& engine, const std::vector<Request>
   }
   int guard = 0;
   while (engine.has_work()) {
-    if (engine.step().num_tokens == 0) {
+    const int tokens = engine.step().num_tokens;
+    if (step_tokens != nullptr) step_tokens->push_back(tokens);
+    if (tokens == 0) {
       ADD_FAILURE() << "no progress";
       break;
     }

@@ -219,6 +219,37 @@ TEST(Engine, DenseLoraHintNamesRunsAndTheRowsBeforeThem) {
   }
 }
 
+// PrefillPacking::kWhole: beside another prompt's chunk, a prompt that fits a step of its own waits for
+// the next step whole instead of being split; a longer one is still chunked. kFill fills every step's
+// budget. The results do not depend on it.
+TEST(Engine, PrefillPackingKeepsFittingPromptsWhole) {
+  auto f = make_fixture(0);
+  using Packing = SchedulerLimits::PrefillPacking;
+  std::vector<Request> requests = {hint_request("", 30), hint_request("", 30), hint_request("", 60)};
+  for (Request& r : requests) r.sampling.max_tokens = 4;
+  std::vector<std::vector<RunResult>> results;
+  for (Packing packing : {Packing::kWhole, Packing::kFill}) {
+    SCOPED_TRACE(packing == Packing::kWhole ? "whole" : "fill");
+    EngineConfig config;
+    config.scheduler.max_num_batched_tokens = 40;
+    config.scheduler.enable_prefix_caching = false;  // the prompts share their tokens
+    config.scheduler.prefill_packing = packing;
+    auto e = make_engine(*f, config);
+    std::vector<int> steps;
+    results.push_back(run_all(*e, requests, &steps));
+    ASSERT_GE(steps.size(), 3u);
+    if (packing == Packing::kWhole) {
+      EXPECT_EQ(steps[0], 30);          // the first prompt alone: the second (30 > the 10 left) waits
+      EXPECT_EQ(steps[1], 1 + 30 + 9);  // its decode, the second whole, the third (60 > 40 - 2) chunked
+      EXPECT_EQ(steps[2], 1 + 1 + 38);
+    } else {
+      EXPECT_EQ(steps[0], 30 + 10);       // the second prompt split
+      EXPECT_EQ(steps[1], 1 + 20 + 19);  // its rest, then the third's first chunk
+    }
+  }
+  expect_same(results[0], results[1]);
+}
+
 // A cpu backend that reports a fixed device memory, as a GPU does (total_bytes() > 0).
 class FixedMemoryBackend : public cpu::CpuBackend {
  public:
