@@ -64,11 +64,14 @@ TEST_F(CudaLinear, MatchesCpu) {
 
     OwnedTensor d_x = cuda::upload(x), d_w = cuda::upload(w), d_b = cuda::upload(b);
     const bool ragged = c.out % 128 != 0 && c.out > 128;
-    // A ragged width on cuBLASLt: two products by default; also one (the before of perf-log run 81).
-    for (bool split : {true, false}) {
-      if (!split && !ragged) continue;
+    // A ragged width on cuBLASLt: two products by default, at multiples of 128 rows or 64; also one (the
+    // before of perf-log run 81).
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool split = variant < 2;
+      if (variant > 0 && !ragged) continue;
       runner.set_split_ragged_rows(split);
-      SCOPED_TRACE(split ? "" : "one product");
+      runner.set_split_row_align(variant == 1 ? 64 : 128);
+      SCOPED_TRACE(variant == 0 ? "" : variant == 1 ? "split at 64 rows" : "one product");
       OwnedTensor d_out = poisoned(c.out_dtype, {c.tokens, c.out});
       runner.run({.x = d_x, .weight = d_w, .bias = c.bias ? d_b.view : Tensor{}, .out = d_out}, stream_);
       sync();
@@ -78,6 +81,7 @@ TEST_F(CudaLinear, MatchesCpu) {
       else EXPECT_TRUE(all_close(got, want, kTolBf16Out));
     }
     runner.set_split_ragged_rows(true);
+    runner.set_split_row_align(128);
   }
 }
 

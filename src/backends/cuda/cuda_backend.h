@@ -100,6 +100,11 @@ class CudaBackend final : public ops::Backend {
     linear_.set_split_ragged_rows(on);
     ++memory_epoch_;
   }
+  // LinearRunner::set_split_row_align (128 or 64; bench before/after); graphs are recorded again.
+  void set_split_row_align(int rows) {
+    linear_.set_split_row_align(rows);
+    ++memory_epoch_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

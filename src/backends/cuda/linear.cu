@@ -13,8 +13,8 @@
 //    algorithm per (T, in, rows, ldc, out dtype, alignments) comes from the heuristic once and is cached; the bias
 //    is a small kernel after it. (cuBLASLt's BIAS epilogue was tried and reverted: it passed the standalone
 //    parity test but broke the GPT-OSS fixture's LoRA requests, docs/perf-log.md run 15.)
-//    An output width that is not a multiple of 128 runs as two products, the first 128·⌊out/128⌋ rows of W
-//    and the rest: at an odd width (GPT-OSS's LM head served with its tokenizer, 200019 logits) cuBLASLt's
+//    An output width that is not a multiple of 128 (set_split_row_align: or 64) runs as two products, the
+//    first 128·⌊out/128⌋ rows of W and the rest: at an odd width (GPT-OSS's LM head served with its tokenizer, 200019 logits) cuBLASLt's
 //    candidates read the weight at a quarter of the bandwidth (T 16: 1119 µs, against 270 at 199936 rows; the
 //    same with output rows padded to 16 bytes). Split, it takes 391 µs (perf-log runs 81-85): the rest of the
 //    gap was the ragged row stride of out (the 83-row tail takes 7 µs; run 86): where a row of out is not a
@@ -32,6 +32,8 @@
 #include <cstdio>
 #include <functional>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/check.h"
@@ -90,7 +92,6 @@ struct SkinnyKernelParams {
   int tokens, in, out;
 };
 
-constexpr int64_t kRowAlign = 128;  // cuBLASLt products cover whole multiples of this many rows of W (see top)
 constexpr int kSkinnyMaxRows = 16;
 constexpr int kSkinnyWarps = 8;   // split `in`
 constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
@@ -399,6 +400,14 @@ void LinearRunner::cublas_product(const void* w, const void* x, void* c, int64_t
   cublasLtMatmulDescDestroy(desc);
 }
 
+void LinearRunner::set_split_row_align(int rows) {
+  if (rows != 64 && rows != 128) {
+    throw std::invalid_argument("LinearRunner::set_split_row_align: rows = " + std::to_string(rows) +
+                                ", expected 64 or 128");
+  }
+  row_align_ = rows;
+}
+
 void LinearRunner::accumulate(const Tensor& x, const Tensor& weight, int64_t weight_ld, const Tensor& out,
                               cudaStream_t stream) {
   detail::require_cuda("linear accumulate", {{"x", &x}, {"weight", &weight}, {"out", &out}});
@@ -411,7 +420,7 @@ void LinearRunner::accumulate(const Tensor& x, const Tensor& weight, int64_t wei
                               x.shape_str() + ", weight " + weight.shape_str() + ")").c_str());
   }
   if (tokens == 0 || n == 0) return;
-  const int64_t main_rows = split_ragged_ && n > kRowAlign ? n / kRowAlign * kRowAlign : n;
+  const int64_t main_rows = split_ragged_ && n > row_align_ ? n / row_align_ * row_align_ : n;
   cublas_product(weight.data, x.data, out.data, tokens, k, main_rows, n, CUDA_R_16BF, stream, weight_ld, true);
   if (main_rows < n) {
     cublas_product(static_cast<const char*>(weight.data) + main_rows * weight_ld * 2, x.data,
@@ -459,12 +468,12 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
     return;
   }
   const cudaDataType_t out_type = p.out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-  // An output width that is not a multiple of kRowAlign (GPT-OSS's LM head served with its tokenizer: 200019
+  // An output width that is not a multiple of row_align_ (GPT-OSS's LM head served with its tokenizer: 200019
   // logits) runs as two products: the aligned rows of W, then the few left, both into out (ldc = out).
   // Rows of out that are not a multiple of 16 bytes cost the first product ~110 µs more at 16 rows (perf-log
   // run 86): then both write into the runner's scratch with rows padded to 16 bytes, copied into out after.
   const int64_t element = p.out.dtype == DType::F32 ? 4 : 2;
-  const int64_t main_rows = split_ragged_ && out > kRowAlign ? out / kRowAlign * kRowAlign : out;
+  const int64_t main_rows = split_ragged_ && out > row_align_ ? out / row_align_ * row_align_ : out;
   const int64_t ldc = split_ragged_ && out * element % 16 != 0 ? (out * element + 15) / 16 * 16 / element : out;
   void* product = p.out.data;
   if (ldc != out) {

@@ -53,6 +53,10 @@ class LinearRunner {
   // capture (like the cuBLASLt heuristic's first call); it then moves, and memory_epoch() changes, so
   // recorded graphs must be made again.
   void set_split_ragged_rows(bool on) { split_ragged_ = on; }
+  // The row multiple of that split: 128 (the default, perf-log run 85) or 64 (run 84: the same LM head time;
+  // GPT-OSS's o_proj width 2880 = 45 · 64 then runs as one product instead of 2816 + 64 rows). Throws
+  // std::invalid_argument otherwise.
+  void set_split_row_align(int rows);
   // out += x·W[:, :k]ᵀ in one rounding (cuBLASLt with beta 1): x [T, k] bf16, weight [n, >= k] bf16 whose rows
   // are weight_ld elements apart, out [T, n] bf16, all on cuda. The dense LoRA's expand of a long run of one
   // adapter (CudaBackend::linear_lora): W is B[slot] [out, R] and k the slot's true rank. Not timed on its
@@ -64,6 +68,7 @@ class LinearRunner {
   LinearPath path_ = LinearPath::kAuto;
   bool autotune_ = true;
   bool split_ragged_ = true;
+  int64_t row_align_ = 128;  // set_split_row_align
   int64_t skinny_max_out_ = 1024;
   // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t);
   // lda: W's row stride (0: in); accumulate: c += instead of c =.
