@@ -16,7 +16,7 @@ inline void add_prefill_packing_option(CLI::App* cmd, engine::SchedulerLimits* l
                   "whole: a new prompt that fits a step of its own is not split across two steps (it starts in the "
                   "next one); fill: fill every step's token budget, splitting the last prompt (vLLM's chunked prefill)")
       ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
-      ->default_str("whole");
+      ->option_text("whole|fill (default: whole)");
 }
 
 // Each returns the action to run when its subcommand was chosen (the process exit code).
