@@ -9,7 +9,7 @@
 //   bench_decode_step [--model preset:gpt-oss-20b] [--adapters 8] [--rank 32] [--batch 16] [--context 2000]
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
-//                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1]
+//                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -18,6 +18,8 @@
 // over N full-batch decode steps. --vocab N sizes a preset's vocabulary as loramux serve does from its
 // tokenizer (GPT-OSS: 200019); --weight-seed as serve's (0 there).
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
+// --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
+// dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -54,6 +56,7 @@ struct Options {
   uint64_t weight_seed = 1;           // loramux serve's --weight-seed is 0
   int steady_steps = 240;             // full-batch decode steps the steady-state row times (0: no such row)
   int steady_output = 600;            // output tokens of each request in the steady-state row
+  int target_rows = 0;                // 1: decode rows with adapters on attention only / the MLP only
   int decode_warmup = 3;              // full-batch decode steps before the timed ones (the serve run's steps
                                       // sit hundreds of tokens into each generation)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
@@ -82,6 +85,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--steady-steps") o.steady_steps = std::max(0, std::atoi(value.c_str()));
     else if (key == "--steady-output") o.steady_output = std::max(2, std::atoi(value.c_str()));
     else if (key == "--decode-warmup") o.decode_warmup = std::max(1, std::atoi(value.c_str()));
+    else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -391,7 +395,21 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::printf("  %d dummy adapters made in %.1f s\n", o.adapters, seconds_since(t_adapters));
+  if (o.target_rows != 0) {  // the same seeds on attention only ("attn<a>") and on the MLP only ("mlp<a>")
+    for (int a = 0; a < o.adapters; ++a) {
+      for (const auto& [prefix, which] : {std::pair{"attn", lora::DummyTargets::kAttention},
+                                          std::pair{"mlp", lora::DummyTargets::kMlp}}) {
+        Status added = (*engine)->add_adapter(
+            lora::make_dummy_adapter(prefix + std::to_string(a), shapes, o.rank, 100 + a, which));
+        if (!added.ok()) {
+          std::fprintf(stderr, "bench_decode_step: %s\n", added.message().c_str());
+          return 1;
+        }
+      }
+    }
+  }
+  std::printf("  %d dummy adapters made in %.1f s\n", o.adapters * (o.target_rows != 0 ? 3 : 1),
+              seconds_since(t_adapters));
 
   Rng rng(20261202);
   const DecodeFloor with_lora = decode_floor(c, o.batch, o.context, o.adapters, o.rank);
@@ -410,6 +428,14 @@ int main(int argc, char** argv) {
   if (o.adapters > 0) {
     row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
+    if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)
+      for (const char* prefix : {"attn", "mlp"}) {
+        auto by_target = [&](int i) { return prefix + std::to_string(i % o.adapters); };
+        row(std::string(prefix) == "attn" ? "same, adapters on attention only (q, k, v, o)"
+                                          : "same, adapters on the MLP only (experts)",
+            time_decode(**engine, o, vocab, rng, by_target), with_lora.total() / kBytesPerSecond);
+      }
+    }
     cuda_backend.set_programmatic_launches(false);  // before/after of PDL (graphs are recorded again)
     row("same, plain launches (no PDL chain)", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);

@@ -61,8 +61,13 @@ struct AdapterLimits {
 Result<Adapter> load_adapter(const std::string& dir, const std::string& name, const BaseModelShapes& base,
                              const AdapterLimits& limits);
 
-// A seeded random adapter on attention (q, k, v, o) and all experts (or the dense MLP), for benchmarks.
-Adapter make_dummy_adapter(const std::string& name, const BaseModelShapes& base, int rank, uint64_t seed);
+// Which targets a dummy adapter carries: attention (q, k, v, o), the MLP (all experts, or the dense MLP's
+// gate, up, down), or both (the default).
+enum class DummyTargets { kAll, kAttention, kMlp };
+// A seeded random adapter on those targets, for benchmarks (bench_decode_step's rows that split the
+// adapters' cost by target) and tests.
+Adapter make_dummy_adapter(const std::string& name, const BaseModelShapes& base, int rank, uint64_t seed,
+                           DummyTargets targets = DummyTargets::kAll);
 
 // Human-readable description for `loramux inspect`: format, targets per layer, ranks, scaling, bytes.
 std::string describe_adapter(const Adapter& adapter);

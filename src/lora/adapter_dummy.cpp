@@ -20,7 +20,8 @@ using ops::LoraTarget;
 // starts B at zero, which would make the adapter a no-op) and large enough that each adapter visibly
 // changes greedy continuations — a trained adapter's update is ~10-30% of the base projection, and so is
 // this one's (|B·A·x| ≈ 0.27·|x| at r = 16). Scaling alpha = 2r, i.e. 2, folded into b.
-Adapter make_dummy_adapter(const std::string& name, const BaseModelShapes& base, int rank, uint64_t seed) {
+Adapter make_dummy_adapter(const std::string& name, const BaseModelShapes& base, int rank, uint64_t seed,
+                           DummyTargets which) {
   LMX_CHECK(rank >= 1);  // the CLI validates --rank; a bad value here is a programmer error
   constexpr float kBRange = 0.1f;
   const float scaling = 2.0f;  // alpha / r with alpha = 2r
@@ -32,11 +33,12 @@ Adapter make_dummy_adapter(const std::string& name, const BaseModelShapes& base,
   adapter.layers.assign(size_t(base.num_layers), {});
   const bool moe = base.num_experts > 0;
   adapter.format = moe ? AdapterFormat::kFusedParameters : AdapterFormat::kModules;  // the shape a PEFT one would have
-  std::vector<LoraTarget> targets = {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV, LoraTarget::kO};
-  if (moe) {
+  std::vector<LoraTarget> targets;
+  if (which != DummyTargets::kMlp) targets = {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV, LoraTarget::kO};
+  if (which != DummyTargets::kAttention && moe) {
     targets.push_back(LoraTarget::kMoeGateUp);
     targets.push_back(LoraTarget::kMoeDown);
-  } else {
+  } else if (which != DummyTargets::kAttention) {
     targets.push_back(LoraTarget::kGate);
     targets.push_back(LoraTarget::kUp);
     targets.push_back(LoraTarget::kDown);
@@ -82,9 +84,13 @@ Adapter make_dummy_adapter(const std::string& name, const BaseModelShapes& base,
   for (std::thread& t : pool) t.join();
   // Identity: everything the content depends on (not the name), so equal dummies share cache entries.
   detail::ContentHasher hasher;
+  // (the targets join the recipe only when not all, so the default's hashes are those of before)
   const std::string recipe = "dummy-v1 family=" + base.family + " rank=" + std::to_string(rank) +
                              " seed=" + std::to_string(seed) + " layers=" + std::to_string(base.num_layers) +
-                             " experts=" + std::to_string(base.num_experts);
+                             " experts=" + std::to_string(base.num_experts) +
+                             (which == DummyTargets::kAll         ? ""
+                              : which == DummyTargets::kAttention ? " targets=attention"
+                                                                  : " targets=mlp");
   hasher.add(recipe.data(), recipe.size());
   hasher.add(base.in_features.data(), sizeof(base.in_features));
   hasher.add(base.out_features.data(), sizeof(base.out_features));

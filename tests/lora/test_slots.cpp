@@ -2,6 +2,7 @@
 // declares BF16 stacks like the CUDA one; plus make_dummy_adapter and describe_adapter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backends/cpu/cpu_backend.h"
@@ -221,6 +222,30 @@ TEST(SlotTable, PreparedImageLoadsAndForeignImageIsRefused) {
   EXPECT_NE(s.message().find("was not prepared for this table"), std::string::npos) << s.message();
   EXPECT_EQ(backend.copies, copies_before);
   EXPECT_EQ(table.stack(0, LoraTarget::kQ).rank.ptr<int32_t>()[0], 0);
+}
+
+// DummyTargets: attention only or the MLP only; the targets in the content hash.
+TEST(DummyAdapter, TargetsAttentionOrMlpOnly) {
+  BaseModelShapes base = moe_shapes("gpt_oss", 2, 3, 8, 3);
+  const Adapter all = make_dummy_adapter("all", base, 4, 42);
+  const Adapter attention = make_dummy_adapter("attention", base, 4, 42, DummyTargets::kAttention);
+  const Adapter mlp = make_dummy_adapter("mlp", base, 4, 42, DummyTargets::kMlp);
+  const std::vector<LoraTarget> attention_targets = {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV, LoraTarget::kO};
+  for (size_t l = 0; l < 2; ++l) {
+    for (int t = 0; t < ops::kNumLoraTargets; ++t) {
+      const bool is_attention =
+          std::find(attention_targets.begin(), attention_targets.end(), LoraTarget(t)) != attention_targets.end();
+      EXPECT_EQ(attention.layers[l][size_t(t)].has_value(), all.layers[l][size_t(t)].has_value() && is_attention) << t;
+      EXPECT_EQ(mlp.layers[l][size_t(t)].has_value(), all.layers[l][size_t(t)].has_value() && !is_attention) << t;
+    }
+    EXPECT_TRUE(mlp.layers[l][size_t(LoraTarget::kMoeGateUp)].has_value());
+  }
+  EXPECT_NE(all.content_hash, attention.content_hash);
+  EXPECT_NE(attention.content_hash, mlp.content_hash);
+  // A dense model's MLP targets are gate, up and down.
+  const Adapter dense_mlp = make_dummy_adapter("dense", dense_shapes("llama", 1, 8, 12), 2, 6, DummyTargets::kMlp);
+  EXPECT_TRUE(dense_mlp.layers[0][size_t(LoraTarget::kUp)].has_value());
+  EXPECT_FALSE(dense_mlp.layers[0][size_t(LoraTarget::kQ)].has_value());
 }
 
 TEST(DummyAdapter, SeededNonzeroAndDistinct) {
