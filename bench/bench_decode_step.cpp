@@ -470,13 +470,12 @@ int main(int argc, char** argv) {
           with_lora.total() / kBytesPerSecond);
       cuda_backend.set_split_ragged_rows(true);
     }
-    // The split at multiples of 64 rows instead of 128: the LM head's tail 19 rows instead of 83, and GPT-OSS's
-    // o_proj (2880 = 45 · 64) one product instead of 2816 + 64 rows (perf-log runs 84-85 measured only the
-    // whole step: 11.63 ms at 64, 11.72 at 128 on different cards).
-    cuda_backend.set_split_row_align(64);
-    row("same, products split at multiples of 64 rows", time_decode(**engine, o, vocab, rng, spread),
-        with_lora.total() / kBytesPerSecond);
+    // Before/after of the split at multiples of 64 rows (the default): at 128, the LM head's tail is 83 rows
+    // instead of 19, and GPT-OSS's o_proj (2880 = 45 · 64) two products, 2816 + 64 rows (perf-log run 96).
     cuda_backend.set_split_row_align(128);
+    row("same, products split at multiples of 128 rows", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_split_row_align(64);
     cuda_backend.set_fuse_linear_lora(false);  // before/after of the fused linear + LoRA (shrink beside the product)
     row("same, projections as product, bias, split, LoRA launches", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
@@ -518,9 +517,9 @@ int main(int argc, char** argv) {
     cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write (+ QK-norm)
     row("same, rope, kv_write (and a QK-norm) unfused", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda_backend.set_fuse_rope_kv_write(true);
-    cuda_backend.set_split_row_align(64);  // o_proj 2880 as one product (see the decode row)
-    row("same, products split at multiples of 64 rows", time_prefill(**engine, o, vocab, rng), prefill_floor);
-    cuda_backend.set_split_row_align(128);
+    cuda_backend.set_split_row_align(128);  // o_proj 2880 as two products (see the decode row)
+    row("same, products split at multiples of 128 rows", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda_backend.set_split_row_align(64);
     // Before/after of the default (kAuto: the persistent warp-specialized kernel where both operands come by
     // TMA): the MoE GEMMs of 64/128-row tiles all on the ring kernel.
     cuda::set_moe_gemm_kernel(cuda::MoeGemmKernel::kWgmma);

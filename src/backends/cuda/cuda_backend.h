@@ -100,7 +100,7 @@ class CudaBackend final : public ops::Backend {
     linear_.set_split_ragged_rows(on);
     ++memory_epoch_;
   }
-  // LinearRunner::set_split_row_align (128 or 64; bench before/after); graphs are recorded again.
+  // LinearRunner::set_split_row_align (64, the default, or 128; bench before/after); graphs are recorded again.
   void set_split_row_align(int rows) {
     linear_.set_split_row_align(rows);
     ++memory_epoch_;

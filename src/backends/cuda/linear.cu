@@ -13,8 +13,8 @@
 //    algorithm per (T, in, rows, ldc, out dtype, alignments) comes from the heuristic once and is cached; the bias
 //    is a small kernel after it. (cuBLASLt's BIAS epilogue was tried and reverted: it passed the standalone
 //    parity test but broke the GPT-OSS fixture's LoRA requests, docs/perf-log.md run 15.)
-//    An output width that is not a multiple of 128 (set_split_row_align: or 64) runs as two products, the
-//    first 128·⌊out/128⌋ rows of W and the rest: at an odd width (GPT-OSS's LM head served with its tokenizer, 200019 logits) cuBLASLt's
+//    An output width that is not a multiple of 64 (set_split_row_align: or 128) runs as two products, the
+//    first 64·⌊out/64⌋ rows of W and the rest: at an odd width (GPT-OSS's LM head served with its tokenizer, 200019 logits) cuBLASLt's
 //    candidates read the weight at a quarter of the bandwidth (T 16: 1119 µs, against 270 at 199936 rows; the
 //    same with output rows padded to 16 bytes). Split, it takes 391 µs (perf-log runs 81-85): the rest of the
 //    gap was the ragged row stride of out (the 83-row tail takes 7 µs; run 86): where a row of out is not a

@@ -46,16 +46,16 @@ class LinearRunner {
   // the bias is a separate kernel after cuBLASLt, out = bf16(bf16(x·Wᵀ) + b), which a caller may fuse into its
   // next kernel with the same two roundings (CudaBackend::linear_lora).
   bool takes_skinny(const ops::LinearParams& p) const;
-  // cuBLASLt products of an output width that is not a multiple of 128 run as two, the aligned rows of W and
+  // cuBLASLt products of an output width that is not a multiple of 64 run as two, the aligned rows of W and
   // the rest, and where out's rows are not a multiple of 16 bytes both write padded rows into a scratch the
   // runner owns, copied into out after (on, the default); off: one product straight into out (the bench's
   // before row). The scratch grows on the first call of a larger shape, which must be outside a stream
   // capture (like the cuBLASLt heuristic's first call); it then moves, and memory_epoch() changes, so
   // recorded graphs must be made again.
   void set_split_ragged_rows(bool on) { split_ragged_ = on; }
-  // The row multiple of that split: 128 (the default, perf-log run 85) or 64 (run 84: the same LM head time;
-  // GPT-OSS's o_proj width 2880 = 45 · 64 then runs as one product instead of 2816 + 64 rows). Throws
-  // std::invalid_argument otherwise.
+  // The row multiple of that split: 64 (the default) or 128 (runs 85-95). At 64, GPT-OSS's o_proj (2880 =
+  // 45 · 64) runs as one product instead of 2816 + 64 rows: decode 11.75 -> 11.35 ms (perf-log run 96), the
+  // LM head's time the same. Throws std::invalid_argument otherwise.
   void set_split_row_align(int rows);
   // out += x·W[:, :k]ᵀ in one rounding (cuBLASLt with beta 1): x [T, k] bf16, weight [n, >= k] bf16 whose rows
   // are weight_ld elements apart, out [T, n] bf16, all on cuda. The dense LoRA's expand of a long run of one
@@ -68,7 +68,7 @@ class LinearRunner {
   LinearPath path_ = LinearPath::kAuto;
   bool autotune_ = true;
   bool split_ragged_ = true;
-  int64_t row_align_ = 128;  // set_split_row_align
+  int64_t row_align_ = 64;  // set_split_row_align
   int64_t skinny_max_out_ = 1024;
   // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t);
   // lda: W's row stride (0: in); accumulate: c += instead of c =.
