@@ -108,6 +108,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
   struct Variant {
     std::string name;
     cuda::AttentionLaunch launch;
+    bool two_barriers = false;  // the K/V loop's two CTA barriers per tile (before set_attention_one_barrier)
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
@@ -120,6 +121,10 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                       {.workspace = workspace, .workspace_bytes = workspace_bytes, .flash_rows = 64}});
   variants.push_back({"auto + workspace, 3 stages",
                       {.workspace = workspace, .workspace_bytes = workspace_bytes, .kv_stages = 3}});
+  variants.push_back({"auto + workspace, two barriers a tile", {.workspace = workspace, .workspace_bytes = workspace_bytes},
+                      true});
+  variants.push_back({"flash, 128-row tiles, two barriers", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
+                      true});
   for (int splits : pinned_splits) {
     for (int stages : {2, 3}) {
       variants.push_back({"split-KV x" + std::to_string(splits) + (stages == 3 ? ", 3 stages" : ""),
@@ -140,9 +145,11 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                        .softmax_scale = 1.0f / std::sqrt(float(kHeadDim)), .out = batch.out},
                       stream, variant.launch);
     };
+    cuda::set_attention_one_barrier(!variant.two_barriers);
     enqueue(0);  // eager first: shared-memory attributes are set outside the capture
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double seconds = bench::seconds_per_launch(stream, kIterations, kReplays, enqueue);
+    cuda::set_attention_one_barrier(true);
     const char* bound = bytes / kBytesPerSecond >= flops / kFlopsPerSecond ? "bytes" : "flops";
     std::printf("%-34s %-20s %9.2f us  %13.0f FLOP  %12.0f B  floor %7.2f us (%s)  %5.1f%% of floor\n", what,
                 variant.name.c_str(), seconds * 1e6, flops, bytes, floor * 1e6, bound, 100.0 * floor / seconds);

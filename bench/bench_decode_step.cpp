@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/attention.cuh"
 #include "backends/cuda/moe_gemm.cuh"
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -514,6 +515,9 @@ int main(int argc, char** argv) {
   std::snprintf(prefill_what, sizeof prefill_what, "prefill of one %d-token prompt", o.prefill);
   if (o.prefill > 0) {
     row(prefill_what, time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_attention_one_barrier(false);  // before/after of the flash K/V loop's one barrier a tile
+    row("same, attention with two barriers a K/V tile", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_attention_one_barrier(true);
     cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write (+ QK-norm)
     row("same, rope, kv_write (and a QK-norm) unfused", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda_backend.set_fuse_rope_kv_write(true);

@@ -165,6 +165,16 @@ class CudaAttention : public CudaTest {
         expect_matches(c, batch, AttentionKernel::kFlash, false, 64, kv_stages);
         expect_matches(c, batch, AttentionKernel::kSplitKv, true, 64, kv_stages);
       }
+      // The K/V loop with two barriers per tile (the form before set_attention_one_barrier), every row tile
+      // and both ring depths.
+      cuda::set_attention_one_barrier(false);
+      SCOPED_TRACE("two barriers a K/V tile");
+      for (int flash_rows : {16, 64, 128}) {
+        expect_matches(c, batch, AttentionKernel::kFlash, false, flash_rows);
+        expect_matches(c, batch, AttentionKernel::kSplitKv, true, flash_rows);
+      }
+      expect_matches(c, batch, AttentionKernel::kFlash, false, 64, 3);
+      cuda::set_attention_one_barrier(true);
     }
   }
 };

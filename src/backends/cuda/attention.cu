@@ -239,6 +239,10 @@ constexpr int64_t kMaxSplitTokens = 64;
 // The K/V ring depth of 64-row tiles when not pinned (AttentionLaunch::kv_stages); 128-row tiles use 2.
 constexpr int kFlashDefaultStages64Rows = 2;
 constexpr float kLog2e = 1.4426950408889634f;
+// set_attention_one_barrier. Row tiles of 64/128 rows only: T 1600 causal 168.5 → 164.1 µs, window 128
+// 41.5 → 40.0; the key split (16-row decode tiles) measured 29.6 → 31.0 µs with it, so keeps two (perf-log
+// run 102).
+bool one_barrier = true;
 
 struct FlashKernelParams {
   const __nv_bfloat16* q;        // [T, Hq, D] bf16
@@ -255,6 +259,7 @@ struct FlashKernelParams {
   int tokens, seqs, q_heads, kv_heads, group, page_size, max_pages, sliding_window, splits;
   int page_shift;                // log2(page_size) when a power of two, else -1 (key → page by division)
   float scale_log2;              // softmax_scale · log2(e): scores in base-2 units, exp2f throughout
+  bool one_barrier;              // a K/V tile's V converted before the loop's one barrier (set_attention_one_barrier)
 };
 
 // Q tile + kStages stages of a K and a V tile. Key split (16-row tiles, the warps share the rows and split
@@ -464,11 +469,32 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 
   // Commit groups, oldest first: Q + K 0, V 0, K 1, V 1, ...: K of tile it has landed once at most the
   // 2·kStages - 3 groups after it (V it, and K, V of the kStages - 2 tiles ahead) are pending; V of tile it
-  // once at most 2·kStages - 2 are (K, V of the kStages - 1 tiles ahead, issued at this iteration's top).
+  // once at most 2·kStages - 2 are (K, V of the kStages - 1 tiles ahead, issued at this iteration's top),
+  // or, at the top before that issue, 2·kStages - 4.
+  // V to fp16 in shared memory, each thread its own copies (visible to it after its wait): once per CTA
+  // instead of once per warp in registers (that was the ALU pipe's largest share of the loop).
+  auto convert_v = [&](int stage) {
+    __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
+#pragma unroll 1
+    for (int c = threadIdx.x; c < kFlashBlockN * kChunksPerRow; c += kThreads) {  // this thread's copies
+      uint4* chunk = reinterpret_cast<uint4*>(v_tile + (c / kChunksPerRow) * kStride + (c % kChunksPerRow) * 8);
+      uint4 v = *chunk;
+      v.x = bf16x2_to_f16x2(v.x);
+      v.y = bf16x2_to_f16x2(v.y);
+      v.z = bf16x2_to_f16x2(v.z);
+      v.w = bf16x2_to_f16x2(v.w);
+      *chunk = v;
+    }
+  };
   for (int it = 0; it < key_tiles; ++it) {
     const int stage = it % kStages, key_tile = first_key_tile + it;
     const int key0 = key_begin + key_tile * kFlashBlockN;
-    cp_async_wait<2 * kStages - 3>();  // K of this tile (and Q) landed; V and the tiles ahead may be in flight
+    if (p.one_barrier) {  // K and V of this tile landed, V converted: one barrier for both (uniform branch)
+      cp_async_wait<2 * kStages - 4>();
+      convert_v(stage);
+    } else {
+      cp_async_wait<2 * kStages - 3>();  // K of this tile (and Q) landed; V and the tiles ahead may be in flight
+    }
     __syncthreads();                   // ... for every thread; and every warp is done with tile it - 1's stage
     const int ahead = it + kStages - 1;
     issue_kv(ahead, ahead % kStages);
@@ -536,23 +562,11 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
         acc[n][3] *= correction[1];
       }
     }
-    cp_async_wait<2 * kStages - 2>();  // V of this tile landed; the tiles ahead may be in flight
-    // V to fp16 in shared memory, each thread its own copies (visible to it after the wait): once per CTA
-    // instead of once per warp in registers (that was the ALU pipe's largest share of the loop).
-    {
-      __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
-#pragma unroll 1
-      for (int c = threadIdx.x; c < kFlashBlockN * kChunksPerRow; c += kThreads) {  // this thread's copies
-        uint4* chunk = reinterpret_cast<uint4*>(v_tile + (c / kChunksPerRow) * kStride + (c % kChunksPerRow) * 8);
-        uint4 v = *chunk;
-        v.x = bf16x2_to_f16x2(v.x);
-        v.y = bf16x2_to_f16x2(v.y);
-        v.z = bf16x2_to_f16x2(v.z);
-        v.w = bf16x2_to_f16x2(v.w);
-        *chunk = v;
-      }
+    if (!p.one_barrier) {
+      cp_async_wait<2 * kStages - 2>();  // V of this tile landed; the tiles ahead may be in flight
+      convert_v(stage);
+      __syncthreads();
     }
-    __syncthreads();
     if (warp_has_rows) {
       const __nv_bfloat16* v_tile = v_smem + stage * kFlashBlockN * kStride;
 #pragma unroll
@@ -861,6 +875,8 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 //    or the window) makes worth it.
 // launch.kernel / flash_rows pin a path (tests, bench); pinning flash/split-KV on a shape they cannot run is
 // an error.
+void set_attention_one_barrier(bool on) { one_barrier = on; }
+
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
   detail::require_cuda("attention", {{"q", &p.q},
@@ -1001,7 +1017,8 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .sliding_window = p.sliding_window,
       .splits = splits,
       .page_shift = (page_size & (page_size - 1)) == 0 ? std::countr_zero(uint64_t(page_size)) : -1,
-      .scale_log2 = p.softmax_scale * kLog2e};
+      .scale_log2 = p.softmax_scale * kLog2e,
+      .one_barrier = one_barrier && !key_split};
   if (key_split) {
     if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2, true>(params, unsigned(row_tiles), stream);

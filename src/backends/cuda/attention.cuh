@@ -43,4 +43,9 @@ size_t attention_workspace_bytes(int64_t max_tokens, int64_t q_heads, int64_t he
 // capturable in a CUDA graph (after one eager call has set the kernels' shared-memory attribute).
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch = {});
 
+// The flash kernels' K/V loop at 64/128-row tiles: one CTA barrier per K/V tile, after its K and V landed and V
+// went to fp16 (on, the default), or two (off: K first, V converted before P·V; the bench's before row). The
+// key split (16-row tiles) always takes two. Process-wide.
+void set_attention_one_barrier(bool on);
+
 }  // namespace lmx::cuda
