@@ -20,6 +20,8 @@
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
 // dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
+// --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
+// N timed steps (those rows moved ±0.5–1 ms between runs at 3).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,6 +62,7 @@ struct Options {
   int target_rows = 0;                // 1: decode rows with adapters on attention only / the MLP only
   int decode_warmup = 3;              // full-batch decode steps before the timed ones (the serve run's steps
                                       // sit hundreds of tokens into each generation)
+  int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -87,6 +90,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--steady-output") o.steady_output = std::max(2, std::atoi(value.c_str()));
     else if (key == "--decode-warmup") o.decode_warmup = std::max(1, std::atoi(value.c_str()));
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
+    else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -293,17 +297,18 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
   r.sampling.max_tokens = 1;
   r.sampling.ignore_eos = true;
   std::vector<double> seconds;
-  for (int rep = 0; rep < 3; ++rep) {
+  const int reps = o.step_reps;
+  for (int rep = 0; rep < reps; ++rep) {
     r.prompt_ids[0] = int32_t(rep);  // a new prompt each time: no prefix-cache hit
     if (!engine.add_request(r).ok()) std::exit(1);
-    if (profiler && rep == 2) profiler->reset();
+    if (profiler && rep == reps - 1) profiler->reset();
     const auto t0 = std::chrono::steady_clock::now();
     while (engine.has_work()) engine.step();
     seconds.push_back(seconds_since(t0));
   }
-  if (profiler) profiler->print(1, seconds[2]);
+  if (profiler) profiler->print(1, seconds.back());
   std::sort(seconds.begin(), seconds.end());
-  return seconds[1];
+  return seconds[size_t(reps / 2)];
 }
 
 // Median wall seconds of the yardstick's mixed step: one new `o.prefill`-token prompt (adapter
@@ -321,9 +326,10 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
   }
   std::vector<double> seconds;
   int step_tokens = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  const int reps = o.step_reps;
+  for (int rep = 0; rep < reps; ++rep) {
     admit(engine, rng, vocab, adapter_of(o.batch - 1), o.prefill, 1);  // fresh tokens: no prefix-cache hit
-    if (profiler && rep == 2) profiler->reset();
+    if (profiler && rep == reps - 1) profiler->reset();
     const auto t0 = std::chrono::steady_clock::now();
     step_tokens = engine.step().num_tokens;
     seconds.push_back(seconds_since(t0));
@@ -331,9 +337,9 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
   }
   std::printf("  (the timed step ran %d tokens: %d decoding, the rest of the new prompt)\n", step_tokens, decoding);
   for (uint64_t id : ids) engine.abort(id);
-  if (profiler) profiler->print(1, seconds[2]);
+  if (profiler) profiler->print(1, seconds.back());
   std::sort(seconds.begin(), seconds.end());
-  return seconds[1];
+  return seconds[size_t(reps / 2)];
 }
 
 }  // namespace
