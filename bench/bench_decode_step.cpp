@@ -577,11 +577,15 @@ int main(int argc, char** argv) {
       cuda_backend.set_dense_lora_runs(false);  // the prompt's dense LoRA by the grouped kernels with the rest
       row("same, dense LoRA by the grouped kernels", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
-      // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with the decode
-      // tokens' adapters in the prompt's tiles (the default's rule keeps the expand kernels here since run
-      // 65), or the decoding sequences themselves.
+      // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with each slot's rows
+      // at a warp boundary (the default since run 106), without that (kAlways: the decode tokens' adapters
+      // share warps with the prompt's), by the expand kernels (the default of runs 65–105), or the decoding
+      // sequences themselves.
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
-      row("same, MoE-LoRA in the GEMM accumulators", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      row("same, MoE-LoRA in the GEMM accumulators, slots sharing warps", time_mixed(**engine, o, vocab, rng, spread),
+          prefill_floor);
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+      row("same, MoE-LoRA by the expand kernels", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
       const int prompt_index = o.batch - 1;
       const auto prompt_only = [&](int i) { return i == prompt_index ? spread(i) : std::string(); };

@@ -381,7 +381,7 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
         << "LoRA in the GEMM accumulators, decode GEMMs waiting for their shrinks first";
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
-    for (int64_t scattered : {int64_t(0), c.tokens}) {
+    for (int64_t scattered : {int64_t(0), c.tokens / 8, c.tokens}) {  // T / 8: warp-aligned slot groups at 128 rows
       EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, scattered), want)) << scattered << " scattered";
     }
   }
@@ -393,9 +393,9 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   constexpr int kLarge = cuda::kMoeGemmBlockMLarge, kPrefill = cuda::kMoeGemmBlockMPrefill;
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 0, kLarge));
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 6, kLarge));      // T / 256
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 7, kLarge));
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1615, 15, kLarge));    // the yardstick's mixed step
-  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 799, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 7, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1615, 15, kLarge));    // the yardstick's mixed step
+  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 799, kLarge));
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, 800, kLarge));    // T / 2: interleaved
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 4096, 4096, kLarge));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 256, 0, kPrefill));    // 64-row tiles
@@ -406,6 +406,15 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 64, 64, cuda::kMoeGemmBlockMDecode));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 16, -1, cuda::kMoeGemmBlockMDecode));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 1600, 0, kLarge));
+  // Warp-aligned slot groups: only strictly between T / 256 and T / 2 scattered, at 128-row tiles, kLongRuns.
+  EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, 6, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, 7, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1615, 15, kLarge));
+  EXPECT_TRUE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, 799, kLarge));
+  EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, 800, kLarge));
+  EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, -1, kLarge));
+  EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kAlways, 1615, 15, kLarge));
+  EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 256, 10, kPrefill));
 }
 
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output

@@ -35,6 +35,7 @@ struct AlignKernelParams {
   int experts;                // E
   int groups;                 // G
   int run_groups;             // consecutive groups padded as one run of tiles: 1, or S + 1 (order_by_slot)
+  int group_rows;             // each group of a run starts at a multiple of this (order_by_slot), else 1
   int block_m;                // BLOCK_M
   int max_tiles;              // capacity / BLOCK_M
   int key_bits;               // bits of the keys [0, G]: ceil(log2(G + 1))
@@ -66,23 +67,32 @@ __device__ __forceinline__ int group_of(const AlignKernelParams& p, int pair) {
 
 // Block-wide, 1024 threads: from counts[G] write group_offsets, tile_group (with -1 past the last tile up
 // to max_tiles), num_tiles, the sentinel on every padding position, and (if asked) the unpadded offsets.
-// Groups are padded to whole tiles in runs of run_groups (a run's groups back to back, its tiles' group
-// the run's index). PRECOND: blockDim.x == kScanThreads; counts complete and visible to the block.
+// Groups are padded to whole tiles in runs of run_groups (a run's groups back to back, its tiles' group the
+// run's index); with group_rows > 1 each group of a run starts at a multiple of group_rows wherever that
+// fits in the run's tiles (the tile padding's rows move between its groups; the run never grows).
+// PRECOND: blockDim.x == kScanThreads; counts complete and visible to the block.
 __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
   __shared__ typename ScanInt::TempStorage scan_storage;
   __shared__ int total_tiles;
   const int runs = p.groups / p.run_groups;
   const int per_thread = (runs + kScanThreads - 1) / kScanThreads;
   const int first = threadIdx.x * per_thread, last = min(first + per_thread, runs);
+  auto round_to = [](int n, int m) { return (n + m - 1) / m * m; };
   auto run_count = [&](int run) {
     int c = 0;
     for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) c += p.counts[g];
     return c;
   };
+  auto run_aligned = [&](int run) {  // the run's groups start at multiples of group_rows
+    if (p.group_rows == 1) return false;
+    int rows = 0;
+    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) rows += round_to(p.counts[g], p.group_rows);
+    return round_to(rows, p.block_m) == round_to(run_count(run), p.block_m);
+  };
   int padded = 0, unpadded = 0;
   for (int run = first; run < last; ++run) {
     const int c = run_count(run);
-    padded += (c + p.block_m - 1) / p.block_m * p.block_m;
+    padded += round_to(c, p.block_m);
     unpadded += c;
   }
   int padded_start = 0, padded_total = 0;
@@ -91,18 +101,20 @@ __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
   int unpadded_start = 0;
   if (write_unpadded) ScanInt(scan_storage).ExclusiveSum(unpadded, unpadded_start);
   for (int run = first; run < last; ++run) {
-    const int c = run_count(run);
-    const int size = (c + p.block_m - 1) / p.block_m * p.block_m;
+    const int size = round_to(run_count(run), p.block_m);
+    const int group_rows = run_aligned(run) ? p.group_rows : 1;
     int at = padded_start;
     for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) {
       p.group_offsets[g] = at;
-      if (write_unpadded) p.unpadded_offsets[g] = unpadded_start + (at - padded_start);
-      at += p.counts[g];
+      if (write_unpadded) p.unpadded_offsets[g] = unpadded_start;
+      const int rows = round_to(p.counts[g], group_rows);
+      for (int i = at + p.counts[g]; i < at + rows; ++i) p.sorted_pairs[i] = p.pairs;
+      at += rows;
+      unpadded_start += p.counts[g];
     }
-    for (int i = c; i < size; ++i) p.sorted_pairs[padded_start + i] = p.pairs;
+    for (int i = at; i < padded_start + size; ++i) p.sorted_pairs[i] = p.pairs;
     for (int tile = padded_start / p.block_m; tile < (padded_start + size) / p.block_m; ++tile) p.tile_group[tile] = run;
     padded_start += size;
-    unpadded_start += c;
   }
   if (threadIdx.x == 0) {
     total_tiles = padded_total / p.block_m;
@@ -340,6 +352,10 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
             (long long)p.slots);
   LMX_CHECK(p.block_m >= 1 && p.block_m <= 1024 && (p.block_m & (p.block_m - 1)) == 0,
             "moe_align: block_m = %d is not a power of two in [1, 1024]", p.block_m);
+  LMX_CHECK(p.slot_group_rows == 1 || (p.order_by_slot && p.slot_group_rows <= p.block_m &&
+                                        (p.slot_group_rows & (p.slot_group_rows - 1)) == 0),
+            "moe_align: slot_group_rows = %d needs order_by_slot and a power of two <= block_m (%d)",
+            p.slot_group_rows, p.block_m);
   const int64_t capacity = moe_align_capacity(pairs, groups / run_groups, p.block_m), max_tiles = capacity / p.block_m;
   LMX_CHECK(capacity < 0x7fffffff && groups < 0x7fffffff);
   auto require_i32 = [&](const char* name, const Tensor& t, int64_t numel) {
@@ -387,6 +403,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                                  .experts = int(p.experts),
                                  .groups = int(groups),
                                  .run_groups = int(run_groups),
+                                 .group_rows = p.slot_group_rows,
                                  .block_m = p.block_m,
                                  .max_tiles = int(max_tiles),
                                  .key_bits = key_bits(groups),

@@ -41,6 +41,12 @@ struct MoeAlignParams {
   // E·(S + 1) + 1 entries (run of (expert e, slot s) at [e·(S + 1) + s + 1]); the workspace is
   // moe_align_workspace_bytes(pairs, E·(S + 1)) and sorted_pairs moe_align_capacity(pairs, E, block_m).
   bool order_by_slot = false;
+  // With order_by_slot: each (expert, slot) group of an expert starts at a multiple of this many rows (a
+  // power of two <= block_m; sentinels fill the gaps) wherever the expert's tiles have room for it — the
+  // rows its last tile pads anyway move between its groups; an expert whose groups padded so would need
+  // another tile keeps them back to back. At 16 (a warp's rows in the persistent GEMM) a warp then holds
+  // one adapter, so it makes one MoE-LoRA pass. Tiles, capacity and sizes as without it.
+  int slot_group_rows = 1;
 };
 
 // The one-block and chunked paths' limit (16 sorted items per thread of 1024; 16 chunks); larger batches take

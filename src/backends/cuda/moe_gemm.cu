@@ -1784,24 +1784,27 @@ void set_moe_gemm_large_block_n(int block_n) {
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
-bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m) {
+bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
-  // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66):
+  // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):
   //  - 128-row tiles only: at 64 (T 256) the accumulator path costs more per layer with one adapter (+112 µs
   //    vs +68 by the expand kernels) and with 8 interleaved (+301 vs +146).
-  //  - at most one adapter token in 256 in a short run: each such token puts a second or third adapter
-  //    into a warp of a long run's tile, which then makes a pass per adapter over every column block. A
-  //    1600-token prompt beside 15 decoding tokens: 42.1–42.5 ms this way, 40.7–41.2 by the expand kernels;
-  //    the prompt alone gains ~1.2 ms here.
-  //  - or at least half of the adapter tokens in short runs (many short prompts or decode tokens): rows
+  //  - long runs (at most one adapter token in 256 in a short run): a prompt with an adapter gains ~1.2 ms.
+  //  - at least half of the adapter tokens in short runs (many short prompts or decode tokens): rows
   //    ordered by slot leave a warp one or two adapters, and the expand kernels pay for every pair. Layer
   //    cost T 1600 +301 µs vs +370, T 4096 +580 vs +645.
+  //  - in between, with each slot's rows starting at a warp boundary (moe_lora_warp_groups_for): without
+  //    it a 1600-token prompt beside 15 decoding tokens took 42.1–42.5 ms here, 40.7–41.2 by the expand
+  //    kernels, because those few tokens put a second or third adapter into a warp of most tiles.
   //  - 16-row tiles (decode), whatever the mix: a tile holds a few pairs, so a warp makes one or two
   //    passes of R/16 small MMAs per column block, and the layer saves the two expand kernels, the
   //    activation kernel and h's round trip (perf-log run 68).
   if (mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMDecode) return true;
-  return mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMLarge && scattered >= 0 &&
-         (scattered <= tokens / 256 || scattered >= tokens / 2);
+  return mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMLarge && scattered >= 0;
+}
+bool moe_lora_warp_groups_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m) {
+  return mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMLarge && scattered > tokens / 256 &&
+         scattered < tokens / 2;
 }
 
 int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
@@ -2208,8 +2211,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   const bool decode_gemm_lora =
       lora && small && moe_lora_small_fits(pairs) && in_gemm && block_m == kMoeGemmBlockMDecode;  // z's room
   // Then each expert's pairs are ordered by slot (moe_align order_by_slot), so a warp's 16 rows hold one or
-  // two adapters even where adapters interleave token by token.
+  // two adapters even where adapters interleave token by token; where moe_lora_warp_groups_for says so, each
+  // slot's rows start at a warp boundary where the expert's tiles have room, so no warp holds two.
   const bool order_by_slot = gemm_lora_gu || gemm_lora_down;
+  const int slot_group_rows =
+      order_by_slot && moe_lora_warp_groups_for(lora_in_gemm, tokens, p.lora_scattered_tokens, block_m)
+          ? kMoeLoraWarpRows
+          : 1;
 
   // 1. Tiles by expert.
   const int64_t expert_groups = order_by_slot ? experts * (slots + 1) : experts;
@@ -2222,7 +2230,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
              .slots = order_by_slot ? slots : 0, .block_m = block_m, .sorted_pairs = tiles.sorted_pairs,
              .tile_group = tiles.tile_group, .group_offsets = view(l.expert_offsets, DType::I32, {expert_groups + 1}),
              .num_tiles = tiles.num_tiles, .workspace = view(l.expert_scratch, DType::U8, {expert_scratch}),
-             .order_by_slot = order_by_slot},
+             .order_by_slot = order_by_slot, .slot_group_rows = slot_group_rows},
             stream);
   const Tensor a = view(l.a, DType::BF16, {pairs, inter});  // [T*K, I] bf16
   const Tensor d = view(l.d, DType::BF16, {pairs, hidden});  // [T*K, H] bf16

@@ -70,11 +70,19 @@ enum class MoeLoraInGemm {
 void set_moe_lora_in_gemm(MoeLoraInGemm mode);
 // The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
 // tiles of `block_m` rows. kLongRuns: 16-row tiles (decode: the direct shrink writes z, the decode GEMMs
-// add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known and at most T / 256 (long runs) or at
-// least T / 2 (mostly interleaved); not in between, where a few short runs' adapters add passes to a long
-// run's warps. moe_block also needs, at 16 rows, the direct MoE-LoRA path (moe_lora_small_fits), at 128
-// the persistent kernel, and for gate_up the interleaved layout.
+// add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known (-1 in recordings); in between T / 256
+// and T / 2 with warp groups (moe_lora_warp_groups_for). moe_block also needs, at 16 rows, the direct
+// MoE-LoRA path (moe_lora_small_fits), at 128 the persistent kernel, and for gate_up the interleaved layout.
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m);
+// A warp's rows in the persistent GEMM's accumulator tile (wgmma m64: four warps of 16 rows).
+constexpr int kMoeLoraWarpRows = 16;
+// Whether moe_block's expert align starts each (expert, slot) group at a warp boundary where the expert's
+// tiles have room (moe_align slot_group_rows = kMoeLoraWarpRows; never an extra tile), so no warp of those
+// 128-row tiles holds two adapters: kLongRuns with T / 256 < scattered < T / 2 — a long run's tiles beside a
+// few short runs' tokens (the yardstick's mixed step: a prompt with an adapter beside 15 decoding tokens of
+// 8 adapters). Without it each expert's few short-run pairs sit at the ends of its run, so most of its tiles
+// hold a warp with two or three adapters, which makes a pass for each over every column block.
+bool moe_lora_warp_groups_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m);
 
 // The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
 // two GEMMs, min(H, I) (host numbers, no sync).
