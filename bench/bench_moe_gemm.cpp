@@ -4,7 +4,8 @@
 // then each kernel alone (align, gate_up fused, gate_up to h + moe_activation, down, combine; gate_up and
 // down also at both BLOCK_N, to check the default of the BLOCK_M in use, and for 64/128-row tiles in the
 // grouped CTA order; the block again on the other kernels: warp-specialized wgmma, mma.sync; at prefill sizes
-// a dense cuBLASLt GEMM of the same FLOPs, the card's practical ceiling under its power cap), each with
+// a dense cuBLASLt GEMM of the same FLOPs, the card's practical ceiling under its power cap; from T 1024 the
+// MoE-LoRA of a mixed step — a prompt's run of one adapter beside 15 tokens of 8 — by each path), each with
 // µs, the bytes that must move (touched experts' weights once, plus activations in and out), the FLOPs,
 // and the share of the H200 floor max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_moe_lora:
 // many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
@@ -315,8 +316,17 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     slot_one.view.ptr<int32_t>()[t] = 1;
     slot_spread.view.ptr<int32_t>()[t] = int32_t(t % kSlots);
   }
+  // A mixed step's slots (the yardstick's: 15 decoding tokens of 8 adapters, then a prompt of one adapter),
+  // and the same with the decoding tokens on the base model.
+  constexpr int64_t kDecoding = 15;
+  OwnedTensor slot_mixed = OwnedTensor::host(DType::I32, {tokens}), slot_prompt = OwnedTensor::host(DType::I32, {tokens});
+  for (int64_t t = 0; t < tokens; ++t) {
+    slot_mixed.view.ptr<int32_t>()[t] = t < kDecoding ? int32_t(t % kSlots) : 1;
+    slot_prompt.view.ptr<int32_t>()[t] = t < kDecoding ? -1 : 1;
+  }
   const OwnedTensor lora_rank = cuda::upload(rank_host);
   const OwnedTensor d_slot_one = cuda::upload(slot_one), d_slot_spread = cuda::upload(slot_spread);
+  const OwnedTensor d_slot_mixed = cuda::upload(slot_mixed), d_slot_prompt = cuda::upload(slot_prompt);
   // moe_block with that MoE-LoRA (shrink included): by the expand kernels, and in the GEMMs' accumulators
   // (`in_gemm`: how moe_block gets it there at this size). Minus the block without LoRA, this is the
   // layer's MoE-LoRA cost (issue 4's table).
@@ -351,6 +361,35 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       }
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }
+    if (tokens < 1024 || decode) return;
+    // A mixed step's MoE-LoRA by moe_block's rule (kLongRuns with the engine's hint: 15 tokens in short runs,
+    // or none when the decoding tokens have no adapter), and the mixed slots by the other two paths.
+    struct Mixed { const OwnedTensor* slots; int64_t scattered; cuda::MoeLoraInGemm mode; const char* name; };
+    for (const Mixed& c : {Mixed{&d_slot_prompt, 0, cuda::MoeLoraInGemm::kLongRuns,
+                                 "a prompt's run + 15 base tokens, by the rule"},
+                           Mixed{&d_slot_mixed, kDecoding, cuda::MoeLoraInGemm::kLongRuns,
+                                 "a prompt's run + 15 of 8 adapters, by the rule (warp groups)"},
+                           Mixed{&d_slot_mixed, kDecoding, cuda::MoeLoraInGemm::kAlways,
+                                 "a prompt's run + 15 of 8 adapters, accumulators, slots sharing warps"},
+                           Mixed{&d_slot_mixed, kDecoding, cuda::MoeLoraInGemm::kOff,
+                                 "a prompt's run + 15 of 8 adapters, by the expand kernels"}}) {
+      cuda::set_moe_lora_in_gemm(c.mode);
+      auto mixed_block = [&](int layer) {
+        ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .token_slot = *c.slots,
+                         .gate_up = layers[layer].gate_up, .gate_up_bias = layers[layer].gate_up_bias,
+                         .down = layers[layer].down, .down_bias = layers[layer].down_bias, .activation = m.activation,
+                         .layout = m.layout, .out = out, .lora_scattered_tokens = c.scattered};
+        p.lora_gate_up = {.a = lora_a_gate_up, .b = lora_b_gate_up, .rank = lora_rank};
+        p.lora_down = {.a = lora_a_down, .b = lora_b_down, .rank = lora_rank};
+        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream);
+      };
+      mixed_block(0);  // kernel attributes, outside the graph
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      print_row((std::string("block + MoE-LoRA, ") + c.name).c_str(), tokens,
+                align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                time([&](int i) { mixed_block(i % kCopies); }));
+    }
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
   };
   if (block_m == cuda::kMoeGemmBlockMDecode) {  // before/after of gate_up and down as programmatic dependents
     print_row("block (no LoRA), GEMMs without PDL", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
