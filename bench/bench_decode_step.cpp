@@ -10,6 +10,7 @@
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
+//                     [--step-reps 5] [--only-main 1]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -18,6 +19,9 @@
 // over N full-batch decode steps. --vocab N sizes a preset's vocabulary as loramux serve does from its
 // tokenizer (GPT-OSS: 200019); --weight-seed as serve's (0 there).
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
+// --only-main 1: the adapter decode step only, then exit; 2: the no-adapter step only (for Nsight Compute:
+// every timed step runs inside the NVTX range "timed decode steps", which scripts/device-run's NCU_TIMES
+// selects).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
 // dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
@@ -34,6 +38,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <nvtx3/nvToolsExt.h>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/attention.cuh"
@@ -63,6 +69,7 @@ struct Options {
   int decode_warmup = 3;              // full-batch decode steps before the timed ones (the serve run's steps
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
+  int only_main = 0;                  // 1: the adapter decode row only, 2: the no-adapter row only (ncu runs)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -91,6 +98,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--decode-warmup") o.decode_warmup = std::max(1, std::atoi(value.c_str()));
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
+    else if (key == "--only-main") o.only_main = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -206,6 +214,7 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   // The sampled tokens: with generated weights greedy decoding may repeat one token across the batch, which
   // routes every sequence to the same experts at layer 0 (fewer expert bytes than the floor assumes).
   std::set<int32_t> last_tokens, all_tokens;
+  nvtxRangePushA("timed decode steps");  // what Nsight Compute profiles with NCU_TIMES (scripts/device-run)
   for (int s = 0; s < o.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const engine::Engine::StepReport report = engine.step();
@@ -221,6 +230,7 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
       all_tokens.insert(out.token);
     }
   }
+  nvtxRangePop();
   // The serve run's step metrics, for the same step here: device time (enqueued inputs to sampled tokens)
   // and the host time until the forward was launched, medians.
   std::sort(device.begin(), device.end());
@@ -432,9 +442,15 @@ int main(int argc, char** argv) {
   const int vocab = c.vocab_size;
   auto spread = [&](int i) { return "a" + std::to_string(i % std::max(1, o.adapters)); };
   auto no_adapter = [](int) { return std::string(); };
+  if (o.only_main == 2) {
+    row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
+        base.total() / kBytesPerSecond);
+    return 0;
+  }
   if (o.adapters > 0) {
     row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
+    if (o.only_main == 1) return 0;
     if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)
       for (const char* prefix : {"attn", "mlp"}) {
         auto by_target = [&](int i) { return prefix + std::to_string(i % o.adapters); };
