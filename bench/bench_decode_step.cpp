@@ -10,7 +10,7 @@
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
-//                     [--step-reps 5] [--only-main 1]
+//                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -19,9 +19,10 @@
 // over N full-batch decode steps. --vocab N sizes a preset's vocabulary as loramux serve does from its
 // tokenizer (GPT-OSS: 200019); --weight-seed as serve's (0 there).
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
-// --only-main 1: the adapter decode step only, then exit; 2: the no-adapter step only (for Nsight Compute:
-// every timed step runs inside the NVTX range "timed decode steps", which scripts/device-run's NCU_TIMES
-// selects).
+// --only ROW: one row, then exit — decode (adapters spread), decode-base (no adapter in the batch), prefill,
+// prefill-adapter, mixed. For Nsight Compute: every timed step of every row runs inside the NVTX range
+// "timed steps", which scripts/device-run's NCU_TIMES selects (a decode row times --steps steps, the others
+// --step-reps).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
 // dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
@@ -55,6 +56,7 @@ namespace lmx {
 namespace {
 
 constexpr double kBytesPerSecond = 4.2e12;  // measured d2d copy on the H200 (docs/perf-log.md)
+constexpr const char* kTimedRange = "timed steps";  // the NVTX range of every timed step (NCU_TIMES selects it)
 constexpr double kFlopsPerSecond = 750e12;  // dense bf16 (issue 4/5)
 
 struct Options {
@@ -69,7 +71,7 @@ struct Options {
   int decode_warmup = 3;              // full-batch decode steps before the timed ones (the serve run's steps
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
-  int only_main = 0;                  // 1: the adapter decode row only, 2: the no-adapter row only (ncu runs)
+  std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -98,7 +100,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--decode-warmup") o.decode_warmup = std::max(1, std::atoi(value.c_str()));
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
-    else if (key == "--only-main") o.only_main = std::atoi(value.c_str());
+    else if (key == "--only") o.only = value;
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -214,7 +216,7 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   // The sampled tokens: with generated weights greedy decoding may repeat one token across the batch, which
   // routes every sequence to the same experts at layer 0 (fewer expert bytes than the floor assumes).
   std::set<int32_t> last_tokens, all_tokens;
-  nvtxRangePushA("timed decode steps");  // what Nsight Compute profiles with NCU_TIMES (scripts/device-run)
+  nvtxRangePushA(kTimedRange);
   for (int s = 0; s < o.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const engine::Engine::StepReport report = engine.step();
@@ -313,7 +315,9 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
     if (!engine.add_request(r).ok()) std::exit(1);
     if (profiler && rep == reps - 1) profiler->reset();
     const auto t0 = std::chrono::steady_clock::now();
+    nvtxRangePushA(kTimedRange);
     while (engine.has_work()) engine.step();
+    nvtxRangePop();
     seconds.push_back(seconds_since(t0));
   }
   if (profiler) profiler->print(1, seconds.back());
@@ -341,7 +345,9 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
     admit(engine, rng, vocab, adapter_of(o.batch - 1), o.prefill, 1);  // fresh tokens: no prefix-cache hit
     if (profiler && rep == reps - 1) profiler->reset();
     const auto t0 = std::chrono::steady_clock::now();
+    nvtxRangePushA(kTimedRange);
     step_tokens = engine.step().num_tokens;
+    nvtxRangePop();
     seconds.push_back(seconds_since(t0));
     while (engine.scheduler().num_waiting() > 0) engine.step();  // a prompt the step budget split
   }
@@ -442,15 +448,31 @@ int main(int argc, char** argv) {
   const int vocab = c.vocab_size;
   auto spread = [&](int i) { return "a" + std::to_string(i % std::max(1, o.adapters)); };
   auto no_adapter = [](int) { return std::string(); };
-  if (o.only_main == 2) {
-    row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
-        base.total() / kBytesPerSecond);
+  if (!o.only.empty()) {  // one row (Nsight Compute runs)
+    const double prefill_floor = prefill_flops(c, o.prefill) / kFlopsPerSecond;
+    if (o.only == "decode") {
+      row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
+          with_lora.total() / kBytesPerSecond);
+    } else if (o.only == "decode-base") {
+      row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
+          base.total() / kBytesPerSecond);
+    } else if (o.only == "prefill") {
+      row("prefill of one prompt", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    } else if (o.only == "prefill-adapter" && o.adapters > 0) {
+      row("prefill of one prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
+    } else if (o.only == "mixed" && o.adapters > 0) {
+      row("mixed step: a prompt with an adapter + the decoding batch", time_mixed(**engine, o, vocab, rng, spread),
+          prefill_floor);
+    } else {
+      std::fprintf(stderr, "bench_decode_step: --only %s: not a row (decode, decode-base, prefill, and with "
+                           "--adapters > 0 prefill-adapter, mixed)\n", o.only.c_str());
+      return 1;
+    }
     return 0;
   }
   if (o.adapters > 0) {
     row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
-    if (o.only_main == 1) return 0;
     if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)
       for (const char* prefix : {"attn", "mlp"}) {
         auto by_target = [&](int i) { return prefix + std::to_string(i % o.adapters); };
