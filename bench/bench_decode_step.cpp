@@ -504,6 +504,12 @@ int main(int argc, char** argv) {
     row("same, MoE-LoRA by the expand kernels", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+    // Before/after of the decode GEMMs reading their MoE-LoRA slots and first B words before the k-loop.
+    cuda::set_moe_lora_decode_prefetch(false);
+    cuda_backend.set_programmatic_launches(true);  // records the graphs again (the flag is a launch argument)
+    row("same, decode MoE-LoRA's B read after the k-loop", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda::set_moe_lora_decode_prefetch(true);
     cuda_backend.set_programmatic_launches(true);
     cuda_backend.set_linear_autotune(false);  // before/after of timing cuBLASLt's candidates for few-row products
     row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),

@@ -77,6 +77,7 @@ struct GemmKernelParams {
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
+  bool lora_prefetch;           // grouped_gemm_kernel: the MoE-LoRA's slots and first B words before the k-loop
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -354,6 +355,61 @@ __device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
   return k + 1 < rank ? 0xffffffffu : (k < rank ? 0x0000ffffu : 0u);
 }
 
+// The lane's two B words of one n-tile and rank step of add_lora_terms: ranks k0 + 2t, + 1 (w0) and k0 + 2t + 8,
+// + 9 (w1) of output column `column` (logical; the halves layout maps it to its weight row) of the slot's
+// [n, R] slice `b`. Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1); what they fetch past
+// the slot's rank or past n is masked to zero by the caller.
+__device__ __forceinline__ void load_lora_b_words(const GemmKernelParams& p, const __nv_bfloat16* b, int column, int k0,
+                                                  int t, unsigned& w0, unsigned& w1) {
+  column = min(column, p.n - 1);
+  const int weight_row = p.halves ? (column % 2 == 0 ? column / 2 : p.n / 2 + column / 2) : column;
+  const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(weight_row) * p.lora_r);
+  w0 = __ldg(row + min(k0 + 2 * t, p.lora_r - 2) / 2);
+  w1 = __ldg(row + min(k0 + 2 * t + 8, p.lora_r - 2) / 2);
+}
+
+// What add_lora_terms reads before z: the slots of the lane's two rows, whether each still needs a pass
+// (slot >= 0 of nonzero rank), and — with kPrefetch — the warp's first pass's slot (the smallest pending,
+// INT_MAX: none) and its B words for rank steps 0 and 1 (ranks <= 32; later steps load in the pass).
+// The decode GEMM (grouped_gemm_kernel) builds it before its k-loop, so after the loop only z, the shrink's
+// output, is fetched: each CTA's pass then costs one round trip instead of three (perf-log run 115).
+// token_slot, rank and B are inputs of the batch and the adapter stacks, never written by the kernel
+// before (the shrink), so reading them before the programmatic wait is safe. PRECOND: warp converged.
+template <int kBlockN, bool kPrefetch>
+struct LoraRows {
+  int slot[2];
+  bool pending[2];
+  int first_slot = INT_MAX;
+  unsigned b0[kPrefetch ? 2 : 1][kPrefetch ? kBlockN / 8 : 1], b1[kPrefetch ? 2 : 1][kPrefetch ? kBlockN / 8 : 1];
+
+  LoraRows() = default;
+  __device__ __forceinline__ LoraRows(const GemmKernelParams& p, int expert, int first_column, const int (&pair)[2],
+                                      int lane) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
+      pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
+    }
+    if constexpr (kPrefetch) {
+      int mine = INT_MAX;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (pending[half]) mine = min(mine, slot[half]);
+      }
+      first_slot = __reduce_min_sync(0xffffffffu, mine);
+      if (first_slot == INT_MAX) return;
+      const __nv_bfloat16* b = p.lora_b + (int64_t(first_slot) * p.weight_rows + int64_t(expert) * p.n) * p.lora_r;
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          load_lora_b_words(p, b, first_column + 8 * j + lane / 4, 16 * step, lane % 4, b0[step][j], b1[step][j]);
+        }
+      }
+    }
+  }
+};
+
 // kLora (MoeGemmLora): the MoE-LoRA of one work item added into its fp32 accumulators before the epilogue,
 // acc[row] += z[pair]·B[slot, expert][columns]ᵀ for every row whose token has a slot of nonzero rank, by
 // mma.sync m16n8k16 on the warp's 16 rows: the wgmma accumulator layout is mma's C fragment layout
@@ -361,37 +417,33 @@ __device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
 // a 16-row warp tile of grouped_gemm_kernel (BLOCK_M 16: acc[0][j][0..3] is acc[4j .. 4j + 3]). With the
 // halves layout (decode only) logical column 2i reads B row i and 2i + 1 row n/2 + i, as the weight. No pass over
 // h, no expand kernel: per slot of the warp's rows, R/16 steps of 2 · BLOCK_N / 8 small MMAs, B's fragments
-// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16
-// significant bits), B as it is. Rows of several slots: one pass per distinct slot, smallest first, z masked
-// to that slot's rows, so the other rows get exact zeros added (a warp whose rows have no slot adds
-// nothing: a base token's result is bit-identical to the GEMM without LoRA unless its accumulator is
-// exactly -0 and shares a warp with an adapter's rows, where it becomes +0).
+// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes), or for the first pass's first two
+// steps from `rows` (kPrefetch). z goes in as bf16 hi + lo (16 significant bits), B as it is. Rows of several
+// slots: one pass per distinct slot, smallest first, z masked to that slot's rows, so the other rows get
+// exact zeros added (a warp whose rows have no slot adds nothing: a base token's result is bit-identical to
+// the GEMM without LoRA unless its accumulator is exactly -0 and shares a warp with an adapter's rows, where
+// it becomes +0). The same additions in the same order with or without the prefetch.
 // kBatch: n-tiles whose B words are loaded before their MMAs (registers: 2 per n-tile).
-template <int kBlockN, int kBatch>
+template <int kBlockN, int kBatch, bool kPrefetch = false>
 __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
-                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2]) {
+                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2],
+                                               LoraRows<kBlockN, kPrefetch> rows) {
   const int g = lane / 4, t = lane % 4;
-  int slot[2];
-  bool pending[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
-    pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
-  }
   while (true) {
     int mine = INT_MAX;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      if (pending[half]) mine = min(mine, slot[half]);
+      if (rows.pending[half]) mine = min(mine, rows.slot[half]);
     }
     const int s = __reduce_min_sync(0xffffffffu, mine);  // warp-uniform from here to the loop's end
     if (s == INT_MAX) return;
     bool use[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      use[half] = pending[half] && slot[half] == s;
-      pending[half] = pending[half] && !use[half];
+      use[half] = rows.pending[half] && rows.slot[half] == s;
+      rows.pending[half] = rows.pending[half] && !use[half];
     }
+    const bool prefetched = kPrefetch && s == rows.first_slot;  // warp-uniform
     const int rank = __ldg(p.lora_rank + s);
     const float* z_row[2] = {p.lora_z + int64_t(use[0] ? pair[0] : 0) * p.lora_r,
                              p.lora_z + int64_t(use[1] ? pair[1] : 0) * p.lora_r};
@@ -399,8 +451,7 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
     for (int k0 = 0; k0 < rank; k0 += 16) {
       // Every load of the k-step is issued before the first MMA that needs one (16 n-tiles of B words at a
       // time): issued between the MMAs, each L2 round trip was paid in sequence (perf-log run 60: ~11 µs
-      // per pass of a 128-column item). Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1);
-      // what they fetch past the slot's rank or past n is masked to zero afterwards.
+      // per pass of a 128-column item).
       // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
       // z by __ldca (a plain coherent load, cached in L1): with wait_before_epilogue (decode) the shrink
       // writes z while this grid runs, which the read-only path's contract (__ldg: no writes during the
@@ -421,11 +472,14 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
         unsigned b0[kBatch], b1[kBatch];
 #pragma unroll
         for (int jj = 0; jj < kBatch; ++jj) {
-          const int column = min(first_column + 8 * (j0 + jj) + g, p.n - 1);
-          const int weight_row = p.halves ? (column % 2 == 0 ? column / 2 : p.n / 2 + column / 2) : column;
-          const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(weight_row) * p.lora_r);
-          b0[jj] = __ldg(row + min(k_lo, p.lora_r - 2) / 2);
-          b1[jj] = __ldg(row + min(k_hi, p.lora_r - 2) / 2);
+          if (kPrefetch && prefetched && k0 < 32) {  // static register indices: step 0 or 1
+            constexpr int kStep1 = kPrefetch ? 1 : 0;
+            const int j = kPrefetch ? j0 + jj : 0;
+            b0[jj] = k0 == 0 ? rows.b0[0][j] : rows.b0[kStep1][j];
+            b1[jj] = k0 == 0 ? rows.b1[0][j] : rows.b1[kStep1][j];
+          } else {
+            load_lora_b_words(p, b, first_column + 8 * (j0 + jj) + g, k0, t, b0[jj], b1[jj]);
+          }
         }
         if (j0 == 0) {
 #pragma unroll
@@ -517,6 +571,13 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
       cp_async_commit();  // empty groups keep the group count uniform for wait_group
     }
   }
+  // The MoE-LoRA's slots and first B words (host-checked: BLOCK_M 16, one 16-row warp tile), in flight
+  // behind the first stages and the k-loop; unused without LoRA.
+  const int lora_pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
+  LoraRows<kWarpN, true> lora_rows;
+  if constexpr (kMi == 1) {
+    if (p.lora_z != nullptr && p.lora_prefetch) lora_rows = LoraRows<kWarpN, true>(p, expert, n0 + warp_n0, lora_pair, lane);
+  }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kStages - 2>();  // stage kt has landed (for this thread) ...
     __syncthreads();               // ... for every thread; and stage kt - 1 is no longer being read
@@ -556,8 +617,13 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   // read after the wait like x: z is the shrink's output, written by the kernel just before.
   if constexpr (kMi == 1) {
     if (p.lora_z != nullptr) {
-      const int pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
-      add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]));
+      auto& warp_acc = reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]);
+      if (p.lora_prefetch) {
+        add_lora_terms<kWarpN, kNi, true>(p, expert, n0 + warp_n0, lora_pair, lane, warp_acc, lora_rows);
+      } else {
+        add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, lora_pair, lane, warp_acc,
+                                    LoraRows<kWarpN, false>(p, expert, n0 + warp_n0, lora_pair, lane));
+      }
     }
   }
   // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
@@ -1207,7 +1273,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           retire(acc, kt);
         }
         finish(acc);
-        if constexpr (kLora) add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc);
+        if constexpr (kLora) {
+          add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
+                                              LoraRows<kBlockN, false>(p, in.expert, work.y, in.pair, lane));
+        }
         persistent_epilogue(p, in, acc);
       } else {
         for (int kt = 0; kt < k_tiles; ++kt) {
@@ -1216,7 +1285,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         }
         finish(acc);
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
-        if constexpr (kLora) add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc);
+        if constexpr (kLora) {
+          add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
+                                              LoraRows<kBlockN, false>(p, in.expert, work.y, in.pair, lane));
+        }
         persistent_epilogue(p, in, acc);
       }
     }
@@ -1410,6 +1482,7 @@ int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : ot
 // it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
+bool lora_prefetch = true;                         // set_moe_lora_decode_prefetch
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1784,6 +1857,7 @@ void set_moe_gemm_large_block_n(int block_n) {
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
+void set_moe_lora_decode_prefetch(bool on) { lora_prefetch = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
   // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):
@@ -1861,6 +1935,7 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_slot = static_cast<const int32_t*>(lora.token_slot.data);
   params.lora_r = int(rank_cap);
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
+  params.lora_prefetch = lora_prefetch;
 }
 
 }  // namespace

@@ -68,6 +68,10 @@ enum class MoeLoraInGemm {
 };
 // Process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_gemm(MoeLoraInGemm mode);
+// The decode GEMM (BLOCK_M 16) reads its MoE-LoRA rows' slots and the first pass's B words before its k-loop,
+// so after it only z is fetched (default on; off: all of it after the k-loop, the bench's before row).
+// Process-wide; the same result either way, bit for bit.
+void set_moe_lora_decode_prefetch(bool on);
 // The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
 // tiles of `block_m` rows. kLongRuns: 16-row tiles (decode: the direct shrink writes z, the decode GEMMs
 // add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known (-1 in recordings); in between T / 256
