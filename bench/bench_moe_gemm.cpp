@@ -461,6 +461,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 256, 8), stream); }));
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
+  if (pairs <= cuda::kMoeAlignTinyPairs) {  // before/after of the tiny path (decode batches)
+    cuda::MoeAlignParams one_block = align;
+    one_block.force_path = 0;
+    print_row("  align, one-block path", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(one_block, stream); }));
+  }
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
             time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true), stream); }));
   print_row("  gate_up -> h", tokens, gate_up_h_bytes, gate_up_flops,
