@@ -44,6 +44,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/attention.cuh"
+#include "backends/cuda/lora_dense.cuh"
 #include "backends/cuda/moe_gemm.cuh"
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -527,6 +528,12 @@ int main(int argc, char** argv) {
     row("same, products split at multiples of 128 rows", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_split_row_align(64);
+    cuda::set_lora_dense_fused_prefetch(false);  // before/after of the fused shrink prefetching the expand's B
+    cuda_backend.set_programmatic_launches(true);  // records the graphs again (the flag is a launch argument)
+    row("same, projections' LoRA B not prefetched by the shrink", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda::set_lora_dense_fused_prefetch(true);
+    cuda_backend.set_programmatic_launches(true);
     cuda_backend.set_fuse_linear_lora(false);  // before/after of the fused linear + LoRA (shrink beside the product)
     row("same, projections as product, bias, split, LoRA launches", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
