@@ -302,6 +302,10 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
     cuda::set_moe_gemm_compact_epilogue(true);
+    // A consumer whose 64 rows are all padding skips them (the default); computing them changes nothing.
+    cuda::set_moe_gemm_skip_padding_halves(false);
+    EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "padding halves computed vs skipped";
+    cuda::set_moe_gemm_skip_padding_halves(true);
     // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora) at both down widths. Its d rounds
     // to bf16 once (acc + LoRA + bias) where the reference rounds acc + bias and then the expand's sum:
     // the two differ by one ulp of d in a share of the elements, and |d| reaches 16 where the output is

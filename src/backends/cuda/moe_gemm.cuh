@@ -42,6 +42,10 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
+// The persistent kernel at BLOCK_M 128: a consumer warpgroup whose 64 rows of a work item are all padding
+// (an expert's last tile holding at most 64 rows) skips its wgmmas and stores (on, the default), or
+// computes them like any other rows (the bench's before row and the tests' second pass).
+void set_moe_gemm_skip_padding_halves(bool on);
 // The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 0 (the default: by width, 192
 // where it divides the GEMM's n on the warp-specialized kernels, else 128), 128, 192 (the warp-specialized
 // kernels only; the ring keeps 128) or 256 (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps
