@@ -312,6 +312,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
     cuda::set_moe_gemm_skip_padding_halves(true);
   }
+  if (block_m != cuda::kMoeGemmBlockMDecode) {  // before: gate_up writes a by pair, down gathers it again
+    cuda::set_moe_block_a_in_tile_order(false);
+    print_row("block (no LoRA), a by pair and gathered for down", tokens,
+              align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+              time([&](int i) { block(i % kCopies); }));
+    cuda::set_moe_block_a_in_tile_order(true);
+  }
   if (block_m == cuda::kMoeGemmBlockMLarge) {  // moe_block at other 128-row BLOCK_N (default: by width)
     for (const auto& [gate_up_n, down_n] : {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}}) {
       cuda::set_moe_gemm_large_block_n(gate_up_n);
