@@ -605,6 +605,12 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);
+    cuda::set_moe_gemm_skip_padding_halves(false);  // before: 128-row tiles' all-padding halves computed
+    row("same, MoE GEMM padding halves computed", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_gemm_skip_padding_halves(true);
+    cuda::set_moe_block_a_in_tile_order(false);  // before: gate_up writes a by pair, down gathers it again
+    row("same, MoE a by pair and gathered for down", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_block_a_in_tile_order(true);
     if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
       row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
       cuda_backend.set_dense_lora_runs(false);  // before/after of the prompt's dense LoRA as cuBLASLt products
@@ -628,6 +634,12 @@ int main(int argc, char** argv) {
       cuda_backend.set_dense_lora_runs(false);  // the prompt's dense LoRA by the grouped kernels with the rest
       row("same, dense LoRA by the grouped kernels", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
+      cuda::set_moe_gemm_skip_padding_halves(false);
+      row("same, MoE GEMM padding halves computed", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_gemm_skip_padding_halves(true);
+      cuda::set_moe_block_a_in_tile_order(false);
+      row("same, MoE a by pair and gathered for down", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_block_a_in_tile_order(true);
       // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with each slot's rows
       // at a warp boundary (the default since run 106), without that (kAlways: the decode tokens' adapters
       // share warps with the prompt's), by the expand kernels (the default of runs 65–105), or the decoding

@@ -302,6 +302,14 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
     cuda::set_moe_gemm_compact_epilogue(true);
+    // A consumer whose 64 rows are all padding skips them (the default); computing them changes nothing.
+    cuda::set_moe_gemm_skip_padding_halves(false);
+    EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "padding halves computed vs skipped";
+    cuda::set_moe_gemm_skip_padding_halves(true);
+    // gate_up's a written in tile order for down (the default) or by pair and gathered again: the same bits.
+    cuda::set_moe_block_a_in_tile_order(false);
+    EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "a by pair and gathered vs in tile order";
+    cuda::set_moe_block_a_in_tile_order(true);
     // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora) at both down widths. Its d rounds
     // to bf16 once (acc + LoRA + bias) where the reference rounds acc + bias and then the expand's sum:
     // the two differ by one ulp of d in a share of the elements, and |d| reaches 16 where the output is
@@ -320,6 +328,9 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
         const OwnedTensor got = run_block(c, b, true, stream_);
         EXPECT_TRUE(close_to_oracle(got, widen(mma))) << "vs the expand path";
         EXPECT_TRUE(close_to_oracle(every_nth_row(got.view, 64), want)) << "vs the CPU oracle";
+        cuda::set_moe_block_a_in_tile_order(false);  // the down shrink reads a by pair instead of via pair_rows
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), got)) << "a by pair vs in tile order";
+        cuda::set_moe_block_a_in_tile_order(true);
       }
       cuda::set_moe_block_down_block_n(0);
       cuda::set_moe_gemm_large_block_n(0);
@@ -584,6 +595,12 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         // Scratch of the gathered A rows (warp-specialized kernel), poisoned: every row the GEMM reads must
         // have been written by the gather.
         const int64_t capacity = tiles.view.sorted_pairs.dim(0);
+        // The persistent kernel runs here (a in tile order: MoeGateUpParams::pair_rows, a_in_tile_order).
+        const bool persistent = sorted && block_m != cuda::kMoeGemmBlockMDecode && (kernel == kAuto || kernel == kWs);
+        sync();
+        const OwnedTensor sorted_host = cuda::download(tiles.sorted), count_host = cuda::download(tiles.count);
+        const int64_t tile_rows = int64_t(count_host.view.ptr<int32_t>()[0]) * block_m;
+        const int32_t* sorted_pairs = sorted_host.view.ptr<int32_t>();
         OwnedTensor sorted_x = poisoned(DType::BF16, {sorted ? capacity : 1, H});
         OwnedTensor sorted_a = poisoned(DType::BF16, {sorted ? capacity : 1, I});
         const Tensor sorted_x_view = sorted ? sorted_x.view : Tensor(), sorted_a_view = sorted ? sorted_a.view : Tensor();
@@ -630,6 +647,29 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
             EXPECT_TRUE(all_close(got_unfused, want_from_h, kTolBf16Out)) << "moe_activation";
             EXPECT_TRUE(all_close(got_fused, want_a, kTolActivated)) << "fused a";
             EXPECT_TRUE(bitwise_equal(got_fused, got_unfused)) << "fused a vs h + moe_activation";
+            if (persistent && layout == kInterleaved) {
+              // a in tile order: each pair's bits at the tile row the gather records in pair_rows
+              OwnedTensor a_rows = poisoned(DType::BF16, {capacity, I}), pair_rows = poisoned(DType::I32, {pairs});
+              cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k,
+                                 .tiles = tiles.view, .activation = activation, .layout = layout,
+                                 .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_rows, .cta_group = cta_group,
+                                 .block_n = block_n, .sorted_rows = sorted_x_view, .pair_rows = pair_rows},
+                                stream_);
+              sync();
+              const OwnedTensor got_rows = cuda::download(a_rows), got_pair_rows = cuda::download(pair_rows);
+              int64_t wrong_rows = 0, wrong_values = 0;
+              for (int64_t row = 0; row < tile_rows; ++row) {
+                const int32_t pair = sorted_pairs[row];
+                if (pair >= pairs) continue;
+                wrong_rows += got_pair_rows.view.ptr<int32_t>()[pair] != row ? 1 : 0;
+                wrong_values += std::memcmp(got_rows.view.ptr<bf16>() + row * I, got_fused.view.ptr<bf16>() + pair * I,
+                                            size_t(I) * sizeof(bf16)) != 0
+                                    ? 1
+                                    : 0;
+              }
+              EXPECT_EQ(wrong_rows, 0) << "pair_rows vs the tiles' sorted pairs";
+              EXPECT_EQ(wrong_values, 0) << "a in tile order vs a by pair (rows differing)";
+            }
           }
         }
         // down
@@ -639,7 +679,22 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
                         .routing_before_wait = pdl, .sorted_rows = sorted_a_view},
                        stream_);
         sync();
-        EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
+        const OwnedTensor got_d = cuda::download(d);
+        EXPECT_TRUE(all_close(got_d, want_d, kTolBf16Out)) << "d";
+        if (persistent) {  // down from a in tile order (padding rows NaN: never read into a real row)
+          OwnedTensor a_tiles = OwnedTensor::host(DType::BF16, {capacity, I});
+          std::fill(a_tiles.view.ptr<bf16>(), a_tiles.view.ptr<bf16>() + capacity * I, kNan);
+          for (int64_t row = 0; row < tile_rows; ++row) {
+            const int32_t pair = sorted_pairs[row];
+            if (pair < pairs) std::memcpy(a_tiles.view.ptr<bf16>() + row * I, a_in.view.ptr<bf16>() + pair * I, size_t(I) * 2);
+          }
+          OwnedTensor d_a_tiles = cuda::upload(a_tiles), d_rows = poisoned(DType::BF16, {pairs, H});
+          cuda::moe_down({.a = d_a_tiles, .weight = d_down, .bias = dn_bias, .tiles = tiles.view, .d = d_rows,
+                          .block_n = block_n, .cta_group = cta_group, .a_in_tile_order = true},
+                         stream_);
+          sync();
+          EXPECT_TRUE(bitwise_equal(cuda::download(d_rows), got_d)) << "d from a in tile order vs a gathered";
+        }
       }
       cuda::set_moe_gemm_kernel(kAuto);  // the defaults, for the tests after this one
       cuda::set_moe_gemm_multicast(false);

@@ -74,6 +74,9 @@ struct GemmKernelParams {
   int work_tiles;               // persistent kernel: tiles (max_tiles) × work_column_blocks work items
   int work_column_blocks;
   bool compact_epilogue;        // persistent kernel: the epilogue form chosen once per work item (Epilogue)
+  bool skip_padding_halves;     // persistent kernel, BLOCK_M 128: a consumer whose 64 rows are all padding
+                                // issues no wgmma and stores nothing for that item
+  bool out_by_row;              // persistent kernel: output row = tile row (tile order), not the pair
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
@@ -162,9 +165,10 @@ __device__ __forceinline__ void mma_bf16(float& c0, float& c1, float& c2, float&
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) * 8); }
 
 // Both kernels' epilogue for one accumulator pair: row `pair`, columns `column` (even) and column + 1, plus
-// the bias, then either the fused activation (one output) or the two bf16 values. Columns past n are dropped.
+// the bias, then either the fused activation (one output) or the two bf16 values, stored in output row
+// `out_row` (the pair, or its tile row with out_by_row). Columns past n are dropped.
 __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int expert, int pair, int column, float v0,
-                                              float v1) {
+                                              float v1, int out_row) {
   if (column >= p.n) return;
   const int64_t inter = p.n / 2;
   const bool has_second = column + 1 < p.n;
@@ -187,13 +191,13 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
     // bit-identical results whether moe_block took the fused or the LoRA path.
     const float gate = __bfloat162float(__float2bfloat16_rn(v0));
     const float up = __bfloat162float(__float2bfloat16_rn(v1));
-    p.out[int64_t(pair) * inter + column / 2] =
+    p.out[int64_t(out_row) * inter + column / 2] =
         __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
   } else if (has_second && p.n % 2 == 0) {
-    *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(pair) * p.n + column) = __floats2bfloat162_rn(v0, v1);
+    *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(out_row) * p.n + column) = __floats2bfloat162_rn(v0, v1);
   } else {
-    p.out[int64_t(pair) * p.n + column] = __float2bfloat16_rn(v0);
-    if (has_second) p.out[int64_t(pair) * p.n + column + 1] = __float2bfloat16_rn(v1);
+    p.out[int64_t(out_row) * p.n + column] = __float2bfloat16_rn(v0);
+    if (has_second) p.out[int64_t(out_row) * p.n + column + 1] = __float2bfloat16_rn(v1);
   }
 }
 
@@ -253,9 +257,10 @@ __device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0,
 // store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
 // (>= p.pairs on padding, not stored); column0: the thread's first column; bias[j]: the biases of columns
 // column0 + 8j and + 1 (zeros without a bias); delta[half][j] (kFusedDelta): lora_h of those columns, added
-// where has_delta[half] (the row's token has a slot).
+// where has_delta[half] (the row's token has a slot); out_row[half]: the rows' output rows (pair, or tile row).
 template <Epilogue kCase, int kBlockN, int kDelta>
-__device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], int column0,
+__device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], const int (&out_row)[2],
+                                           int column0,
                                            const __nv_bfloat162 (&bias)[kBlockN / 8],
                                            const __nv_bfloat162 (&delta)[2][kDelta], const bool (&has_delta)[2],
                                            const float (&acc)[kBlockN / 2]) {
@@ -267,7 +272,7 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
     // Padding rows are computed too (the fused form's shuffles need the whole warp) but never stored; the
     // four lanes of a row share its pair, so they skip together.
     const bool store = pair[half] < p.pairs;
-    __nv_bfloat16* out = p.out + int64_t(store ? pair[half] : 0) * out_stride;
+    __nv_bfloat16* out = p.out + int64_t(store ? out_row[half] : 0) * out_stride;
     float activated[kBlockN / 8];  // kActivated: the thread's outputs, column (column0 + 8j) / 2
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -636,7 +641,7 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
 #pragma unroll
       for (int nj = 0; nj < kNi; ++nj) {
         const int column = n0 + warp_n0 + nj * 8 + 2 * (lane % 4);  // even
-        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1], pair);
       }
     }
   }
@@ -850,7 +855,8 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
     if (pair >= p.pairs) continue;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1],
+                    pair);
     }
   }
 }
@@ -1066,7 +1072,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     if (pair >= p.pairs) continue;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1],
+                    pair);
     }
   }
 }
@@ -1079,7 +1086,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
 template <int kBlockM, int kBlockN>
 struct EpilogueInputs {
   int expert, column0;
-  int pair[2];  // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
+  int pair[2];     // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
+  int out_row[2];  // their output rows: the pairs, or with out_by_row the tile rows
   Epilogue how;
   __nv_bfloat162 bias[kBlockN / 8];  // kFused / kStore: the thread's column pairs' biases (zeros without)
   static constexpr bool kDeltaForm = kBlockM == 128 && kBlockN == 128;
@@ -1091,7 +1099,11 @@ struct EpilogueInputs {
     expert = p.tile_group[work.x];
     column0 = work.y + 2 * (lane % 4);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) pair[half] = p.sorted_pairs[work.x * kBlockM + row0 + lane / 4 + 8 * half];
+    for (int half = 0; half < 2; ++half) {
+      const int tile_row = work.x * kBlockM + row0 + lane / 4 + 8 * half;
+      pair[half] = p.sorted_pairs[tile_row];
+      out_row[half] = p.out_by_row ? tile_row : pair[half];
+    }
     how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN, kDeltaForm) : Epilogue::kGeneral;
     const bool load_bias = how != Epilogue::kGeneral && p.bias != nullptr;
     const __nv_bfloat16* bias_row = p.bias + (load_bias ? int64_t(expert) * p.n + column0 : 0);
@@ -1123,12 +1135,15 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
                                                     const float (&acc)[kBlockN / 2]) {
   using In = EpilogueInputs<kBlockM, kBlockN>;
   if (in.how == Epilogue::kFused) {
-    store_tile<Epilogue::kFused, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+    store_tile<Epilogue::kFused, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                      in.has_delta, acc);
   } else if (in.how == Epilogue::kStore) {
-    store_tile<Epilogue::kStore, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+    store_tile<Epilogue::kStore, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                      in.has_delta, acc);
   } else if (In::kDeltaForm && in.how == Epilogue::kFusedDelta) {
     if constexpr (In::kDeltaForm) {
-      store_tile<Epilogue::kFusedDelta, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+      store_tile<Epilogue::kFusedDelta, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                             in.has_delta, acc);
     }
   } else {
 #pragma unroll
@@ -1136,7 +1151,8 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
       if (in.pair[half] >= p.pairs) continue;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
-        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1],
+                      in.out_row[half]);
       }
     }
   }
@@ -1260,9 +1276,31 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       fence_operands(acc);
       release((it - 1) % kStages);  // the item's last stage
     };
+    // A consumer with nothing to compute still takes part in every stage's hand-off: it waits for the
+    // stage to land (so its arrival counts toward that use of the stage, never a later one) and releases it.
+    auto pass = [&]() {
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int stage = it % kStages;
+        mbarrier_wait(&full[stage], (it / kStages) & 1);
+        release(stage);
+      }
+    };
     for (int id = first; id < units; id += stride) {
       const int2 work = work_of(id);
       if (work.x >= num_tiles) continue;
+      if constexpr (kConsumers == 2) {
+        // The last tile of an expert holds its remainder rows, padding after them (or, with moe_align's
+        // slot_group_rows, between groups): where this warpgroup's 64 rows are all padding its half of
+        // the item is skipped. Every warp reads all 64 rows, so the choice is uniform across the
+        // warpgroup, as the .aligned wgmma instructions need.
+        if (p.skip_padding_halves) {
+          const int* rows = p.sorted_pairs + work.x * kBlockM + consumer * 64;
+          if (!__any_sync(0xffffffffu, rows[lane] < p.pairs || rows[lane + 32] < p.pairs)) {
+            pass();
+            continue;
+          }
+        }
+      }
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -1301,6 +1339,7 @@ struct GatherRowsKernelParams {
   const int32_t* sorted_pairs;  // [capacity] i32
   const int32_t* num_tiles;     // [1] i32
   __nv_bfloat16* out;           // [capacity, in] bf16: row r = the x row of tile row r, zeros on padding
+  int32_t* pair_rows;           // [pairs] i32 or null: pair_rows[pair] = its tile row
   int pairs, row_div, in, block_m;
 };
 
@@ -1312,6 +1351,7 @@ __global__ static void gather_rows_kernel(const __grid_constant__ GatherRowsKern
   const int chunk = blockIdx.y * blockDim.x + threadIdx.x;
   if (chunk >= p.in / 8) return;
   const int pair = p.sorted_pairs[row];
+  if (p.pair_rows != nullptr && blockIdx.y == 0 && threadIdx.x == 0 && pair < p.pairs) p.pair_rows[pair] = row;
   uint4 value = make_uint4(0, 0, 0, 0);
   if (pair < p.pairs) value = reinterpret_cast<const uint4*>(p.x + int64_t(pair / p.row_div) * p.in)[chunk];
   reinterpret_cast<uint4*>(p.out + int64_t(row) * p.in)[chunk] = value;
@@ -1467,6 +1507,8 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
+bool gemm_skip_padding_halves = true;               // set_moe_gemm_skip_padding_halves
+bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
@@ -1502,6 +1544,13 @@ void check_sorted_rows(const char* op, const Tensor& sorted_rows, const MoeExper
     detail::contract_failure(op, "sorted_rows", sorted_rows,
                              (dims({capacity, in}) + " BF16 on cuda (capacity of the tiles), 16-byte aligned").c_str());
   }
+}
+
+// Whether launch_gemm runs the persistent kernel: BLOCK_M 64/128, the A rows gathered (or given) in tile order,
+// the weight one TMA box (not the fused halves layout), and kAuto or the warp-specialized kernel.
+bool runs_persistent(int block_m, bool gathered, bool halves) {
+  return block_m != kMoeGemmBlockMDecode && gathered && !halves &&
+         kernel_for(block_m, gathered, halves) == MoeGemmKernel::kWgmmaWarpSpecialized;
 }
 
 void check_decode_stages(const char* op, int decode_stages) {
@@ -1710,8 +1759,11 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 //    201 KB); BLOCK_M 128: BLOCK_N 128 (default; 6 stages, 193 KB), 192 (5 stages, 201 KB; 96 accumulators)
 //    or 256 (4 stages, 193 KB; 128 accumulators per consumer thread, which setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
+// sorted_rows: the A rows in tile order for the warp-specialized kernel, gathered here first unless
+// `rows_ready` (moe_gate_up wrote them so: MoeDownParams::a_in_tile_order); pair_rows (or null): the gather
+// records each pair's tile row there (MoeGateUpParams::pair_rows).
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
-                 const Tensor& sorted_rows, cudaStream_t stream) {
+                 const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, cudaStream_t stream) {
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
@@ -1765,14 +1817,17 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     CUtensorMap half_tile_map{};  // the gathered rows in boxes of 64: the multicast kernel's A halves
     if (with_maps.a_by_tma) {  // the tiles' rows gathered into tile order first, then one box per stage
       auto* sorted = static_cast<__nv_bfloat16*>(sorted_rows.data);
-      const GatherRowsKernelParams gather{.x = params.x, .sorted_pairs = params.sorted_pairs,
-                                          .num_tiles = params.num_tiles, .out = sorted, .pairs = params.pairs,
-                                          .row_div = params.row_div, .in = params.in, .block_m = block_m};
-      constexpr int kGatherThreads = 128;
       const int64_t capacity = sorted_rows.dim(0);
-      const unsigned chunk_blocks = unsigned((params.in / 8 + kGatherThreads - 1) / kGatherThreads);
-      gather_rows_kernel<<<dim3(unsigned(max_tiles * block_m), chunk_blocks), kGatherThreads, 0, stream>>>(gather);
-      LMX_CUDA_CHECK_LAUNCH();
+      if (!rows_ready) {
+        const GatherRowsKernelParams gather{.x = params.x, .sorted_pairs = params.sorted_pairs,
+                                            .num_tiles = params.num_tiles, .out = sorted, .pair_rows = pair_rows,
+                                            .pairs = params.pairs, .row_div = params.row_div, .in = params.in,
+                                            .block_m = block_m};
+        constexpr int kGatherThreads = 128;
+        const unsigned chunk_blocks = unsigned((params.in / 8 + kGatherThreads - 1) / kGatherThreads);
+        gather_rows_kernel<<<dim3(unsigned(max_tiles * block_m), chunk_blocks), kGatherThreads, 0, stream>>>(gather);
+        LMX_CUDA_CHECK_LAUNCH();
+      }
       with_maps.a_map = tensor_map_2d(sorted, capacity, params.in, block_m, "the gathered rows");
       if (block_m == kMoeGemmBlockMLarge) half_tile_map = tensor_map_2d(sorted, capacity, params.in, 64, "the gathered rows");
     }
@@ -1790,6 +1845,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
                   : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
+      with_maps.skip_padding_halves = gemm_skip_padding_halves;
       with_maps.work_column_blocks = int(column_blocks);
       if (large && block_n == 128 && gemm_multicast && !lora) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
@@ -1805,9 +1861,11 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       const unsigned ctas = unsigned(std::min<int64_t>(items, int64_t(multiprocessors()) * pk.ctas_per_sm));
       pk.kernel.kernel<<<ctas, pk.kernel.threads, pk.kernel.shared_bytes, stream>>>(with_maps);
     } else {
+      LMX_CHECK(!params.out_by_row && !rows_ready);  // the persistent kernel's forms (callers check)
       k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_maps);
     }
   } else if (params.pdl && pdl_kernel) {
+    LMX_CHECK(!params.out_by_row && !rows_ready);
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -1820,6 +1878,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     config.numAttrs = 1;
     LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, k.kernel, params));
   } else {
+    LMX_CHECK(!params.out_by_row && !rows_ready);
     GemmKernelParams plain = params;
     plain.pdl = false;
     k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(plain);
@@ -1839,6 +1898,8 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
+void set_moe_gemm_skip_padding_halves(bool on) { gemm_skip_padding_halves = on; }
+void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
 void set_moe_block_down_block_n(int block_n) {
   if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
     throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +
@@ -1956,13 +2017,28 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   }
   const Tensor& out = p.h.defined() ? p.h : p.a;
   const int64_t out_cols = p.h.defined() ? rows2 : inter;
-  if (!is_bf16_matrix(out, pairs, out_cols) || (reinterpret_cast<uintptr_t>(out.data) & 3u) != 0) {
+  const int64_t max_tiles = check_tiles(op, p.tiles);
+  const bool fuse = p.a.defined(), by_row = p.pair_rows.defined();
+  if (by_row) {  // a in tile order: [capacity of the tiles, I], the pairs' rows recorded in pair_rows
+    if (!fuse || !runs_persistent(int(p.tiles.block_m), p.sorted_rows.defined(),
+                                  p.layout == ops::GateUpLayout::kHalves)) {
+      fail(op, "pair_rows (a written in tile order) needs the persistent TMA kernel: a (the fused activation), "
+               "sorted_rows, BLOCK_M 64 or 128 (got " + std::to_string(p.tiles.block_m) +
+               "), the interleaved layout and the kAuto or warp-specialized kernel");
+    }
+    if (p.pair_rows.dtype != DType::I32 || p.pair_rows.ndim != 1 || p.pair_rows.dim(0) != pairs) {
+      detail::contract_failure(op, "pair_rows", p.pair_rows, ("[" + std::to_string(pairs) + "] I32 (T*K)").c_str());
+    }
+    detail::require_cuda(op, {{"pair_rows", &p.pair_rows}});
+  }
+  const int64_t out_rows = by_row ? p.tiles.sorted_pairs.dim(0) : pairs;
+  if (!is_bf16_matrix(out, out_rows, out_cols) || (reinterpret_cast<uintptr_t>(out.data) & 3u) != 0) {
     detail::contract_failure(op, p.h.defined() ? "h" : "a", out,
-                             (dims({pairs, out_cols}) + " BF16 (T*K rows), 4-byte aligned").c_str());
+                             (dims({out_rows, out_cols}) +
+                              (by_row ? " BF16 (the tiles' capacity: a in tile order)" : " BF16 (T*K rows)") +
+                              ", 4-byte aligned").c_str());
   }
   detail::require_cuda(op, {{"x", &p.x}, {p.h.defined() ? "h" : "a", &out}});
-  const int64_t max_tiles = check_tiles(op, p.tiles);
-  const bool fuse = p.a.defined();
   if (p.lora_h.defined()) {
     if (!fuse) fail(op, "lora_h is added before the fused activation: it needs a, not h");
     if (!is_bf16_matrix(p.lora_h, pairs, rows2) || (reinterpret_cast<uintptr_t>(p.lora_h.data) & 3u) != 0) {
@@ -2007,12 +2083,13 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .a_map = {},
                           .lora_h = p.lora_h.defined() ? static_cast<const __nv_bfloat16*>(p.lora_h.data) : nullptr,
                           .token_slot = p.lora_h.defined() ? static_cast<const int32_t*>(p.token_slot.data) : nullptr};
+  params.out_by_row = by_row;
   check_sorted_rows(op, p.sorted_rows, p.tiles, hidden);
   if (p.lora.defined() && p.lora_h.defined()) fail(op, "lora (in the accumulators) and lora_h are exclusive");
   pack_gemm_lora(op, p.lora, tokens, pairs, p.weight.dim(0), rows2, int(p.tiles.block_m), p.sorted_rows.defined(),
                  params.halves, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
-              stream);
+              false, by_row ? static_cast<int32_t*>(p.pair_rows.data) : nullptr, stream);
 }
 
 void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
@@ -2044,9 +2121,12 @@ void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
 void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   const char* op = "moe_down";
   if (p.a.dtype != DType::BF16 || p.a.ndim != 2 || p.a.dim(1) % 8 != 0 || !detail::aligned16(p.a.data)) {
-    detail::contract_failure(op, "a", p.a, "[T*K, I] BF16, I % 8 == 0, 16-byte aligned");
+    detail::contract_failure(op, "a", p.a,
+                             p.a_in_tile_order ? "[capacity of the tiles, I] BF16 (tile order), I % 8 == 0, 16-byte aligned"
+                                               : "[T*K, I] BF16, I % 8 == 0, 16-byte aligned");
   }
-  const int64_t pairs = p.a.dim(0), inter = p.a.dim(1);
+  if (p.d.ndim != 2) detail::contract_failure(op, "d", p.d, "[T*K, H] BF16");
+  const int64_t pairs = p.a_in_tile_order ? p.d.dim(0) : p.a.dim(0), inter = p.a.dim(1);
   if (p.weight.ndim != 3) detail::contract_failure(op, "weight", p.weight, "[E, H, I]");
   const int64_t hidden = p.weight.dim(1);
   check_weight(op, "weight", p.weight, "bias", p.bias, hidden, inter);
@@ -2055,7 +2135,20 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   }
   detail::require_cuda(op, {{"a", &p.a}, {"d", &p.d}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
-  check_block_n(op, p.block_n, p.tiles.block_m, kernel_for(p.tiles.block_m, p.sorted_rows.defined(), false));
+  if (p.a_in_tile_order) {
+    if (p.sorted_rows.defined()) fail(op, "a_in_tile_order: a is the A rows in tile order; sorted_rows must be undefined");
+    if (!runs_persistent(int(p.tiles.block_m), true, false)) {
+      fail(op, "a_in_tile_order needs the persistent TMA kernel: BLOCK_M 64 or 128 (got " +
+                   std::to_string(p.tiles.block_m) + ") and the kAuto or warp-specialized kernel");
+    }
+    if (p.a.dim(0) != p.tiles.sorted_pairs.dim(0)) {
+      detail::contract_failure(op, "a", p.a, (dims({p.tiles.sorted_pairs.dim(0), inter}) +
+                                              " BF16: a_in_tile_order, one row per tile row (the tiles' capacity)").c_str());
+    }
+  }
+  const Tensor& a_rows = p.a_in_tile_order ? p.a : p.sorted_rows;  // the A rows in tile order, if any
+  check_block_n(op, p.block_n, p.tiles.block_m,
+                kernel_for(p.tiles.block_m, p.sorted_rows.defined() || p.a_in_tile_order, false));
   check_decode_stages(op, p.decode_stages);
   LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && inter < 0x7fffffff);
   GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.a.data),
@@ -2091,10 +2184,10 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   if (p.lora.defined()) {
     if (p.top_k < 1 || pairs % p.top_k != 0) fail(op, "top_k = " + std::to_string(p.top_k) + " does not divide T*K = " + std::to_string(pairs));
     pack_gemm_lora(op, p.lora, pairs / p.top_k, pairs, p.weight.dim(0), hidden, int(p.tiles.block_m),
-                   p.sorted_rows.defined(), false, params);
+                   a_rows.defined(), false, params);
   }
-  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
-              stream);
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, a_rows,
+              p.a_in_tile_order, nullptr, stream);
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
@@ -2157,6 +2250,7 @@ struct WorkspaceLayout {
   size_t lora_sorted = 0, lora_tiles = 0, lora_offsets = 0, lora_count = 0, lora_scratch = 0;
   size_t h = 0, a = 0, d = 0;
   size_t sorted_x = 0, sorted_a = 0;  // BLOCK_M 64/128: the warp-specialized kernel's gathered A rows
+  size_t pair_rows = 0;               // BLOCK_M 64/128: each pair's row in sorted_a (a in tile order)
   size_t total = 0;
 };
 
@@ -2194,6 +2288,7 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
   if (block_m != kMoeGemmBlockMDecode) {
     l.sorted_x = take(size_t(l.expert_capacity) * s.hidden * 2);
     l.sorted_a = take(size_t(l.expert_capacity) * s.inter * 2);
+    l.pair_rows = take(size_t(pairs) * 4);
   }
   if (lora) {
     l.lora_capacity = moe_align_capacity(pairs, lora_groups, kMoeLoraBlockM);
@@ -2327,7 +2422,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   }
   // y += B·(A·x) for every pair with a slot, by the path chosen above.
   // overwrite (tiled path only): y = B·(A·x) on those pairs instead of +=.
-  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, bool overwrite = false) {
+  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, bool overwrite = false,
+                        const Tensor& x_rows = Tensor()) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
     if (small) {
       const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w, .z = z,
@@ -2337,7 +2433,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
       moe_lora_small_expand(sp, stream);
       return;
     }
-    const MoeLoraParams lp{.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+    const MoeLoraParams lp{.x = x, .x_rows = x_rows, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted,
+                           .tile_group = lora_tiles,
                            .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
                            .config = config.lora, .tile_counters = tile_counters, .overwrite = overwrite};
     moe_lora_shrink(lp, stream);
@@ -2361,9 +2458,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
   // (the default; see lora_in_epilogue), so kept as a bench row. The small path always adds into h.
   // y: the GEMM's output as the shrink's contract wants it (the shrink does not touch it).
-  auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+  auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, const Tensor& x_rows = Tensor()) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
-    moe_lora_shrink({.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+    moe_lora_shrink({.x = x, .x_rows = x_rows, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted,
+                     .tile_group = lora_tiles,
                      .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
                      .config = config.lora, .tile_counters = tile_counters},
                     stream);
@@ -2389,6 +2487,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
+  // Where gate_up's fused output runs on the persistent kernel it writes a straight into down's A rows in tile
+  // order (MoeGateUpParams::pair_rows), so down needs no gather of a; the down MoE-LoRA's shrink then reads a
+  // through pair_rows. Not with the direct per-pair LoRA path, which reads a by pair.
+  const bool a_by_row = a_in_tile_order && fused && !fused_halves && gate_up.sorted_rows.defined() && !small;
+  const Tensor a_rows = a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : a;
+  const Tensor pair_rows = a_by_row ? view(l.pair_rows, DType::I32, {pairs}) : Tensor();
+  if (a_by_row) gate_up.pair_rows = pair_rows;
   const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
   // With config.decode_lora_overlap each decode GEMM runs its whole k-loop alongside the shrink launched
   // just before it (wait_before_epilogue: tiles and x are two launches back, the shrink touches neither them
@@ -2408,13 +2513,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     }
     moe_gate_up(gate_up, stream);
   } else if (gemm_lora_gu) {
-    gate_up.a = a;
+    gate_up.a = a_rows;
     gate_up.lora = gemm_lora(p.lora_gate_up, p.x, view(l.h, DType::BF16, {pairs, 2 * inter}));
     moe_gate_up(gate_up, stream);
     zero_z(gate_up.lora);
   } else if (fold_lora) {
     apply_lora(p.lora_gate_up, p.x, h, true);
-    gate_up.a = a;
+    gate_up.a = a_rows;
     gate_up.lora_h = h;
     gate_up.token_slot = p.token_slot;
     moe_gate_up(gate_up, stream);
@@ -2426,26 +2531,27 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                     .swiglu_limit = p.swiglu_limit, .a = a},
                    stream);
   } else {
-    gate_up.a = a;
+    gate_up.a = a_rows;
     moe_gate_up(gate_up, stream);
   }
 
   // 4. down (+ LoRA into d), 5. combine.
-  const MoeGemmLora down_lora = gemm_lora_down                 ? gemm_lora(p.lora_down, a, d)
+  const MoeGemmLora down_lora = gemm_lora_down                 ? gemm_lora(p.lora_down, a_rows, d, pair_rows)
                                 : decode_gemm_lora && lora_down ? decode_lora(p.lora_down, a, d, pairs * rank_gu, false)
                                                                 : MoeGemmLora{};
-  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
+  moe_down({.a = a_rows, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows
                            ? (block_down_block_n != 0 ? block_down_block_n : large_block_n_for(p.down.dim(1), 256))
                            : 0,
             .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
-            .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor(),
-            .lora = down_lora, .top_k = top_k},
+            .sorted_rows = gather_rows && !a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter})
+                                                    : Tensor(),
+            .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
-  else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a, d);
+  else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);
   const Tensor clear = decode_gemm_lora ? view(l.z, DType::F32, {pairs * (rank_gu + rank_down)}) : Tensor();
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out, .clear = clear}, stream);
 }

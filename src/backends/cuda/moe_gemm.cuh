@@ -42,6 +42,14 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
+// The persistent kernel at BLOCK_M 128: a consumer warpgroup whose 64 rows of a work item are all padding
+// (an expert's last tile holding at most 64 rows) skips its wgmmas and stores (on, the default), or
+// computes them like any other rows (the bench's before row and the tests' second pass).
+void set_moe_gemm_skip_padding_halves(bool on);
+// moe_block where gate_up's fused activation runs on the persistent kernel: a written in tile order straight
+// into down's A rows (MoeGateUpParams::pair_rows; on, the default), or by pair and gathered again for down
+// (the bench's before row and the tests' second pass).
+void set_moe_block_a_in_tile_order(bool on);
 // The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 0 (the default: by width, 192
 // where it divides the GEMM's n on the warp-specialized kernels, else 128), 128, 192 (the warp-specialized
 // kernels only; the ring keeps 128) or 256 (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps
@@ -164,6 +172,12 @@ struct MoeGateUpParams {
   Tensor lora_h;
   Tensor token_slot;
   MoeGemmLora lora;  // the LoRA in the accumulators instead (not with lora_h)
+  // Optional [T*K] I32: `a` is written in tile order instead — a [capacity of tiles.sorted_pairs, I], row r =
+  // the pair of tile row r (padding rows not written) — and pair_rows[pair] = that row (written by the gather
+  // of x's rows). moe_down then takes a as its A tiles as they are (MoeDownParams::a_in_tile_order: no gather
+  // of a) and the down MoE-LoRA's shrink reads it through MoeLoraParams::x_rows. Needs the persistent kernel:
+  // a (fused), sorted_rows, BLOCK_M 64/128, the interleaved layout, kAuto or the warp-specialized kernel.
+  Tensor pair_rows;
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -194,6 +208,10 @@ struct MoeDownParams {
   Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
   MoeGemmLora lora;    // as MoeGateUpParams::lora (b [S, E, H, R])
   int64_t top_k = 1;   // K, with lora only: token of pair = pair / K
+  // a is [capacity of the tiles, I] in tile order (moe_gate_up with pair_rows wrote it): its boxes are the A
+  // tiles as they are, with no gather; T*K comes from d. Needs the persistent kernel (BLOCK_M 64/128, kAuto
+  // or warp-specialized); sorted_rows undefined.
+  bool a_in_tile_order = false;
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 

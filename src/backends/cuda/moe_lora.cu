@@ -97,6 +97,7 @@ struct LoraKernelParams {
   int pairs;                    // T*K, the sentinel
   int top_k;                    // K
   bool x_per_pair;              // x has T*K rows
+  const int32_t* x_rows;        // [T*K] i32 or null: x's row of each pair (then x_per_pair is ignored)
   bool y_vector;                // out % 8 == 0 and y 16-byte aligned: 16-byte y accesses
   int experts;                  // E
   int in;                       // in
@@ -119,6 +120,11 @@ __device__ __forceinline__ void cta_coords(const LoraKernelParams& p, int& tile,
     tile = linear % p.max_tiles;
     piece = linear / p.max_tiles;
   }
+}
+
+// x's row of a real pair.
+__device__ __forceinline__ int64_t x_row_of(const LoraKernelParams& p, int pair) {
+  return p.x_rows != nullptr ? p.x_rows[pair] : p.x_per_pair ? pair : pair / p.top_k;
 }
 
 // The tile's pairs into shared memory; returns how many are real (sentinels sit at the end of a group).
@@ -188,7 +194,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
   const int x_row = threadIdx.x / 8, x_vec = threadIdx.x % 8;
   const bool x_valid = x_row < valid;
   const int x_pair = x_valid ? pairs[x_row] : 0;
-  const __nv_bfloat16* x_src = p.x + int64_t(p.x_per_pair ? x_pair : x_pair / p.top_k) * p.in + x_vec * 8;
+  const __nv_bfloat16* x_src = p.x + (x_valid ? x_row_of(p, x_pair) : 0) * p.in + x_vec * 8;
 
   auto load_chunk = [&](int chunk, int stage) {
     const int k0 = chunk * kChunk;
@@ -294,10 +300,13 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
   extern __shared__ __align__(16) unsigned char shrink_shared[];
   auto* stages = reinterpret_cast<ShrinkRunStage<kRankCap>*>(shrink_shared);  // [kStages]
   __shared__ int pairs[kRunTiles * kBlockM];  // the run's pairs; the sentinel past the run and on padding
+  __shared__ int64_t x_offsets[kRunTiles * kBlockM];  // their x rows' element offsets (-1: none)
   if (threadIdx.x < kRunTiles * kBlockM) {
     const int member = tile + int(threadIdx.x) / kBlockM;  // tiles of one group are contiguous
     const bool in_run = member <= (tile | (kRunTiles - 1)) && member < tiles && p.tile_group[member] == group;
-    pairs[threadIdx.x] = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
+    const int pair = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
+    pairs[threadIdx.x] = pair;
+    x_offsets[threadIdx.x] = pair != p.pairs ? x_row_of(p, pair) * p.in : -1;
   }
   __syncthreads();
   const int rank16 = (rank + 15) / 16 * 16;  // A rows staged (zero-filled past the true rank)
@@ -308,10 +317,9 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
     ShrinkRunStage<kRankCap>& s = stages[stage];
     for (int i = threadIdx.x; i < kRunTiles * kBlockM * 8; i += kThreads) {
       const int m = i / 8, v = i % 8;
-      const int pair = pairs[m];
-      const bool in_range = pair != p.pairs && (kEvenK || k0 + v * 8 < p.in);
-      const __nv_bfloat16* src =
-          in_range ? p.x + int64_t(p.x_per_pair ? pair : pair / p.top_k) * p.in + k0 + v * 8 : p.x;
+      const int64_t offset = x_offsets[m];
+      const bool in_range = offset >= 0 && (kEvenK || k0 + v * 8 < p.in);
+      const __nv_bfloat16* src = in_range ? p.x + offset + k0 + v * 8 : p.x;
       cp_async16(&s.x[m][v * 8], src, in_range ? 16 : 0);
     }
     for (int i = threadIdx.x; i < rank16 * 8; i += kThreads) {
@@ -615,9 +623,18 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
     detail::contract_failure(op, "z", p.z, "[T*K, R] F32");
   }
   const int64_t pairs = p.z.dim(0), tokens = pairs / p.top_k;
-  if (p.x.dtype != DType::BF16 || p.x.ndim != 2 || p.x.dim(1) != in || (p.x.dim(0) != tokens && p.x.dim(0) != pairs) ||
-      !detail::aligned16(p.x.data)) {
-    detail::contract_failure(op, "x", p.x, "[T, in] or [T*K, in] BF16, 16-byte aligned, in = w.a.dim(3)");
+  const bool by_rows = p.x_rows.defined();
+  if (p.x.dtype != DType::BF16 || p.x.ndim != 2 || p.x.dim(1) != in ||
+      (!by_rows && p.x.dim(0) != tokens && p.x.dim(0) != pairs) || !detail::aligned16(p.x.data)) {
+    detail::contract_failure(op, "x", p.x,
+                             by_rows ? "[rows, in] BF16 (rows picked by x_rows), 16-byte aligned, in = w.a.dim(3)"
+                                     : "[T, in] or [T*K, in] BF16, 16-byte aligned, in = w.a.dim(3)");
+  }
+  if (by_rows) {
+    detail::require_cuda(op, {{"x_rows", &p.x_rows}});
+    if (p.x_rows.dtype != DType::I32 || p.x_rows.ndim != 1 || p.x_rows.dim(0) != pairs) {
+      detail::contract_failure(op, "x_rows", p.x_rows, ("[" + std::to_string(pairs) + "] I32 (T*K)").c_str());
+    }
   }
   if (p.y.dtype != DType::BF16 || p.y.ndim != 2 || p.y.dim(0) != pairs || p.y.dim(1) != out ||
       (reinterpret_cast<uintptr_t>(p.y.data) & 3u) != 0) {
@@ -669,6 +686,7 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
       .pairs = int(pairs),
       .top_k = int(p.top_k),
       .x_per_pair = p.x.dim(0) == pairs,
+      .x_rows = by_rows ? static_cast<const int32_t*>(p.x_rows.data) : nullptr,
       .y_vector = out % 8 == 0 && detail::aligned16(p.y.data),
       .experts = int(experts),
       .in = int(in),

@@ -36,7 +36,9 @@ struct MoeLoraConfig {
 // keeps the same invariant, so both can share one z. Without tile_counters (an older caller), the shrink
 // memsets z itself when it splits, and z holds the shrink result after the expand.
 struct MoeLoraParams {
-  Tensor x;             // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16
+  Tensor x;             // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16; with x_rows any rows
+  Tensor x_rows;        // optional [T*K] I32: x's row of each pair (moe_block's a in tile order,
+                        // MoeGateUpParams::pair_rows); only pairs in the tiles are looked up
   ops::LoraStack w;     // a [S, E, R, in] bf16, b [S, E, out, R] bf16 (scale folded), rank [S] i32;
                         // R a multiple of 8 in [8, 128] (128: a merged MoE gate_up at --max-lora-rank 64)
   int64_t top_k = 1;    // K
