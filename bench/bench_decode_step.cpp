@@ -617,6 +617,10 @@ int main(int argc, char** argv) {
       row("same, dense LoRA by the grouped kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
+      cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
+      row("same, MoE-LoRA shrink by its own size rule", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+          prefill_floor);
+      cuda::set_moe_lora_shrink_runs_hint(true);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).
       cuda::set_moe_lora_in_epilogue(true);
       row("same, MoE-LoRA folded into the activation", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
@@ -640,6 +644,12 @@ int main(int argc, char** argv) {
       cuda::set_moe_block_a_in_tile_order(false);
       row("same, MoE a by pair and gathered for down", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_block_a_in_tile_order(true);
+      cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
+      row("same, MoE-LoRA shrink by its own size rule", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_lora_shrink_runs_hint(true);
+      cuda::set_moe_lora_shrink_run_ring(3);
+      row("same, run-mode MoE-LoRA shrink ring of 3", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_lora_shrink_run_ring(6);
       // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with each slot's rows
       // at a warp boundary (the default since run 106), without that (kAlways: the decode tokens' adapters
       // share warps with the prompt's), by the expand kernels (the default of runs 65–105), or the decoding

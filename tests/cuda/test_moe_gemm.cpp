@@ -430,6 +430,19 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, -1, kLarge));
   EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kAlways, 1615, 15, kLarge));
   EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 256, 10, kPrefill));
+  // The tiled shrink in runs of a group's tiles: long runs dominate and hold >= 64 pairs a group (GPT-OSS-20B:
+  // K 4, E 32, so >= 512 long-run tokens; Qwen3-30B-A3B: K 8, E 128, >= 1024).
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(1600, 0, 4, 32));
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(1615, 15, 4, 32));  // the yardstick's mixed step
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(512, 0, 4, 32));
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(511, 0, 4, 32));
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 800, 4, 32));  // half the adapter tokens scattered
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, -1, 4, 32));   // unknown
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 0, 8, 128));
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(2048, 0, 8, 128));
+  cuda::set_moe_lora_shrink_runs_hint(false);
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 0, 4, 32));
+  cuda::set_moe_lora_shrink_runs_hint(true);
 }
 
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output

@@ -1509,6 +1509,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_skip_padding_halves = true;               // set_moe_gemm_skip_padding_halves
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
+bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
 int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
@@ -1900,6 +1901,15 @@ void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_skip_padding_halves(bool on) { gemm_skip_padding_halves = on; }
 void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
+void set_moe_lora_shrink_runs_hint(bool on) { shrink_runs_hint = on; }
+bool moe_lora_shrink_runs_for(int64_t tokens, int64_t scattered, int64_t top_k, int64_t experts) {
+  // Most adapter pairs in long same-adapter runs (a prompt's chunk), and those runs' tokens alone enough for
+  // kRunTiles tiles per (slot, expert) group if one adapter held them: the tiled shrink's own rule counts every
+  // S·E group as touched (T 1600 with one adapter: 6400 pairs < 64 · 256, so a tile per CTA re-reading its
+  // group's A for every 16 pairs, where the prompt's 32 groups hold ~13 tiles each).
+  return shrink_runs_hint && scattered >= 0 && scattered < tokens / 2 &&
+         (tokens - scattered) * top_k >= int64_t(moe_lora_run_tiles()) * kMoeLoraBlockM * experts;
+}
 void set_moe_block_down_block_n(int block_n) {
   if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
     throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +
@@ -2420,6 +2430,12 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                .workspace = view(l.lora_scratch, DType::U8, {lora_scratch})},
               stream);
   }
+  // The tiled shrink's tiles per CTA: runs of one group's tiles where long same-adapter runs dominate
+  // (moe_lora_shrink_runs_for), unless the tuned config fixes it.
+  MoeLoraConfig lora_config = config.lora;
+  if (lora_config.shrink_tiles_per_cta == 0 && moe_lora_shrink_runs_for(tokens, p.lora_scattered_tokens, top_k, experts)) {
+    lora_config.shrink_tiles_per_cta = moe_lora_run_tiles();
+  }
   // y += B·(A·x) for every pair with a slot, by the path chosen above.
   // overwrite (tiled path only): y = B·(A·x) on those pairs instead of +=.
   auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, bool overwrite = false,
@@ -2436,7 +2452,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     const MoeLoraParams lp{.x = x, .x_rows = x_rows, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted,
                            .tile_group = lora_tiles,
                            .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
-                           .config = config.lora, .tile_counters = tile_counters, .overwrite = overwrite};
+                           .config = lora_config, .tile_counters = tile_counters, .overwrite = overwrite};
     moe_lora_shrink(lp, stream);
     moe_lora_expand(lp, stream);
   };
@@ -2463,7 +2479,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     moe_lora_shrink({.x = x, .x_rows = x_rows, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted,
                      .tile_group = lora_tiles,
                      .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
-                     .config = config.lora, .tile_counters = tile_counters},
+                     .config = lora_config, .tile_counters = tile_counters},
                     stream);
     return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot};
   };

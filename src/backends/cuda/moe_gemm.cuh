@@ -46,6 +46,14 @@ void set_moe_gemm_compact_epilogue(bool on);
 // (an expert's last tile holding at most 64 rows) skips its wgmmas and stores (on, the default), or
 // computes them like any other rows (the bench's before row and the tests' second pass).
 void set_moe_gemm_skip_padding_halves(bool on);
+// moe_block's tiled MoE-LoRA shrink as runs of one (slot, expert) group's tiles per CTA (each staged A chunk
+// serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
+// (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
+void set_moe_lora_shrink_runs_hint(bool on);
+// Most adapter tokens of a batch of `tokens` in long same-adapter runs (MoeParams::lora_scattered_tokens =
+// `scattered` known and below T / 2), and enough of them that one adapter's run would give each of its E
+// groups four 16-pair tiles: (T − scattered)·K ≥ 64·E.
+bool moe_lora_shrink_runs_for(int64_t tokens, int64_t scattered, int64_t top_k, int64_t experts);
 // moe_block where gate_up's fused activation runs on the persistent kernel: a written in tile order straight
 // into down's A rows (MoeGateUpParams::pair_rows; on, the default), or by pair and gathered again for down
 // (the bench's before row and the tests' second pass).
