@@ -621,6 +621,10 @@ int main(int argc, char** argv) {
       row("same, MoE-LoRA shrink by its own size rule", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda::set_moe_lora_shrink_runs_hint(true);
+      cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
+      row("same, MoE-LoRA inputs not prefetched into L1", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+          prefill_floor);
+      cuda::set_moe_lora_l1_prefetch(true);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).
       cuda::set_moe_lora_in_epilogue(true);
       row("same, MoE-LoRA folded into the activation", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
@@ -647,6 +651,9 @@ int main(int argc, char** argv) {
       cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
       row("same, MoE-LoRA shrink by its own size rule", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_shrink_runs_hint(true);
+      cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
+      row("same, MoE-LoRA inputs not prefetched into L1", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_lora_l1_prefetch(true);
       cuda::set_moe_lora_shrink_run_ring(3);
       row("same, run-mode MoE-LoRA shrink ring of 3", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_shrink_run_ring(6);

@@ -435,6 +435,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                   align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { mixed_block(i % kCopies); }));
         cuda::set_moe_lora_shrink_runs_hint(true);
+        cuda::set_moe_lora_l1_prefetch(false);
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", inputs not prefetched into L1").c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_lora_l1_prefetch(true);
       }
     }
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);

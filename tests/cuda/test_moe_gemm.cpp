@@ -331,6 +331,9 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
         cuda::set_moe_block_a_in_tile_order(false);  // the down shrink reads a by pair instead of via pair_rows
         EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), got)) << "a by pair vs in tile order";
         cuda::set_moe_block_a_in_tile_order(true);
+        cuda::set_moe_lora_l1_prefetch(false);  // hints only
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), got)) << "without vs with the L1 prefetch";
+        cuda::set_moe_lora_l1_prefetch(true);
       }
       cuda::set_moe_block_down_block_n(0);
       cuda::set_moe_gemm_large_block_n(0);

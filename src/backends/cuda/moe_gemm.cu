@@ -81,6 +81,8 @@ struct GemmKernelParams {
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
   bool lora_prefetch;           // grouped_gemm_kernel: the MoE-LoRA's slots and first B words before the k-loop
+  bool lora_l1_prefetch;        // persistent kernel: each warp's z rows and first slot's B slice into L1 during
+                                // the item's k-loop (LoraL1Prefetch)
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -411,6 +413,46 @@ struct LoraRows {
           load_lora_b_words(p, b, first_column + 8 * j + lane / 4, 16 * step, lane % 4, b0[step][j], b1[step][j]);
         }
       }
+    }
+  }
+};
+
+// The persistent kernel's MoE-LoRA inputs of one work item pulled into L1 while its k-loop runs: add_lora_terms
+// after the loop reads them with a chain of dependent L2 round trips (the rows' slots and ranks, then per rank
+// step z and two batches of B words, ~0.5 µs each), which its ~28 µs per GEMM at T 1600 are made of (perf-log
+// run 61). start() (before the k-loop) loads the lane's two pairs' slots; issue() (a few k-tiles in, when
+// those have landed) prefetches the rows' z lines and the B slice [BLOCK_N, R] of the warp's smallest pending
+// slot — the slot of its first pass — into L1 (12 KB at BLOCK_N 192, R 32; the warps of a tile mostly share
+// it). Hints only: no result changes. Ranks are not read here (a rank-0 slot's slice is fetched for nothing).
+struct LoraL1Prefetch {
+  int pair[2], slot[2];
+  int expert;
+
+  __device__ __forceinline__ void start(const GemmKernelParams& p, int2 work, int tile_row0, int lane) {
+    expert = p.tile_group[work.x];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      pair[half] = p.sorted_pairs[tile_row0 + lane / 4 + 8 * half];
+      slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
+    }
+  }
+  template <int kBlockN>
+  __device__ __forceinline__ void issue(const GemmKernelParams& p, int first_column, int lane) const {
+    int mine = INT_MAX;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (slot[half] >= 0) {
+        mine = min(mine, slot[half]);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p.lora_z + int64_t(pair[half]) * p.lora_r));
+      }
+    }
+    const int s = __reduce_min_sync(0xffffffffu, mine);
+    if (s == INT_MAX) return;  // warp-uniform
+    const auto* slice = reinterpret_cast<const char*>(
+        p.lora_b + ((int64_t(s) * p.weight_rows + int64_t(expert) * p.n + first_column) * p.lora_r));
+    const int64_t bytes = int64_t(min(p.n - first_column, kBlockN)) * p.lora_r * int64_t(sizeof(__nv_bfloat16));
+    for (int64_t offset = int64_t(lane) * 128; offset < bytes; offset += 32 * 128) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(slice + offset));
     }
   }
 };
@@ -1191,6 +1233,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // add_lora_terms' B words in flight: 16 n-tiles where the accumulators leave the registers (no spills,
   // ptxas -v), 8 with 128 accumulators (BLOCK_N 256) or at two CTAs per SM (BLOCK_M 64 × 128)
   constexpr int kLoraBatch = kConsumers == 2 && kBlockN == 128 ? 16 : 8;
+  constexpr int kLoraPrefetchAt = 4;  // the k-tile after whose wgmmas LoraL1Prefetch issues (~2 µs into the item)
+  // LoraL1Prefetch's few registers only where they do not add spills (ptxas: BLOCK_M 64 and BLOCK_N 256 spill
+  // in their LoRA section already)
+  constexpr bool kLoraL1 = kLora && kConsumers == 2 && kBlockN <= 192;
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
@@ -1304,12 +1350,21 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-      if constexpr (kBlockN == 128 && kConsumers == 2) {
-        const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
+      // kLora with lora_l1_prefetch: the item's LoRA inputs into L1 from k-tile kLoraPrefetchAt on (the slots
+      // loaded before the loop have landed by then)
+      LoraL1Prefetch lora_l1;
+      const bool l1_prefetch = kLoraL1 && p.lora_l1_prefetch;
+      if (l1_prefetch) lora_l1.start(p, work, work.x * kBlockM + row0, lane);
+      auto k_loop = [&]() {
         for (int kt = 0; kt < k_tiles; ++kt) {
           issue(acc);
+          if (l1_prefetch && kt == min(kLoraPrefetchAt, k_tiles - 1)) lora_l1.issue<kBlockN>(p, work.y, lane);
           retire(acc, kt);
         }
+      };
+      if constexpr (kBlockN == 128 && kConsumers == 2) {
+        const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
+        k_loop();
         finish(acc);
         if constexpr (kLora) {
           add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
@@ -1317,10 +1372,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         }
         persistent_epilogue(p, in, acc);
       } else {
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          issue(acc);
-          retire(acc, kt);
-        }
+        k_loop();
         finish(acc);
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
         if constexpr (kLora) {
@@ -1526,6 +1578,7 @@ int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : ot
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
 bool lora_prefetch = true;                         // set_moe_lora_decode_prefetch
+bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1929,6 +1982,7 @@ int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
 void set_moe_lora_decode_prefetch(bool on) { lora_prefetch = on; }
+void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
   // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):
@@ -2007,6 +2061,7 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_r = int(rank_cap);
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
   params.lora_prefetch = lora_prefetch;
+  params.lora_l1_prefetch = lora_l1_prefetch;
 }
 
 }  // namespace

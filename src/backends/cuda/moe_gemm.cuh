@@ -88,6 +88,11 @@ void set_moe_lora_in_gemm(MoeLoraInGemm mode);
 // so after it only z is fetched (default on; off: all of it after the k-loop, the bench's before row).
 // Process-wide; the same result either way, bit for bit.
 void set_moe_lora_decode_prefetch(bool on);
+// The persistent kernel's MoE-LoRA: during each item's k-loop every warp prefetches its rows' z and its
+// first slot's B slice into L1, so add_lora_terms after the loop reads from L1 (on), or from L2 with its
+// round trips in sequence (the bench's before row). Hints only: the same result bit for bit.
+// GemmKernelParams carries it: record graphs again after changing it.
+void set_moe_lora_l1_prefetch(bool on);
 // The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
 // tiles of `block_m` rows. kLongRuns: 16-row tiles (decode: the direct shrink writes z, the decode GEMMs
 // add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known (-1 in recordings); in between T / 256
