@@ -95,6 +95,9 @@ class CudaBackend final : public ops::Backend {
   // token) go through the grouped LoRA kernels, instead of two cuBLASLt products per run and output (bench
   // before/after).
   void set_dense_lora_runs(bool on) { dense_lora_runs_ = on; }
+  // true: with those dense runs, the other adapter rows' LoRA (a mixed step's decode tokens) runs on the
+  // side stream beside the runs' products; false: after them on the stream (bench before/after).
+  void set_dense_lora_rest_overlap(bool on) { dense_lora_rest_overlap_ = on; }
   // LinearRunner::set_split_ragged_rows (bench before/after); graphs are recorded again.
   void set_split_ragged_rows(bool on) {
     linear_.set_split_ragged_rows(on);
@@ -120,7 +123,10 @@ class CudaBackend final : public ops::Backend {
   const LoraDenseScratch& lora_scratch(const ops::LoraParams& p);
   bool dense_lora_runs_ = true;
   OwnedTensor run_z_;      // [longest run · R] bf16: dense_runs' z
-  bool dense_runs(const ops::LinearLoraParams& p);
+  bool dense_runs_fit(const ops::LinearLoraParams& p);
+  void enqueue_dense_runs(const ops::LinearLoraParams& p);
+  void lora_outputs_on(const ops::LinearLoraParams& p, cudaStream_t stream);
+  bool dense_lora_rest_overlap_ = true;
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
   bool attention_split_kv_ = true;
   bool fuse_rope_kv_write_ = true;
