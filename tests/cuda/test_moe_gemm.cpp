@@ -441,8 +441,8 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(511, 0, 4, 32));
   EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 800, 4, 32));  // half the adapter tokens scattered
   EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, -1, 4, 32));   // unknown
-  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 0, 8, 128));
-  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(2048, 0, 8, 128));
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1023, 0, 8, 128));
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(1024, 0, 8, 128));
   cuda::set_moe_lora_shrink_runs_hint(false);
   EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 0, 4, 32));
   cuda::set_moe_lora_shrink_runs_hint(true);
