@@ -73,6 +73,8 @@ struct Options {
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
+  int attention_wgmma = 0;            // 1: every row with the prefill attention tiles by warpgroup MMAs
+                                      // (set_attention_wgmma; a run of its own, against a run without)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -102,6 +104,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
     else if (key == "--only") o.only = value;
+    else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -365,6 +368,10 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
+  if (o.attention_wgmma) {
+    cuda::set_attention_wgmma(true);
+    std::printf("every row: prefill attention tiles by warpgroup MMAs (--attention-wgmma 1)\n");
+  }
   ops::KernelConfigs kernel_configs;
   std::string configs_dir = o.kernel_configs;
   if (configs_dir.empty() && std::filesystem::is_directory(std::string(LORAMUX_SOURCE_DIR) + "/configs/kernels")) {

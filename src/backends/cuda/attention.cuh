@@ -48,4 +48,9 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
 // key split (16-row tiles) always takes two. Process-wide.
 void set_attention_one_barrier(bool on);
 
+// The 128-row flash tiles at D 64 (prefill) by warpgroup MMAs (flash_wgmma_kernel: both products on wgmma,
+// P from registers; on) or by mma.sync (off, the default until the H200 measures it: perf-log "Prepared,
+// not run" entry of branch prepared/attention-wgmma). Other row tiles and D 128 are unchanged. Process-wide.
+void set_attention_wgmma(bool on);
+
 }  // namespace lmx::cuda

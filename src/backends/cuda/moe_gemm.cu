@@ -40,10 +40,18 @@
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_lora.cuh"
 #include "backends/cuda/moe_lora_small.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "ops/backend.h"
 
 namespace lmx::cuda {
 namespace {
+
+using detail::fence_operands;
+using detail::fence_proxy_async;
+using detail::sw128_descriptor;
+using detail::wgmma_commit;
+using detail::wgmma_fence;
+using detail::wgmma_wait;
 
 constexpr int kBlockK = 64;  // one shared row = 64 bf16 = 128 bytes = 8 chunks
 constexpr int kChunksPerRow = kBlockK / 8;
@@ -697,21 +705,6 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
 // (4 warps) issues m64n128k16 wgmmas on its 64 rows of the A tile and the whole 128-column B tile, both
 // read from shared memory through matrix descriptors, accumulating 64 fp32 per thread in registers.
 
-// Matrix descriptor of a K-major SWIZZLE_128B tile starting at `shared` (1024-byte aligned atoms; advancing
-// the start by 32 bytes steps k by 16 inside the atom, the hardware applies the swizzle to the address).
-// Fields: start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29; unused for swizzled K-major, 1),
-// stride byte offset >> 4 (32-45; 8 rows of 128 bytes), swizzle mode (62-63; 1 = 128 bytes).
-__device__ __forceinline__ uint64_t sw128_descriptor(const void* shared) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  return uint64_t((address & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
 // d[128] += A(64×16)·B(256×16)ᵀ: the same with a 256-column B tile (twice the FLOPs per byte of A and B read
 // from L2 per CTA as n128 at BLOCK_M 128).
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
@@ -776,16 +769,6 @@ __device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t a, uin
   __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
 #endif
 }
-
-// Pins the accumulators in program order around the asynchronous MMAs (the asm statements that issue and
-// wait do not name them, so without this the compiler could move their uses across a wait).
-template <int kCount>
-__device__ __forceinline__ void fence_operands(float (&d)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // d[64] += A(64×16, descriptor)·B(128×16, descriptor)ᵀ, bf16 in, fp32 accumulate (scale-d = 1).
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
