@@ -5,8 +5,10 @@
 // calls on one scratch (its z must stay zero), a batch without adapters that must leave y bit-identical, and
 // groups of q / k / v parts (lora_dense_group) against one CPU call per part; and the backend's fused
 // linear + LoRA (CudaBackend::linear_lora: the shrink on a side stream, one expand that splits and adds
-// the LoRA) against the CPU backend's composition, eager and in a graph.
+// the LoRA) against the CPU backend's composition, eager and in a graph; CudaDenseDecode: the decode product
+// with its LoRA in one kernel (CudaBackend::set_dense_decode_gemm).
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -256,13 +258,47 @@ std::vector<OwnedTensor> linear_lora_oracle(ops::Backend& cpu, const OwnedTensor
   return want;
 }
 
+// One linear_lora problem's shape: T, S, R, `in`, the output widths (one entry: no split), a bias, and which
+// output has no LoRA stack (-1: none).
+struct LinearCase {
+  int64_t tokens, slots, capacity_rank, in;
+  std::vector<int64_t> outs;
+  bool bias;
+  int undefined_part;
+};
+
+// A linear_lora case on the device: its inputs, poisoned outputs, and the LinearLoraParams (with_lora: the
+// case's token_slot and stacks; otherwise the product alone).
+struct DeviceLinear {
+  OwnedTensor x, weight, bias, token_slot, all;
+  std::vector<OwnedTensor> a, b, rank, out;
+
+  DeviceLinear(const LinearCase& c, const OwnedTensor& host_x, const OwnedTensor& host_weight,
+               const OwnedTensor& host_bias, const OwnedTensor& host_slot, const std::vector<OwnedTensor>& host_a,
+               const std::vector<OwnedTensor>& host_b, const std::vector<OwnedTensor>& host_rank, int64_t width)
+      : x(cuda::upload(host_x)), weight(cuda::upload(host_weight)), bias(cuda::upload(host_bias)),
+        token_slot(cuda::upload(host_slot)), all(poisoned(DType::BF16, {c.tokens, width})) {
+    for (size_t i = 0; i < c.outs.size(); ++i) {
+      a.push_back(cuda::upload(host_a[i]));
+      b.push_back(cuda::upload(host_b[i]));
+      rank.push_back(cuda::upload(host_rank[i]));
+      out.push_back(poisoned(DType::BF16, {c.tokens, c.outs[i]}));
+    }
+  }
+  ops::LinearLoraParams params(const LinearCase& c, bool with_lora) const {
+    const size_t parts = c.outs.size();
+    ops::LinearLoraParams p{.linear = {.x = x, .weight = weight, .bias = c.bias ? bias.view : Tensor{},
+                                       .out = parts == 1 ? out[0].view : all.view}};
+    if (with_lora) p.token_slot = token_slot;
+    for (size_t i = 0; i < parts; ++i) {
+      if (parts > 1) p.parts[i] = out[i];
+      if (with_lora && int(i) != c.undefined_part) p.lora[i] = {.a = a[i], .b = b[i], .rank = rank[i]};
+    }
+    return p;
+  }
+};
+
 TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
-  struct LinearCase {
-    int64_t tokens, slots, capacity_rank, in;
-    std::vector<int64_t> outs;  // one entry: no split
-    bool bias;
-    int undefined_part;  // -1: every output has a stack
-  };
   const std::vector<LinearCase> cases = {{16, 8, 32, 2880, {4096, 512, 512}, true, -1},  // GPT-OSS q|k|v
                                          {1, 8, 32, 2880, {4096, 512, 512}, true, -1},
                                          {16, 8, 32, 4096, {2880}, true, -1},             // GPT-OSS o_proj
@@ -300,22 +336,9 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
     const std::vector<OwnedTensor> want =
         linear_lora_oracle(cpu_, x, weight, c.bias ? bias.view : Tensor{}, token_slot, c.outs, stacks);
 
-    OwnedTensor d_x = cuda::upload(x), d_weight = cuda::upload(weight), d_bias = cuda::upload(bias);
-    OwnedTensor d_slot = cuda::upload(token_slot), d_all = poisoned(DType::BF16, {c.tokens, width});
-    std::vector<OwnedTensor> d_a, d_b, d_rank, d_out;
-    for (int64_t i = 0; i < parts; ++i) {
-      d_a.push_back(cuda::upload(a[size_t(i)]));
-      d_b.push_back(cuda::upload(b[size_t(i)]));
-      d_rank.push_back(cuda::upload(rank[size_t(i)]));
-      d_out.push_back(poisoned(DType::BF16, {c.tokens, c.outs[size_t(i)]}));
-    }
-    ops::LinearLoraParams device{.linear = {.x = d_x, .weight = d_weight, .bias = c.bias ? d_bias.view : Tensor{},
-                                            .out = parts == 1 ? d_out[0].view : d_all.view},
-                                 .token_slot = d_slot};
-    for (int64_t i = 0; i < parts; ++i) {
-      if (parts > 1) device.parts[size_t(i)] = d_out[size_t(i)];
-      if (i != c.undefined_part) device.lora[size_t(i)] = {.a = d_a[size_t(i)], .b = d_b[size_t(i)], .rank = d_rank[size_t(i)]};
-    }
+    DeviceLinear d(c, x, weight, bias, token_slot, a, b, rank, width);
+    std::vector<OwnedTensor>& d_out = d.out;
+    const ops::LinearLoraParams device = d.params(c, true);
     auto poison_outputs = [&] {
       backend.synchronize();
       for (int64_t i = 0; i < parts; ++i) cuda::fill_bytes(d_out[size_t(i)].view, 0xff);
@@ -366,6 +389,78 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
     }
     backend.release_graph(graph);
     if (HasFatalFailure()) return;
+  }
+}
+
+// CudaBackend::set_dense_decode_gemm: linear_lora at decode sizes as the LoRA shrink and one dense_decode_gemm
+// (moe_gemm.cuh) against the CPU composition: GPT-OSS q|k|v (split, bias) and o_proj (one output, bias) at
+// T 1 / 16, a small split where k has no LoRA, a dense MLP output without bias, every shape also as a batch
+// whose token_slot is undefined (no adapter: the product alone), outputs poisoned before each call, three
+// calls in a row (the kernel's last CTA must leave z zero for the next shrink, and the ticket reset), and a
+// CUDA graph replayed twice. Shapes outside its rule (T 17, in not a multiple of 64) take the other paths. Its
+// own suite, so a device run can take it apart (scripts/device-run TESTS_LATE).
+class CudaDenseDecode : public CudaLoraDense {};
+
+TEST_F(CudaDenseDecode, LinearLoraMatchesCpu) {
+  const std::vector<LinearCase> cases = {{16, 8, 32, 2880, {4096, 512, 512}, true, -1},  // GPT-OSS q|k|v
+                                        {1, 8, 32, 2880, {4096, 512, 512}, true, -1},
+                                        {16, 8, 32, 4096, {2880}, true, -1},             // GPT-OSS o_proj
+                                        {5, 4, 16, 256, {256, 64, 64}, true, 1},         // k without LoRA
+                                        {7, 3, 64, 512, {768}, false, -1},               // dense MLP, rank 64
+                                        {17, 4, 16, 256, {256, 64, 64}, true, -1},       // T 17: not this path
+                                        {16, 4, 16, 264, {256, 64, 64}, true, -1}};      // in 264: not this path
+  cuda::CudaBackend backend;
+  backend.set_dense_decode_gemm(true);
+  for (const LinearCase& c : cases) {
+    const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
+    int64_t width = 0;
+    for (int64_t o : c.outs) width += o;
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " in " + std::to_string(c.in) + " parts " + std::to_string(parts) +
+                 " width " + std::to_string(width) + (c.bias ? " bias" : ""));
+    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
+    OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
+    OwnedTensor weight = random_bf16(rng(), {width, c.in}, 0.05f);
+    OwnedTensor bias = random_bf16(rng(), {width});
+    std::vector<OwnedTensor> a, b, rank;
+    std::vector<ops::LoraStack> stacks;
+    for (int64_t i = 0; i < parts; ++i) {
+      rank.push_back(OwnedTensor::host(DType::I32, {c.slots}));
+      for (int64_t s = 0; s < c.slots; ++s) rank.back().view.ptr<int32_t>()[s] = s == 1 ? 0 : 1 + int32_t(rng().next_u64() % uint64_t(R));
+      a.push_back(random_bf16(rng(), {c.slots, R, c.in}, 0.05f));
+      b.push_back(random_bf16(rng(), {c.slots, c.outs[size_t(i)], R}, 0.05f));
+      stacks.push_back(i == c.undefined_part ? ops::LoraStack{}
+                                             : ops::LoraStack{.a = a.back(), .b = b.back(), .rank = rank.back()});
+    }
+    for (bool with_lora : {true, false}) {
+      SCOPED_TRACE(with_lora ? "adapters spread" : "no adapter in the batch");
+      const std::vector<OwnedTensor> want = linear_lora_oracle(cpu_, x, weight, c.bias ? bias.view : Tensor{},
+                                                               with_lora ? token_slot : OwnedTensor{}, c.outs, stacks);
+      DeviceLinear d(c, x, weight, bias, token_slot, a, b, rank, width);
+      std::vector<OwnedTensor>& d_out = d.out;
+      const ops::LinearLoraParams device = d.params(c, with_lora);
+      auto run_and_expect = [&](const std::string& how, const std::function<void()>& run) {
+        backend.synchronize();
+        for (int64_t i = 0; i < parts; ++i) cuda::fill_bytes(d_out[size_t(i)].view, 0xff);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        run();
+        backend.synchronize();
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess) << how;
+        for (int64_t i = 0; i < parts; ++i) {
+          EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolBf16Out)) << how << ": output " << i;
+        }
+      };
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        run_and_expect("call " + std::to_string(repeat), [&] { backend.linear_lora(device); });
+      }
+      backend.begin_capture();
+      backend.linear_lora(device);
+      const int graph = backend.end_capture();
+      for (int replay = 0; replay < 2; ++replay) {
+        run_and_expect("graph replay " + std::to_string(replay), [&] { backend.replay(graph); });
+      }
+      backend.release_graph(graph);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 
