@@ -4,7 +4,8 @@
 // windows 0/4/128 (also with the pages behind the window freed), GPT-OSS sinks, head dims 16/64/128, long
 // prefills, chunks against cached pages, decode at contexts 1..4096, sequences with no token this step.
 // Cache rows no query may read hold NaN, so a kernel that reads past its keys fails; outputs and the
-// split-KV workspace start poisoned. CudaAttentionWgmma: the prefill tiles by warpgroup MMAs.
+// split-KV workspace start poisoned. The key split at D 64 also with its 3-stage ring. CudaAttentionWgmma:
+// the prefill tiles by warpgroup MMAs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -165,6 +166,13 @@ class CudaAttention : public CudaTest {
         expect_matches(c, batch, AttentionKernel::kFlash, false, 64, kv_stages);
         expect_matches(c, batch, AttentionKernel::kSplitKv, true, 64, kv_stages);
       }
+      if (c.head_dim == 64) {  // the key split's 3-stage ring (set_attention_key_split_stages), pinned and by the knob
+        expect_matches(c, batch, AttentionKernel::kFlash, false, 16, 3);
+        expect_matches(c, batch, AttentionKernel::kSplitKv, true, 16, 3);
+        cuda::set_attention_key_split_stages(3);
+        expect_matches(c, batch, AttentionKernel::kAuto, true);
+        cuda::set_attention_key_split_stages(2);
+      }
       // The K/V loop with two barriers per tile (the form before set_attention_one_barrier), every row tile
       // and both ring depths.
       cuda::set_attention_one_barrier(false);
@@ -277,7 +285,8 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 96}),
                "AttentionLaunch.flash_rows: expected 0, 16, 64 or 128, found 96");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 128, .kv_stages = 3}),
-               "AttentionLaunch.kv_stages 3 is built for 64-row tiles only, found flash_rows 128");
+               "AttentionLaunch.kv_stages 3 is built for 64-row tiles and the key split at D 64 only, found "
+               "flash_rows 128, D 64");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kv_stages = 4}),
                "AttentionLaunch.kv_stages: expected 0, 2 or 3, found 4");
 }
