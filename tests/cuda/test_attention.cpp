@@ -291,6 +291,14 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
                "AttentionLaunch.kv_stages: expected 0, 2 or 3, found 4");
 }
 
+// The key split's ring depth knob takes 2 or 3 and names anything else (host only).
+TEST(CudaAttentionKnobs, KeySplitStagesTakesTwoOrThree) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cuda::set_attention_key_split_stages(4), "set_attention_key_split_stages: expected 2 or 3, found 4");
+  cuda::set_attention_key_split_stages(3);
+  cuda::set_attention_key_split_stages(2);
+}
+
 // The split-KV path replayed from a CUDA graph (no allocation or host sync inside the launcher).
 TEST_F(CudaAttention, SplitKvCapturesInGraph) {
   const Case c{{{2000, 1}, {1500, 1}, {64, 1}, {777, 1}}, 64, 8, 64, 16, 0, true};
