@@ -110,6 +110,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     cuda::AttentionLaunch launch;
     bool two_barriers = false;  // the K/V loop's two CTA barriers per tile (before set_attention_one_barrier)
     bool wgmma = false;         // 128-row D 64 tiles by warpgroup MMAs (set_attention_wgmma)
+    bool overlap = false;       // ... in FlashAttention-3's intra-warpgroup order
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
@@ -144,6 +145,8 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                         false, true});
     variants.push_back({"auto + workspace, wgmma", {.workspace = workspace, .workspace_bytes = workspace_bytes},
                         false, true});
+    variants.push_back({"flash, 128-row tiles, wgmma overlapped", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
+                        false, true, true});
   }
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {
@@ -155,7 +158,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                       stream, variant.launch);
     };
     cuda::set_attention_one_barrier(!variant.two_barriers);
-    cuda::set_attention_wgmma(variant.wgmma);
+    cuda::set_attention_wgmma(variant.wgmma, variant.overlap);
     enqueue(0);  // eager first: shared-memory attributes are set outside the capture
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double seconds = bench::seconds_per_launch(stream, kIterations, kReplays, enqueue);

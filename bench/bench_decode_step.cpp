@@ -73,8 +73,8 @@ struct Options {
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
-  int attention_wgmma = 0;            // 1: every row with the prefill attention tiles by warpgroup MMAs
-                                      // (set_attention_wgmma; a run of its own, against a run without)
+  int attention_wgmma = 0;            // 1: every row with the prefill attention tiles by warpgroup MMAs, 2: in
+                                      // the overlapped order (set_attention_wgmma; a run of its own)
   int dense_decode = 0;               // 1: every row with the decode projections as dense_decode_gemm
                                       // (CudaBackend::set_dense_decode_gemm; a run of its own)
   int dense_decode_stages = 12;       // its ring depth (6 or 12)
@@ -381,8 +381,9 @@ int main(int argc, char** argv) {
                 o.key_split_stages);
   }
   if (o.attention_wgmma) {
-    cuda::set_attention_wgmma(true);
-    std::printf("every row: prefill attention tiles by warpgroup MMAs (--attention-wgmma 1)\n");
+    cuda::set_attention_wgmma(true, o.attention_wgmma == 2);
+    std::printf("every row: prefill attention tiles by warpgroup MMAs%s (--attention-wgmma %d)\n",
+                o.attention_wgmma == 2 ? ", FlashAttention-3's overlapped order" : "", o.attention_wgmma);
   }
   ops::KernelConfigs kernel_configs;
   std::string configs_dir = o.kernel_configs;

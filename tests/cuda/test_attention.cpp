@@ -344,10 +344,13 @@ class CudaAttentionWgmma : public CudaAttention {
   void expect_wgmma_matches(const Case& c) {
     SCOPED_TRACE(describe(c) + ", 128-row tiles by wgmma");
     const Batch batch = make_batch(c);
-    cuda::set_attention_wgmma(true);
-    expect_matches(c, batch, AttentionKernel::kFlash, false, 128);
-    expect_matches(c, batch, AttentionKernel::kSplitKv, true, 128);
-    expect_matches(c, batch, AttentionKernel::kAuto, true);
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE(overlap ? "next S beside P·V" : "S, softmax, P·V in turn");
+      cuda::set_attention_wgmma(true, overlap);
+      expect_matches(c, batch, AttentionKernel::kFlash, false, 128);
+      expect_matches(c, batch, AttentionKernel::kSplitKv, true, 128);
+      expect_matches(c, batch, AttentionKernel::kAuto, true);
+    }
     cuda::set_attention_wgmma(false);
   }
 };
@@ -399,10 +402,13 @@ TEST_F(CudaAttentionWgmma, OffIsTheMmaSyncKernel) {
   const OwnedTensor before = run();
   cuda::set_attention_wgmma(true);
   const OwnedTensor wgmma = run();
+  cuda::set_attention_wgmma(true, true);
+  const OwnedTensor overlapped = run();
   cuda::set_attention_wgmma(false);
   const OwnedTensor after = run();
   EXPECT_TRUE(bitwise_equal(before, after));
   EXPECT_TRUE(all_close(wgmma, batch.want, kTolBf16Out));
+  EXPECT_TRUE(bitwise_equal(wgmma, overlapped)) << "the same MMAs and softmax in another order of issue";
 }
 
 }  // namespace

@@ -435,6 +435,18 @@ __device__ __forceinline__ void online_softmax(float (&score)[kKeyTiles][4], boo
   }
 }
 
+// An accumulator's two rows (row0 in [n][0..1], row1 in [n][2..3]) times the softmax's correction of each.
+template <int kTiles>
+__device__ __forceinline__ void scale_rows(float (&acc)[kTiles][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    acc[n][0] *= correction[0];
+    acc[n][1] *= correction[0];
+    acc[n][2] *= correction[1];
+    acc[n][3] *= correction[1];
+  }
+}
+
 // The flash kernels' epilogue for the thread's two rows (rows r[0], r[1] of the tile; sum already summed over
 // the quad): out (one split), or this split's unnormalised partial triple.
 template <int D, int kBlockM>
@@ -643,13 +655,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       float correction[2];
       online_softmax(score, key0 + kFlashBlockN - 1 > tile.min_pos || key0 < tile.max_lo, key0 + warp_key0, pos, lo,
                      p.scale_log2, running_max, sum, correction);
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        acc[n][0] *= correction[0];
-        acc[n][1] *= correction[0];
-        acc[n][2] *= correction[1];
-        acc[n][3] *= correction[1];
-      }
+      scale_rows(acc, correction);
     }
     if (!p.one_barrier) {
       cp_async_wait<2 * kStages - 2>();  // V of this tile landed; the tiles ahead may be in flight
@@ -771,24 +777,27 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 //  - P·V is not waited for: it retires behind the next tile's copies, barrier and Q·Kᵀ (whose wait covers
 //    it before the accumulator is rescaled), so a warpgroup's MMAs overlap its own loop overhead, and the
 //    SM's other three warpgroups (two CTAs of two) issue their softmax while the tensor pipe runs this one's.
+// kOverlap (set_attention_wgmma's overlap): FlashAttention-3's intra-warpgroup order instead — S of the
+// next tile and P·V of this one issued together, the next softmax while P·V runs (see the loop).
 // Ring: tiles are requested kStages - 2 ahead, so the stage refilled at iteration it held tile it - 2,
 // whose P·V retired at iteration it - 1's wait; one commit group per K/V tile (Q joins tile 0's).
 // Tile setup, masks, softmax, sinks, splits and the epilogue are flash_attention_kernel's (same helpers), so
 // the two differ only in the MMAs' accumulation order inside each 16-deep step.
 // PRECOND: as flash_attention_kernel at D 64; blockDim.x == 256; dynamic shared memory =
-// flash_wgmma_shared_bytes<kStages>(); built for sm_90a.
-constexpr int kFlashWgmmaStages = 4;
-bool flash_wgmma = false;  // set_attention_wgmma
+// flash_wgmma_shared_bytes<kStages>(); built for sm_90a. 116 / 115 registers (kOverlap), no spills.
+constexpr int kFlashWgmmaStages = 4;         // two CTAs a SM: tiles requested 2 ahead
+constexpr int kFlashWgmmaOverlapStages = 5;  // two CTAs a SM too (97 KB each): 1 tile ahead of tile it + 1
+int flash_wgmma = 0;  // set_attention_wgmma: 0 off, 1 on, 2 on with the S overlap
 
 template <int kStages>
 constexpr size_t flash_wgmma_shared_bytes() {
   return size_t(128 + 2 * kStages * kFlashBlockN) * 64 * sizeof(__nv_bfloat16) + 1024;  // + the 1024-byte round-up
 }
 
-template <int kStages>
+template <int kStages, bool kOverlap>
 __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid_constant__ FlashKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
-  static_assert(kStages >= 3);
+  static_assert(kStages >= (kOverlap ? 4 : 3));
   constexpr int D = 64, kBlockM = 128, kThreads = 256;
   constexpr int kChunksPerRow = D / 8, kKeyTiles = kFlashBlockN / 8, kDimTiles = D / 8;
   constexpr int kTileElems = kFlashBlockN * D;  // one K or V stage: 64 keys × 128 bytes
@@ -871,57 +880,115 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
   auto& p_flat = reinterpret_cast<unsigned(&)[kFlashBlockN / 4]>(p_frag);
   const __nv_bfloat16* q_tile = q_smem + warpgroup * 64 * D;
 
-  for (int it = 0; it < key_tiles; ++it) {
-    const int stage = it % kStages;
-    const int key0 = key_begin + (first_key_tile + it) * kFlashBlockN;
-    cp_async_wait<kStages - 3>();  // tile it (and Q) landed for this thread: kStages - 3 tiles ahead may be in flight
-    convert_v(stage);
-    fence_proxy_async();  // the copies and the conversion, made visible to the MMAs' async proxy ...
-    __syncthreads();      // ... for every thread's chunks
-    issue_kv(it + kStages - 2);
-    // Every warpgroup runs the MMAs, a last tile's padding rows included (their keys are all masked, so they
-    // add zeros): wgmma in a branch the compiler cannot prove warpgroup-uniform is serialized (ptxas C7518).
-    {
+  // S = Q·Kᵀ of the K tile in `stage` into `score`, issued as one committed group (every warpgroup runs the
+  // MMAs, a last tile's padding rows included: their keys are all masked, so they add zeros; wgmma in a
+  // branch the compiler cannot prove warpgroup-uniform is serialized, ptxas C7518).
+  auto issue_s = [&](int stage, float (&score_flat)[4 * kKeyTiles]) {
+    const __nv_bfloat16* k_tile = k_smem + stage * kTileElems;
+    wgmma_fence();
+#pragma unroll
+    for (int kd = 0; kd < D / 16; ++kd) {
+      wgmma_m64n64k16_bf16(score_flat, sw128_descriptor(q_tile + kd * 16), sw128_descriptor(k_tile + kd * 16), kd > 0);
+    }
+    wgmma_commit();
+  };
+  // The accumulator rescaled by the softmax's correction; P of `score` to fp16 in registers (key tiles 2kk,
+  // 2kk + 1 of S are the A fragment of keys [16kk, 16kk + 16)); O += P·V of the V tile in `stage`, issued as
+  // one committed group. PRECOND of the first two: the previous P·V retired (acc and p_frag are free).
+  auto rescale = [&](const float (&correction)[2]) { scale_rows(acc, correction); };
+  auto pack_p = [&](const float (&score)[kKeyTiles][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
+      p_frag[kk][0] = pack_f16(score[2 * kk][0], score[2 * kk][1]);
+      p_frag[kk][1] = pack_f16(score[2 * kk][2], score[2 * kk][3]);
+      p_frag[kk][2] = pack_f16(score[2 * kk + 1][0], score[2 * kk + 1][1]);
+      p_frag[kk][3] = pack_f16(score[2 * kk + 1][2], score[2 * kk + 1][3]);
+    }
+  };
+  auto issue_pv = [&](int stage) {
+    const __nv_bfloat16* v_tile = v_smem + stage * kTileElems;
+    fence_operands(acc_flat);
+    fence_operands(p_flat);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
+      wgmma_m64n64k16_f16_rs(acc_flat, p_frag[kk], sw128_descriptor(v_tile + kk * 16 * D));
+    }
+    wgmma_commit();
+  };
+  auto needs_mask = [&](int key0) { return key0 + kFlashBlockN - 1 > tile.min_pos || key0 < tile.max_lo; };
+
+  if constexpr (!kOverlap) {
+    for (int it = 0; it < key_tiles; ++it) {
+      const int stage = it % kStages;
+      const int key0 = key_begin + (first_key_tile + it) * kFlashBlockN;
+      cp_async_wait<kStages - 3>();  // tile it (and Q) landed for this thread: kStages - 3 tiles ahead may be in flight
+      convert_v(stage);
+      fence_proxy_async();  // the copies and the conversion, made visible to the MMAs' async proxy ...
+      __syncthreads();      // ... for every thread's chunks
+      issue_kv(it + kStages - 2);
       float score[kKeyTiles][4];
       auto& score_flat = reinterpret_cast<float(&)[4 * kKeyTiles]>(score);
-      const __nv_bfloat16* k_tile = k_smem + stage * kTileElems;
-      wgmma_fence();
-#pragma unroll
-      for (int kd = 0; kd < D / 16; ++kd) {
-        wgmma_m64n64k16_bf16(score_flat, sw128_descriptor(q_tile + kd * 16), sw128_descriptor(k_tile + kd * 16), kd > 0);
-      }
-      wgmma_commit();
+      issue_s(stage, score_flat);
       wgmma_wait<0>();  // S, and the previous tile's P·V: acc and p_frag are free again
       fence_operands(score_flat);
       fence_operands(acc_flat);
       fence_operands(p_flat);
       float correction[2];
-      online_softmax(score, key0 + kFlashBlockN - 1 > tile.min_pos || key0 < tile.max_lo, key0, pos, lo,
-                     p.scale_log2, running_max, sum, correction);
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        acc[n][0] *= correction[0];
-        acc[n][1] *= correction[0];
-        acc[n][2] *= correction[1];
-        acc[n][3] *= correction[1];
+      online_softmax(score, needs_mask(key0), key0, pos, lo, p.scale_log2, running_max, sum, correction);
+      rescale(correction);
+      pack_p(score);
+      issue_pv(stage);
+    }
+  } else {
+    // FlashAttention-3's intra-warpgroup overlap: the softmax of tile it + 1 runs while tile it's P·V does.
+    // Each iteration issues S_next = Q·K(it + 1)ᵀ and P·V(it) back to back, waits for S_next alone (one
+    // group pending), runs the softmax on it, then waits for P·V and only then rescales the accumulator and
+    // packs P of tile it + 1: no register of a wgmma is written while a wgmma that uses it may be issued in
+    // the same stage (ptxas C7515 serializes otherwise). The top of iteration it waits for tile it + 1 (its
+    // K for S_next, its V converted for the next P·V): kStages - 4 tiles ahead may be in flight there. On the
+    // last tile S_next is still issued (on a stage nobody refills; its result is dropped), so every iteration
+    // commits the same groups.
+    float score[kKeyTiles][4];
+    auto& score_flat = reinterpret_cast<float(&)[4 * kKeyTiles]>(score);
+    if (key_tiles > 0) {  // S and P of tile 0
+      cp_async_wait<kStages - 3>();  // tile 0 and Q
+      convert_v(0);
+      fence_proxy_async();
+      __syncthreads();
+      issue_s(0, score_flat);
+      wgmma_wait<0>();
+      fence_operands(score_flat);
+      float correction[2];
+      online_softmax(score, needs_mask(key_begin + first_key_tile * kFlashBlockN), key_begin + first_key_tile * kFlashBlockN,
+                     pos, lo, p.scale_log2, running_max, sum, correction);
+      rescale(correction);
+      pack_p(score);
+    }
+    for (int it = 0; it < key_tiles; ++it) {
+      const int stage = it % kStages;
+      const int next_key0 = key_begin + (first_key_tile + it + 1) * kFlashBlockN;
+      const bool more = it + 1 < key_tiles;  // uniform over the CTA
+      cp_async_wait<kStages - 4>();  // tile it + 1 landed for this thread (an empty group past the last)
+      if (more) convert_v((it + 1) % kStages);
+      fence_proxy_async();
+      __syncthreads();
+      issue_kv(it + kStages - 2);  // into the stage of tile it - 2, whose P·V retired in iteration it - 1
+      issue_s((it + 1) % kStages, score_flat);
+      issue_pv(stage);
+      wgmma_wait<1>();  // S_next (P·V may still run)
+      fence_operands(score_flat);
+      float correction[2];
+      if (more) {
+        online_softmax(score, needs_mask(next_key0), next_key0, pos, lo, p.scale_log2, running_max, sum, correction);
       }
-#pragma unroll
-      for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
-        // Key tiles 2kk, 2kk + 1 of S are the A fragment of keys [16kk, 16kk + 16), as fp16 (see mma_f16).
-        p_frag[kk][0] = pack_f16(score[2 * kk][0], score[2 * kk][1]);
-        p_frag[kk][1] = pack_f16(score[2 * kk][2], score[2 * kk][3]);
-        p_frag[kk][2] = pack_f16(score[2 * kk + 1][0], score[2 * kk + 1][1]);
-        p_frag[kk][3] = pack_f16(score[2 * kk + 1][2], score[2 * kk + 1][3]);
-      }
-      const __nv_bfloat16* v_tile = v_smem + stage * kTileElems;
+      wgmma_wait<0>();  // P·V: acc and p_frag are free
       fence_operands(acc_flat);
       fence_operands(p_flat);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
-        wgmma_m64n64k16_f16_rs(acc_flat, p_frag[kk], sw128_descriptor(v_tile + kk * 16 * D));
+      if (more) {
+        rescale(correction);
+        pack_p(score);
       }
-      wgmma_commit();
     }
   }
   cp_async_wait<0>();
@@ -1038,16 +1105,17 @@ void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStrea
 
 // flash_wgmma_kernel: its shared-memory attribute set once (the first 128-row D 64 call with the knob on,
 // eager like every first call of a shape), then the launch.
+template <int kStages, bool kOverlap>
 void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
-  constexpr size_t shared_bytes = flash_wgmma_shared_bytes<kFlashWgmmaStages>();
+  constexpr size_t shared_bytes = flash_wgmma_shared_bytes<kStages>();
   static const bool prepared = [] {
-    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<kFlashWgmmaStages>,
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<kStages, kOverlap>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
   }();
   (void)prepared;
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_wgmma_kernel<kFlashWgmmaStages>, grid, dim3(256), shared_bytes, stream, params);
+  detail::launch(flash_wgmma_kernel<kStages, kOverlap>, grid, dim3(256), shared_bytes, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -1138,7 +1206,7 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 // launch.kernel / flash_rows pin a path (tests, bench); pinning flash/split-KV on a shape they cannot run is
 // an error.
 void set_attention_one_barrier(bool on) { one_barrier = on; }
-void set_attention_wgmma(bool on) { flash_wgmma = on; }
+void set_attention_wgmma(bool on, bool overlap) { flash_wgmma = on ? (overlap ? 2 : 1) : 0; }
 void set_attention_key_split_stages(int stages) {
   if (stages != 2 && stages != 3) {
     std::fprintf(stderr, "loramux: cuda::set_attention_key_split_stages: expected 2 or 3, found %d\n", stages);
@@ -1302,7 +1370,8 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64) {
-    if (flash_wgmma) launch_flash_wgmma(params, unsigned(row_tiles), stream);
+    if (flash_wgmma == 2) launch_flash_wgmma<kFlashWgmmaOverlapStages, true>(params, unsigned(row_tiles), stream);
+    else if (flash_wgmma == 1) launch_flash_wgmma<kFlashWgmmaStages, false>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
   } else if (warps == 4) {
     if (stages == 3) launch_flash<128, 4, 3>(params, unsigned(row_tiles), stream);
