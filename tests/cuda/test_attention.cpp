@@ -330,8 +330,8 @@ TEST_F(CudaAttention, SplitKvCapturesInGraph) {
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
-// flash_wgmma_kernel (set_attention_wgmma): the 128-row D 64 tiles by warpgroup MMAs, against the oracle on
-// every D 64 shape above — prefill, chunks against cached pages, decode rows (a tile of 8 real rows: its
+// flash_wgmma_kernel (set_attention_wgmma): the 128-row tiles by warpgroup MMAs, against the oracle on every
+// D 64 shape above and Qwen3's D 128 — prefill, chunks against cached pages, decode rows (a tile of 8 real rows: its
 // second warpgroup all padding), windows with freed pages, sinks, GQA 1/2/8, pages 4/16 — pinned (one split)
 // and with the key split over CTAs (its partial triples), and through the launcher's own choice. Its own
 // suite, so a device run can take it apart from the others (scripts/device-run TESTS_LATE).
@@ -368,16 +368,23 @@ TEST_F(CudaAttentionWgmma, MatchesCpu) {
       {{{1600, 1600}}, 64, 8, 64, 16, 0, true},    // the yardstick's prompt, full layer
       {{{1600, 1600}}, 64, 8, 64, 16, 128, true},  // and sliding layer
       {{{2000, 1}, {1500, 1}, {64, 1}, {777, 1}}, 64, 8, 64, 16, 0, true},
+      {{{1600, 1600}}, 32, 4, 128, 16, 0, false},                       // Qwen3-30B-A3B's prompt (D 128)
+      {{{530, 64}, {200, 7}, {4096, 33}}, 32, 4, 128, 16, 0, false},    // Qwen3 chunks against cached pages
+      {{{1000, 1000}}, 8, 1, 128, 16, 128, true},                       // D 128 with a window and sinks
+      {{{1, 1}, {2, 2}, {129, 3}}, 4, 4, 128, 16, 0, false},            // MHA, tiny sequences
   };
   for (const Case& c : cases) expect_wgmma_matches(c);
 }
 
 TEST_F(CudaAttentionWgmma, ShapeSweep) {
-  for (int group : {1, 2, 8}) {
-    for (int page_size : {4, 16}) {
-      for (int window : {0, 4, 128}) {
-        for (bool sinks : {false, true}) {
-          expect_wgmma_matches({{{37, 37}, {150, 1}, {50, 0}, {90, 21}}, 2 * group, 2, 64, page_size, window, sinks});
+  for (int head_dim : {64, 128}) {
+    for (int group : {1, 2, 8}) {
+      for (int page_size : {4, 16}) {
+        for (int window : {0, 4, 128}) {
+          for (bool sinks : {false, true}) {
+            expect_wgmma_matches(
+                {{{37, 37}, {150, 1}, {50, 0}, {90, 21}}, 2 * group, 2, head_dim, page_size, window, sinks});
+          }
         }
       }
     }

@@ -30,6 +30,7 @@ using detail::sw128_descriptor;
 using detail::wgmma_commit;
 using detail::wgmma_fence;
 using detail::wgmma_m64n64k16_bf16;
+using detail::wgmma_m64n128k16_f16_rs;
 using detail::wgmma_m64n64k16_f16_rs;
 using detail::wgmma_wait;
 
@@ -763,7 +764,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   store_flash_rows<D>(p, tile, {row0, row1}, acc, running_max, sum, split);
 }
 
-// ---- flash attention by warpgroup MMAs (sm_90a): prefill's 128-row tiles at D 64 ----
+// ---- flash attention by warpgroup MMAs (sm_90a): prefill's 128-row tiles at D 64 and 128 ----
 // flash_attention_kernel at 128 rows is bound by its instruction stream (ncu, perf-log run 103: mma.sync issues
 // one instruction per 4 K FLOP, the tensor pipe is busy a fifth of the time, 1.1 eligible warps of 3.8 per
 // scheduler), and a wgmma Q·Kᵀ alone was level (run 104: each warpgroup waited for its S right after issuing
@@ -783,32 +784,34 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 // whose P·V retired at iteration it - 1's wait; one commit group per K/V tile (Q joins tile 0's).
 // Tile setup, masks, softmax, sinks, splits and the epilogue are flash_attention_kernel's (same helpers), so
 // the two differ only in the MMAs' accumulation order inside each 16-deep step.
-// PRECOND: as flash_attention_kernel at D 64; blockDim.x == 256; dynamic shared memory =
-// flash_wgmma_shared_bytes<kStages>(); built for sm_90a. 116 / 115 registers (kOverlap), no spills.
+// D 128 (Qwen3): every tile in two blocks of 64 columns (128-byte rows), S over 8 steps of 16 head dims, P·V
+// as m64n128k16 with V's second block as the leading offset; one CTA per SM (154–158 registers).
+// PRECOND: as flash_attention_kernel; blockDim.x == 256; dynamic shared memory =
+// flash_wgmma_shared_bytes<D, kStages>(); built for sm_90a. D 64: 116 / 110 registers (kOverlap), no spills.
 constexpr int kFlashWgmmaStages = 4;         // two CTAs a SM: tiles requested 2 ahead
 constexpr int kFlashWgmmaOverlapStages = 5;  // two CTAs a SM too (97 KB each): 1 tile ahead of tile it + 1
 int flash_wgmma = 0;  // set_attention_wgmma: 0 off, 1 on, 2 on with the S overlap
 
-template <int kStages>
+template <int D, int kStages>
 constexpr size_t flash_wgmma_shared_bytes() {
-  return size_t(128 + 2 * kStages * kFlashBlockN) * 64 * sizeof(__nv_bfloat16) + 1024;  // + the 1024-byte round-up
+  return size_t(128 + 2 * kStages * kFlashBlockN) * D * sizeof(__nv_bfloat16) + 1024;  // + the 1024-byte round-up
 }
 
-template <int kStages, bool kOverlap>
-__global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid_constant__ FlashKernelParams p) {
+template <int D, int kStages, bool kOverlap>
+__global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kernel(const __grid_constant__ FlashKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
-  static_assert(kStages >= (kOverlap ? 4 : 3));
-  constexpr int D = 64, kBlockM = 128, kThreads = 256;
+  static_assert(kStages >= (kOverlap ? 4 : 3) && (D == 64 || D == 128));
+  constexpr int kBlockM = 128, kThreads = 256;
   constexpr int kChunksPerRow = D / 8, kKeyTiles = kFlashBlockN / 8, kDimTiles = D / 8;
-  constexpr int kTileElems = kFlashBlockN * D;  // one K or V stage: 64 keys × 128 bytes
+  constexpr int kTileElems = kFlashBlockN * D;  // one K or V stage: 64 keys × D (D / 64 blocks of 128-byte rows)
   constexpr int kChunksPerThread = kFlashBlockN * kChunksPerRow / kThreads;
   static_assert(kFlashBlockN * kChunksPerRow % kThreads == 0 && kBlockM * kChunksPerRow % kThreads == 0);
   extern __shared__ __align__(16) unsigned char flash_wgmma_smem[];
   // 1024-byte aligned: every tile below starts on a swizzle atom.
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>((reinterpret_cast<uintptr_t>(flash_wgmma_smem) + 1023) &
-                                                  ~uintptr_t(1023));  // [128 rows, 64] bf16, swizzled
-  __nv_bfloat16* k_smem = q_smem + kBlockM * D;           // [kStages, 64 keys, 64] bf16, swizzled
-  __nv_bfloat16* v_smem = k_smem + kStages * kTileElems;  // [kStages, 64 keys, 64] bf16, fp16 once converted
+                                                  ~uintptr_t(1023));  // [D / 64][128 rows][64] bf16, swizzled
+  __nv_bfloat16* k_smem = q_smem + kBlockM * D;           // [kStages][D / 64][64 keys][64] bf16, swizzled
+  __nv_bfloat16* v_smem = k_smem + kStages * kTileElems;  // the same for V, fp16 once converted
   __shared__ FlashTile<kBlockM> tile;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4;
@@ -822,8 +825,11 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
   const int key_tiles = min(total_key_tiles, first_key_tile + tiles_per_split) - first_key_tile;
   const int32_t* pages = p.block_table + int64_t(tile.seq) * p.max_pages;
 
-  // Element offset of 16-byte chunk `chunk` of 128-byte row `row` in wgmma's 128-byte swizzle.
-  auto swizzled = [](int row, int chunk) { return row * D + ((chunk ^ (row & 7)) * 8); };
+  // Element offset of 16-byte chunk `chunk` (of D / 8) of row `row` of a tile of `rows` rows in wgmma's
+  // 128-byte swizzle: columns in blocks of 64 (128-byte rows), each block all the tile's rows.
+  auto swizzled = [](int rows, int row, int chunk) {
+    return (chunk / 8) * rows * 64 + row * 64 + (((chunk % 8) ^ (row & 7)) * 8);
+  };
   // Tile `index` of the CTA's keys into stage index % kStages (K and V, one commit group; empty past the last).
   auto issue_kv = [&](int index) {
     if (index < key_tiles) {
@@ -834,8 +840,9 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
         const int c = threadIdx.x + j * kThreads, row = c / kChunksPerRow, chunk = c % kChunksPerRow;
         const int64_t offset = kv_chunk_offset<D>(p, pages, key0 + row, key_end, kv_head, chunk);
         const int bytes = offset >= 0 ? 16 : 0;
-        cp_async16(k_smem + stage_offset + swizzled(row, chunk), p.k_cache + max(offset, int64_t(0)), bytes);
-        cp_async16(v_smem + stage_offset + swizzled(row, chunk), p.v_cache + max(offset, int64_t(0)), bytes);
+        const int at = stage_offset + swizzled(kFlashBlockN, row, chunk);
+        cp_async16(k_smem + at, p.k_cache + max(offset, int64_t(0)), bytes);
+        cp_async16(v_smem + at, p.v_cache + max(offset, int64_t(0)), bytes);
       }
     }
     cp_async_commit();
@@ -845,7 +852,8 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
       const int c = threadIdx.x + j * kThreads;
-      uint4* chunk = reinterpret_cast<uint4*>(v_smem + stage * kTileElems + swizzled(c / kChunksPerRow, c % kChunksPerRow));
+      uint4* chunk = reinterpret_cast<uint4*>(v_smem + stage * kTileElems +
+                                              swizzled(kFlashBlockN, c / kChunksPerRow, c % kChunksPerRow));
       uint4 v = *chunk;
       v.x = bf16x2_to_f16x2(v.x);
       v.y = bf16x2_to_f16x2(v.y);
@@ -862,7 +870,7 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
       const bool real = r < tile.rows;
       const __nv_bfloat16* src =
           real ? p.q + (int64_t(tile.row_token[r]) * p.q_heads + tile.row_head[r]) * D + chunk * 8 : p.q;
-      cp_async16(q_smem + swizzled(r, chunk), src, real ? 16 : 0);
+      cp_async16(q_smem + swizzled(kBlockM, r, chunk), src, real ? 16 : 0);
     }
 #pragma unroll
     for (int s = 0; s < kStages - 2; ++s) issue_kv(s);  // groups: Q + tile 0, tile 1, ...
@@ -878,7 +886,7 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
   // P of the last K/V tile, read by its P·V wgmmas until the next wait retires them: kept live until then.
   unsigned p_frag[kFlashBlockN / 16][4] = {};
   auto& p_flat = reinterpret_cast<unsigned(&)[kFlashBlockN / 4]>(p_frag);
-  const __nv_bfloat16* q_tile = q_smem + warpgroup * 64 * D;
+  const __nv_bfloat16* q_tile = q_smem + warpgroup * 64 * 64;  // this warpgroup's rows of the first column block
 
   // S = Q·Kᵀ of the K tile in `stage` into `score`, issued as one committed group (every warpgroup runs the
   // MMAs, a last tile's padding rows included: their keys are all masked, so they add zeros; wgmma in a
@@ -887,8 +895,10 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
     const __nv_bfloat16* k_tile = k_smem + stage * kTileElems;
     wgmma_fence();
 #pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      wgmma_m64n64k16_bf16(score_flat, sw128_descriptor(q_tile + kd * 16), sw128_descriptor(k_tile + kd * 16), kd > 0);
+    for (int kd = 0; kd < D / 16; ++kd) {  // 16 head dims a step: column block kd / 4, 32 bytes into its rows
+      const int block = kd / 4, step = kd % 4;
+      wgmma_m64n64k16_bf16(score_flat, sw128_descriptor(q_tile + block * kBlockM * 64 + step * 16),
+                           sw128_descriptor(k_tile + block * kFlashBlockN * 64 + step * 16), kd > 0);
     }
     wgmma_commit();
   };
@@ -911,8 +921,13 @@ __global__ static void __launch_bounds__(256, 2) flash_wgmma_kernel(const __grid
     fence_operands(p_flat);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
-      wgmma_m64n64k16_f16_rs(acc_flat, p_frag[kk], sw128_descriptor(v_tile + kk * 16 * D));
+    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {  // 16 keys a step: 2048 bytes into each column block
+      if constexpr (D == 64) {
+        wgmma_m64n64k16_f16_rs(acc_flat, p_frag[kk], sw128_descriptor(v_tile + kk * 16 * 64));
+      } else {  // n 128: the second 64 head dims one column block (64 keys × 128 bytes) further
+        wgmma_m64n128k16_f16_rs(acc_flat, p_frag[kk],
+                                sw128_descriptor(v_tile + kk * 16 * 64, kFlashBlockN * 64 * sizeof(__nv_bfloat16)));
+      }
     }
     wgmma_commit();
   };
@@ -1105,17 +1120,17 @@ void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStrea
 
 // flash_wgmma_kernel: its shared-memory attribute set once (the first 128-row D 64 call with the knob on,
 // eager like every first call of a shape), then the launch.
-template <int kStages, bool kOverlap>
+template <int D, int kStages, bool kOverlap>
 void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
-  constexpr size_t shared_bytes = flash_wgmma_shared_bytes<kStages>();
+  constexpr size_t shared_bytes = flash_wgmma_shared_bytes<D, kStages>();
   static const bool prepared = [] {
-    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<kStages, kOverlap>,
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kStages, kOverlap>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
   }();
   (void)prepared;
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_wgmma_kernel<kStages, kOverlap>, grid, dim3(256), shared_bytes, stream, params);
+  detail::launch(flash_wgmma_kernel<D, kStages, kOverlap>, grid, dim3(256), shared_bytes, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -1370,12 +1385,16 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64) {
-    if (flash_wgmma == 2) launch_flash_wgmma<kFlashWgmmaOverlapStages, true>(params, unsigned(row_tiles), stream);
-    else if (flash_wgmma == 1) launch_flash_wgmma<kFlashWgmmaStages, false>(params, unsigned(row_tiles), stream);
+    if (flash_wgmma == 2) launch_flash_wgmma<64, kFlashWgmmaOverlapStages, true>(params, unsigned(row_tiles), stream);
+    else if (flash_wgmma == 1) launch_flash_wgmma<64, kFlashWgmmaStages, false>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
   } else if (warps == 4) {
     if (stages == 3) launch_flash<128, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2>(params, unsigned(row_tiles), stream);
+  } else if (flash_wgmma == 2) {
+    launch_flash_wgmma<128, kFlashWgmmaOverlapStages, true>(params, unsigned(row_tiles), stream);
+  } else if (flash_wgmma == 1) {
+    launch_flash_wgmma<128, kFlashWgmmaStages, false>(params, unsigned(row_tiles), stream);
   } else {
     launch_flash<128, 8, 2>(params, unsigned(row_tiles), stream);
   }

@@ -49,12 +49,12 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
 // key split (16-row tiles) always takes two. Process-wide.
 void set_attention_one_barrier(bool on);
 
-// The 128-row flash tiles at D 64 (prefill) by warpgroup MMAs (flash_wgmma_kernel: both products on wgmma,
+// The 128-row flash tiles (prefill; D 64 and 128) by warpgroup MMAs (flash_wgmma_kernel: both products on wgmma,
 // P from registers; on) or by mma.sync (off, the default until the H200 measures it: perf-log "Prepared,
 // not run" entries of branches prepared/attention-wgmma and prepared/attention-wgmma-overlap). overlap:
 // FlashAttention-3's intra-warpgroup order (the next tile's Q·Kᵀ and this tile's P·V issued together, the
-// next softmax while P·V runs), else one tile's S, softmax and P·V in turn. Both at two CTAs per SM. Other
-// row tiles and D 128 are unchanged. Process-wide.
+// next softmax while P·V runs), else one tile's S, softmax and P·V in turn. Both at two CTAs per SM at D 64,
+// one at D 128. Other row tiles (decode, short chunks) are unchanged. Process-wide.
 void set_attention_wgmma(bool on, bool overlap = false);
 
 // The key split's K/V ring depth at D 64 (decode) when AttentionLaunch::kv_stages leaves it open: 2 (the
