@@ -61,6 +61,24 @@ CudaBackend::~CudaBackend() {
   if (join_) cudaEventDestroy(join_);
 }
 
+void CudaBackend::set_stream_priority(int priority) {
+  LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LMX_CUDA_CHECK(cudaStreamSynchronize(side_stream_));
+  LMX_CUDA_CHECK(cudaStreamDestroy(stream_));
+  LMX_CUDA_CHECK(cudaStreamDestroy(side_stream_));
+  LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, priority));
+}
+
+std::unique_ptr<ops::Backend> CudaBackend::make_lane() {
+  int least = 0, greatest = 0;
+  LMX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  auto lane = std::make_unique<CudaBackend>(kernel_configs_);
+  lane->set_stream_priority(least);
+  set_stream_priority(greatest);
+  return lane;
+}
+
 Buffer CudaBackend::allocate(size_t bytes) { return cuda::allocate(bytes); }
 
 void CudaBackend::time_mark(int which) {
