@@ -78,6 +78,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
   if (config.num_kv_pages != 0 && config.num_kv_pages < per_seq)
     return invalid_argument("num_kv_pages " + std::to_string(config.num_kv_pages) + " cannot hold one sequence of max_model_len " +
                             std::to_string(lim.max_model_len) + " (needs " + std::to_string(per_seq) + " pages)");
+  if (config.prefill_lane && !(config.prefill_lane_sm_share > 0.0 && config.prefill_lane_sm_share <= 1.0))
+    return invalid_argument("prefill_lane_sm_share must be in (0, 1], got " + std::to_string(config.prefill_lane_sm_share));
   if (config.gpu_memory_utilization < 0.0 || config.gpu_memory_utilization > 1.0)
     return invalid_argument("gpu_memory_utilization must be in (0, 1] (0 = off), got " +
                             std::to_string(config.gpu_memory_utilization));
@@ -122,7 +124,7 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   model_ = std::make_unique<model::Model>(weights, backend, model::ModelLimits{.max_tokens = T, .max_seqs = B});
   if (config_.prefill_lane) {  // before the KV cache takes what memory is left
     lane_ = std::make_unique<Lane>();
-    lane_->backend = backend.make_lane();
+    lane_->backend = backend.make_lane(config_.prefill_lane_sm_share);
     if (!lane_->backend) {
       init_status_ = invalid_argument("prefill_lane: the " + std::string(device_name(backend.device())) +
                                       " backend cannot run a second lane");

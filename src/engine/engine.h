@@ -39,6 +39,7 @@ struct EngineConfig {
   // prompt at a time; its first token joins the step outputs once the lane is done. docs/perf-log.md's plan
   // (item 5) gives the reason: with many clients TTFT is two mixed steps.
   bool prefill_lane = false;
+  double prefill_lane_sm_share = 0.75;  // the SMs the lane's persistent kernels may hold (--prefill-lane-sm-share)
 };
 
 // The batch sizes decode graphs are recorded for, up to max_seqs (which is always one): 1, 2, 4, 8, then

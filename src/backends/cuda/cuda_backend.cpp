@@ -4,6 +4,7 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backends/cuda/attention.cuh"
@@ -70,11 +71,14 @@ void CudaBackend::set_stream_priority(int priority) {
   LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, priority));
 }
 
-std::unique_ptr<ops::Backend> CudaBackend::make_lane() {
-  int least = 0, greatest = 0;
+std::unique_ptr<ops::Backend> CudaBackend::make_lane(double sm_share) {
+  int least = 0, greatest = 0, device = 0, sms = 0;
   LMX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  LMX_CUDA_CHECK(cudaGetDevice(&device));
+  LMX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   auto lane = std::make_unique<CudaBackend>(kernel_configs_);
   lane->set_stream_priority(least);
+  lane->moe_max_sms_ = std::clamp(int(std::lround(sm_share * sms)), 1, sms);
   set_stream_priority(greatest);
   return lane;
 }
@@ -252,6 +256,7 @@ void CudaBackend::moe(const ops::MoeParams& p) {
                                                  lora_rank);
     apply_moe_lora_knobs(kernel_configs_.find(kMoeLoraOp, shape, p.x.dim(0)), &config);
   }
+  config.max_sms = moe_max_sms_;
   moe_block(p, MoeWorkspace{.shape = moe_->shape, .memory = moe_->memory.view}, stream_, config);
 }
 
