@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <span>
 
@@ -65,6 +66,27 @@ CudaBackend::~CudaBackend() {
   }
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
+}
+
+void CudaBackend::set_stream_priority(int priority) {
+  LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LMX_CUDA_CHECK(cudaStreamSynchronize(side_stream_));
+  LMX_CUDA_CHECK(cudaStreamDestroy(stream_));
+  LMX_CUDA_CHECK(cudaStreamDestroy(side_stream_));
+  LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, priority));
+}
+
+std::unique_ptr<ops::Backend> CudaBackend::make_lane(double sm_share) {
+  int least = 0, greatest = 0, device = 0, sms = 0;
+  LMX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  LMX_CUDA_CHECK(cudaGetDevice(&device));
+  LMX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  auto lane = std::make_unique<CudaBackend>(kernel_configs_);
+  lane->set_stream_priority(least);
+  lane->moe_max_sms_ = std::clamp(int(std::lround(sm_share * sms)), 1, sms);
+  set_stream_priority(greatest);
+  return lane;
 }
 
 Buffer CudaBackend::allocate(size_t bytes) { return cuda::allocate(bytes); }
@@ -240,6 +262,7 @@ void CudaBackend::moe(const ops::MoeParams& p) {
                                                  lora_rank);
     apply_moe_lora_knobs(kernel_configs_.find(kMoeLoraOp, shape, p.x.dim(0)), &config);
   }
+  config.max_sms = moe_max_sms_;
   moe_block(p, MoeWorkspace{.shape = moe_->shape, .memory = moe_->memory.view}, stream_, config);
 }
 

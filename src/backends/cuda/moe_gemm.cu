@@ -1914,7 +1914,7 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 // `rows_ready` (moe_gate_up wrote them so: MoeDownParams::a_in_tile_order); pair_rows (or null): the gather
 // records each pair's tile row there (MoeGateUpParams::pair_rows).
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
-                 const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, cudaStream_t stream) {
+                 const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, int max_sms, cudaStream_t stream) {
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
@@ -2009,7 +2009,8 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
         return;
       }
       const int64_t items = max_tiles * column_blocks;
-      const unsigned ctas = unsigned(std::min<int64_t>(items, int64_t(multiprocessors()) * pk.ctas_per_sm));
+      const int64_t sms = max_sms > 0 ? std::min(max_sms, multiprocessors()) : multiprocessors();
+      const unsigned ctas = unsigned(std::min<int64_t>(items, sms * pk.ctas_per_sm));
       pk.kernel.kernel<<<ctas, pk.kernel.threads, pk.kernel.shared_bytes, stream>>>(with_maps);
     } else {
       LMX_CHECK(!params.out_by_row && !rows_ready);  // the persistent kernel's forms (callers check)
@@ -2393,7 +2394,7 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   pack_gemm_lora(op, p.lora, tokens, pairs, p.weight.dim(0), rows2, int(p.tiles.block_m), p.sorted_rows.defined(),
                  params.halves, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
-              false, by_row ? static_cast<int32_t*>(p.pair_rows.data) : nullptr, stream);
+              false, by_row ? static_cast<int32_t*>(p.pair_rows.data) : nullptr, p.max_sms, stream);
 }
 
 void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
@@ -2491,7 +2492,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                    a_rows.defined(), false, params);
   }
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, a_rows,
-              p.a_in_tile_order, nullptr, stream);
+              p.a_in_tile_order, nullptr, p.max_sms, stream);
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
@@ -2763,6 +2764,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
+  gate_up.max_sms = config.max_sms;
   // With set_moe_lora_in_epilogue(true) the tiled MoE-LoRA of gate_up folds into the fused activation: its
   // expand writes the delta into h (overwrite: every pair with a slot), and the gate_up epilogue adds it before
   // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
@@ -2858,7 +2860,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
             .sorted_rows = gather_rows && !a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter})
                                                     : Tensor(),
-            .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row},
+            .max_sms = config.max_sms, .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
   else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);

@@ -180,6 +180,10 @@ struct MoeGateUpParams {
   // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
   // kernels. Undefined: the warp-specialized kernel gathers them by cp.async, kAuto runs the ring.
   Tensor sorted_rows;
+  // The persistent kernel's grid: at most this many SMs' worth of CTAs (0: every SM). The engine's prefill
+  // lane leaves the other SMs to the decode kernels running beside it (a persistent grid holds its SMs to
+  // its end, whatever the stream priorities).
+  int max_sms = 0;
   // The MoE-LoRA folded into the fused activation (moe_block's tiled LoRA path): lora_h [T*K, 2I] bf16 in the
   // weight's row layout holds the LoRA's delta of h for every pair whose token has a slot (token_slot [T]
   // i32 >= 0; moe_lora_expand with overwrite writes exactly those rows); the epilogue adds it to h before
@@ -221,6 +225,7 @@ struct MoeDownParams {
   bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
   bool wait_before_epilogue = false;  // as MoeGateUpParams::wait_before_epilogue (x is a)
   Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
+  int max_sms = 0;     // as MoeGateUpParams::max_sms
   MoeGemmLora lora;    // as MoeGateUpParams::lora (b [S, E, H, R])
   int64_t top_k = 1;   // K, with lora only: token of pair = pair / K
   // a is [capacity of the tiles, I] in tile order (moe_gate_up with pair_rows wrote it): its boxes are the A
@@ -271,6 +276,7 @@ struct MoeBlockConfig {
   // The decode MoE-LoRA in the GEMM accumulators: from 32 pairs each GEMM's k-loop runs alongside the shrink
   // before it (MoeGateUpParams::wait_before_epilogue); false = the GEMM waits for the shrink first (the before row).
   bool decode_lora_overlap = true;
+  int max_sms = 0;  // MoeGateUpParams::max_sms of both GEMMs (the prefill lane's backend sets it)
 };
 
 // Zero the workspace's self-cleaning MoE-LoRA scratch (z and its counters): once after allocating (or
