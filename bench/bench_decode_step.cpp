@@ -10,17 +10,20 @@
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
-//                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed]
+//                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
+//                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
 // tokens the batch sampled. --steady-steps N (0: off): the steady-state row, the serve run's request
 // lifecycle without HTTP (requests of --prefill + --steady-output tokens replaced as they finish), timed
-// over N full-batch decode steps. --vocab N sizes a preset's vocabulary as loramux serve does from its
+// over N full-batch decode steps; it also prints the replacement requests' admission-to-first-token times
+// (TTFT without HTTP) and, with --prefill-lane 1 (EngineConfig::prefill_lane), the decode steps that ran
+// beside a prompt on the lane. --vocab N sizes a preset's vocabulary as loramux serve does from its
 // tokenizer (GPT-OSS: 200019); --weight-seed as serve's (0 there).
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 // --only ROW: one row, then exit — decode (adapters spread), decode-base (no adapter in the batch), prefill,
-// prefill-adapter, mixed. For Nsight Compute: every timed step of every row runs inside the NVTX range
+// prefill-adapter, mixed, steady. For Nsight Compute: every timed step of every row runs inside the NVTX range
 // "timed steps", which scripts/device-run's NCU_TIMES selects (a decode row times --steps steps, the others
 // --step-reps).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
@@ -36,6 +39,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -79,6 +83,8 @@ struct Options {
                                       // (CudaBackend::set_dense_decode_gemm; a run of its own)
   int dense_decode_stages = 12;       // its ring depth (6 or 12)
   int key_split_stages = 2;           // the decode attention's key split ring (set_attention_key_split_stages)
+  int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
+  double prefill_lane_sm_share = 0.75;
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -112,6 +118,8 @@ Options parse(int argc, char** argv) {
     else if (key == "--dense-decode-gemm") o.dense_decode = std::atoi(value.c_str());
     else if (key == "--dense-decode-stages") o.dense_decode_stages = std::atoi(value.c_str());
     else if (key == "--key-split-stages") o.key_split_stages = std::atoi(value.c_str());
+    else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
+    else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -267,12 +275,17 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
 double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
                    const std::function<std::string(int)>& adapter_of) {
   std::set<uint64_t> in_flight;
+  std::map<uint64_t, std::chrono::steady_clock::time_point> admitted_at;  // until the request's first token
+  std::vector<double> first_token;  // admission → first token, wall (TTFT without HTTP), after the first batch
   int admitted = 0;
   auto admit_one = [&](int max_tokens) {
-    in_flight.insert(admit(engine, rng, vocab, adapter_of(admitted++), o.prefill, max_tokens));
+    const uint64_t id = admit(engine, rng, vocab, adapter_of(admitted++), o.prefill, max_tokens);
+    in_flight.insert(id);
+    if (admitted > o.batch) admitted_at[id] = std::chrono::steady_clock::now();
   };
   for (int i = 0; i < o.batch; ++i) admit_one(std::max(2, o.steady_output * (i + 1) / o.batch));
   std::vector<double> decode_wall, decode_device, mixed_device;
+  std::vector<double> beside_lane_device;  // decode steps of the others while one prompt is on the prefill lane
   int steps = 0;
   while (int(decode_device.size()) < o.steady_steps) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -287,10 +300,16 @@ double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng
     if (decode_only && report.num_tokens == o.batch) {
       decode_wall.push_back(wall);
       decode_device.push_back(report.device_seconds);
+    } else if (decode_only && report.num_tokens == o.batch - 1 && engine.config().prefill_lane) {
+      beside_lane_device.push_back(report.device_seconds);
     } else if (!decode_only && engine.scheduler().num_waiting() == 0 && admitted > o.batch) {
       mixed_device.push_back(report.device_seconds);  // a successor's prompt beside the others' decodes
     }
     for (const engine::StepOutput& out : report.outputs) {
+      if (auto it = admitted_at.find(out.id); it != admitted_at.end()) {
+        first_token.push_back(seconds_since(it->second));
+        admitted_at.erase(it);
+      }
       if (!out.finished) continue;
       in_flight.erase(out.id);
       admit_one(o.steady_output);
@@ -307,6 +326,12 @@ double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng
               "device median %.3f ms; %d requests admitted)\n",
               decode_device.size(), median(decode_device) * 1e3, mixed_device.size(), o.batch - 1,
               median(mixed_device) * 1e3, admitted);
+  std::sort(first_token.begin(), first_token.end());
+  std::printf("  (admission to first token, %zu replacement requests: median %.1f ms, p90 %.1f ms; prefill lane: %s, "
+              "%zu decode steps beside it, device median %.3f ms)\n",
+              first_token.size(), median(first_token) * 1e3,
+              first_token.empty() ? 0.0 : first_token[first_token.size() * 9 / 10] * 1e3,
+              engine.config().prefill_lane ? "on" : "off", beside_lane_device.size(), median(beside_lane_device) * 1e3);
   return median(decode_wall);
 }
 
@@ -431,6 +456,8 @@ int main(int argc, char** argv) {
   config.max_loras = std::max(1, o.adapters);
   config.max_lora_rank = o.rank;
   config.scheduler.enable_prefix_caching = false;  // every step must do its full work
+  config.prefill_lane = o.prefill_lane != 0;
+  config.prefill_lane_sm_share = o.prefill_lane_sm_share;
   Result<std::unique_ptr<engine::Engine>> engine = engine::Engine::create(*weights, backend, config);
   if (!engine.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", engine.status().message().c_str());
@@ -490,9 +517,11 @@ int main(int argc, char** argv) {
     } else if (o.only == "mixed" && o.adapters > 0) {
       row("mixed step: a prompt with an adapter + the decoding batch", time_mixed(**engine, o, vocab, rng, spread),
           prefill_floor);
+    } else if (o.only == "steady" && o.steady_steps > 0 && o.prefill > 0) {
+      row("decode step, steady state", time_steady(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
     } else {
-      std::fprintf(stderr, "bench_decode_step: --only %s: not a row (decode, decode-base, prefill, and with "
-                           "--adapters > 0 prefill-adapter, mixed)\n", o.only.c_str());
+      std::fprintf(stderr, "bench_decode_step: --only %s: not a row (decode, decode-base, prefill, steady with "
+                           "--steady-steps > 0, and with --adapters > 0 prefill-adapter, mixed)\n", o.only.c_str());
       return 1;
     }
     return 0;
