@@ -712,10 +712,6 @@ int main(int argc, char** argv) {
       cuda::set_moe_lora_shrink_run_ring(3);
       row("same, run-mode MoE-LoRA shrink ring of 3", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_shrink_run_ring(6);
-      cuda_backend.set_dense_lora_rest_overlap(false);  // before: the decode tokens' projection LoRA after the runs'
-      row("same, decode tokens' projection LoRA after the prompt's products", time_mixed(**engine, o, vocab, rng, spread),
-          prefill_floor);
-      cuda_backend.set_dense_lora_rest_overlap(true);
       // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with each slot's rows
       // at a warp boundary (the default since run 106), without that (kAlways: the decode tokens' adapters
       // share warps with the prompt's), by the expand kernels (the default of runs 65–105), or the decoding

@@ -334,37 +334,23 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
   linear_.run(product, stream_);
   if (split) cuda::split_columns({.x = p.linear.out, .parts = p.parts}, stream_, bias_later ? p.linear.bias : Tensor{});
   if (!p.token_slot.defined()) return;
-  if (!dense_runs_fit(p)) {
+  if (!dense_runs(p)) {
     lora_outputs(p);
     return;
   }
+  if (p.rest_rows <= 0) return;
   // The adapter tokens outside the runs (decode tokens beside a prompt) all lie in rows [0, rest_rows): the
-  // grouped kernels on that slice alone (a few rows: the direct per-pair path). Those rows are disjoint from
-  // the runs' rows, so with dense_lora_rest_overlap_ their launches go to the side stream beside the runs'
-  // products instead of after them: fork after the product (its rows of y are written), join before
-  // anything after this call (the next call site reuses the dense scratch).
+  // grouped kernels on that slice alone (a few rows: the direct per-pair path).
   ops::LinearLoraParams rest = p;
-  rest.linear.x = p.linear.x.rows(0, std::max<int64_t>(p.rest_rows, 0));
-  rest.linear.out = p.linear.out.rows(0, std::max<int64_t>(p.rest_rows, 0));
-  rest.token_slot = p.token_slot.rows(0, std::max<int64_t>(p.rest_rows, 0));
+  rest.linear.x = p.linear.x.rows(0, p.rest_rows);
+  rest.linear.out = p.linear.out.rows(0, p.rest_rows);
+  rest.token_slot = p.token_slot.rows(0, p.rest_rows);
   for (Tensor& part : rest.parts) {
-    if (part.defined()) part = part.rows(0, std::max<int64_t>(p.rest_rows, 0));
+    if (part.defined()) part = part.rows(0, p.rest_rows);
   }
   rest.runs = {};
   rest.rest_rows = -1;
-  const bool overlap = p.rest_rows > 0 && dense_lora_rest_overlap_;
-  if (overlap) {
-    LMX_CUDA_CHECK(cudaEventRecord(fork_, stream_));
-    LMX_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_, 0));
-    lora_outputs_on(rest, side_stream_);
-    LMX_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
-  }
-  enqueue_dense_runs(p);
-  if (overlap) {
-    LMX_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-  } else if (p.rest_rows > 0) {
-    lora_outputs(rest);
-  }
+  lora_outputs(rest);
 }
 
 // set_dense_decode_gemm's path: where the shapes fit, the projection's LoRA shrink (the parts with a stack, on
@@ -412,22 +398,6 @@ bool CudaBackend::dense_decode(const ops::LinearLoraParams& p) {
   return true;
 }
 
-// Backend::lora_outputs on `stream`: each defined output's LoRA, the grouped call for several. The dense
-// scratch is grown first, before anything is enqueued (growth synchronizes stream_).
-void CudaBackend::lora_outputs_on(const ops::LinearLoraParams& p, cudaStream_t stream) {
-  const bool split = p.parts[0].defined();
-  ops::LoraParams parts[3];
-  size_t count = 0;
-  for (size_t i = 0; i < p.lora.size(); ++i) {
-    if (!p.lora[i].defined()) continue;
-    parts[count++] = {.x = p.linear.x, .token_slot = p.token_slot, .w = p.lora[i], .y = split ? p.parts[i] : p.linear.out};
-  }
-  if (count == 0) return;
-  const LoraDenseScratch& scratch = lora_scratch(parts[0]);
-  if (count == 1) lora_dense(parts[0], scratch, kLoraDenseConfig, stream);
-  else lora_dense_group(std::span<const ops::LoraParams>(parts, count), scratch, kLoraDenseConfig, stream);
-}
-
 // The LoRA of linear_lora's long single-adapter runs (ops::LoraRun: a prompt's chunk) as dense products,
 // where every other token with an adapter lies before the first run (rest_rows >= 0): per run and output,
 // z = x[rows]·A[slot][:r]ᵀ (bf16, rank r of the slot) and y[rows] += z·B[slot][:, :r]ᵀ, both cuBLASLt
@@ -436,8 +406,8 @@ void CudaBackend::lora_outputs_on(const ops::LinearLoraParams& p, cudaStream_t s
 // the grouped kernels on rows [0, rest_rows) after it; over the whole batch with the runs masked out they
 // cost more than the dense products saved (run 89). Eager steps only (the engine gives no runs to
 // recordings); false where it does not apply: switched off, inside a capture, a stack without host ranks,
-// rest_rows -1. dense_runs_fit checks (and sizes run_z_), enqueue_dense_runs enqueues the products.
-bool CudaBackend::dense_runs_fit(const ops::LinearLoraParams& p) {
+// rest_rows -1.
+bool CudaBackend::dense_runs(const ops::LinearLoraParams& p) {
   if (!dense_lora_runs_ || p.runs.empty() || p.rest_rows < 0 || p.linear.out.dtype != DType::BF16) return false;
   for (const ops::LoraStack& w : p.lora) {
     if (w.defined() && (int64_t(w.host_rank.size()) != w.a.dim(0) || w.a.dtype != DType::BF16)) return false;
@@ -455,11 +425,6 @@ bool CudaBackend::dense_runs_fit(const ops::LinearLoraParams& p) {
     LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
     run_z_ = cuda::empty(DType::BF16, {longest * max_rank});
   }
-  return true;
-}
-
-// dense_runs_fit's products, enqueued on stream_ (run_z_ already sized).
-void CudaBackend::enqueue_dense_runs(const ops::LinearLoraParams& p) {
   const bool split = p.parts[0].defined();
   for (size_t i = 0; i < p.lora.size(); ++i) {
     const ops::LoraStack& w = p.lora[i];
@@ -480,6 +445,7 @@ void CudaBackend::enqueue_dense_runs(const ops::LinearLoraParams& p) {
                          y.rows(run.first, run.first + run.tokens), stream_);
     }
   }
+  return true;
 }
 
 // The dense-LoRA scratch, grown (outside any capture: the engine's first step of a shape is eager) when a

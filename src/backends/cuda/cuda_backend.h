@@ -99,9 +99,6 @@ class CudaBackend final : public ops::Backend {
   // token) go through the grouped LoRA kernels, instead of two cuBLASLt products per run and output (bench
   // before/after).
   void set_dense_lora_runs(bool on) { dense_lora_runs_ = on; }
-  // true: with those dense runs, the other adapter rows' LoRA (a mixed step's decode tokens) runs on the
-  // side stream beside the runs' products; false: after them on the stream (bench before/after).
-  void set_dense_lora_rest_overlap(bool on) { dense_lora_rest_overlap_ = on; }
   // true: linear_lora at decode sizes (T <= 16, in and every output width multiples of 64, bf16) runs as one
   // dense_decode_gemm (moe_gemm.cuh: product, bias, split and LoRA in one launch after the LoRA shrink)
   // instead of the cuBLASLt product and the fused expand. Off by default until the H200 measures it (perf-log,
@@ -139,10 +136,7 @@ class CudaBackend final : public ops::Backend {
   // higher). Only before any recording: graphs and events hold the old streams.
   void set_stream_priority(int priority);
   OwnedTensor run_z_;      // [longest run · R] bf16: dense_runs' z
-  bool dense_runs_fit(const ops::LinearLoraParams& p);
-  void enqueue_dense_runs(const ops::LinearLoraParams& p);
-  void lora_outputs_on(const ops::LinearLoraParams& p, cudaStream_t stream);
-  bool dense_lora_rest_overlap_ = true;
+  bool dense_runs(const ops::LinearLoraParams& p);
   bool dense_decode_ = false;
   OwnedTensor dense_decode_rows_;    // dense_decode_rows(): the decode tile's constant rows
   OwnedTensor dense_decode_ticket_;  // [1] i32, zero between calls: the dense decode kernel's last-CTA ticket
