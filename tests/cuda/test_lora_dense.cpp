@@ -299,6 +299,11 @@ struct DeviceLinear {
   }
 };
 
+// 2⁻⁶ (docs/NUMERICS.md): two roundings of y at the product's magnitude (product + bias, then + the LoRA
+// term) where the term cancels most of the product, over millions of elements; z in bf16 on the run path.
+// One ulp was too tight for the bias cases: 1 of 65,536 elements at 1.04 ulp (H200, run 115).
+constexpr double kTolLinearLora = 2 * kTolBf16Out;
+
 TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
   const std::vector<LinearCase> cases = {{16, 8, 32, 2880, {4096, 512, 512}, true, -1},  // GPT-OSS q|k|v
                                          {1, 8, 32, 2880, {4096, 512, 512}, true, -1},
@@ -349,7 +354,7 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
       backend.synchronize();
       ASSERT_EQ(cudaGetLastError(), cudaSuccess) << how;
       for (int64_t i = 0; i < parts; ++i) {
-        EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolBf16Out)) << how << ": output " << i;
+        EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolLinearLora)) << how << ": output " << i;
       }
     };
     std::vector<OwnedTensor> composed;  // the composition's outputs (fuse off), for the bitwise check below
@@ -507,9 +512,6 @@ TEST_F(CudaLoraDense, NoAdapterLeavesOutputBitIdentical) {
 // token lies before the first run, and those through the grouped kernels on that slice alone; otherwise the
 // grouped kernels take everything. Against the CPU composition, which ignores the hint; a run of a rank-0
 // slot, and the hint switched off.
-// 2⁻⁶ (docs/NUMERICS.md): two roundings of y at the product's magnitude (product + bias, then + the LoRA
-// term) where the term cancels most of the product, over millions of elements; z in bf16 on the run path.
-constexpr double kTolLinearLoraRuns = 2 * kTolBf16Out;
 
 TEST_F(CudaLoraDense, LinearLoraRunsMatchCpu) {
   struct RunCase {
@@ -593,7 +595,7 @@ TEST_F(CudaLoraDense, LinearLoraRunsMatchCpu) {
       backend.synchronize();
       ASSERT_EQ(cudaGetLastError(), cudaSuccess);
       for (int64_t i = 0; i < parts; ++i) {
-        EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolLinearLoraRuns))
+        EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolLinearLora))
             << (dense ? "runs as dense products" : "hint off") << ": output " << i;
       }
     }
