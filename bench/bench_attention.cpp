@@ -127,8 +127,6 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                       true});
   variants.push_back({"flash, 128-row tiles, two barriers", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
                       true});
-  variants.push_back({"auto + workspace, key split 3 stages",
-                      {.workspace = workspace, .workspace_bytes = workspace_bytes, .flash_rows = 16, .kv_stages = 3}});
   for (int splits : pinned_splits) {
     for (int stages : {2, 3}) {
       variants.push_back({"split-KV x" + std::to_string(splits) + (stages == 3 ? ", 3 stages" : ""),

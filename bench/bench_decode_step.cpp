@@ -82,7 +82,6 @@ struct Options {
   int dense_decode = 0;               // 1: every row with the decode projections as dense_decode_gemm
                                       // (CudaBackend::set_dense_decode_gemm; a run of its own)
   int dense_decode_stages = 12;       // its ring depth (6 or 12)
-  int key_split_stages = 2;           // the decode attention's key split ring (set_attention_key_split_stages)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
   double prefill_lane_sm_share = 0.75;
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
@@ -117,7 +116,6 @@ Options parse(int argc, char** argv) {
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--dense-decode-gemm") o.dense_decode = std::atoi(value.c_str());
     else if (key == "--dense-decode-stages") o.dense_decode_stages = std::atoi(value.c_str());
-    else if (key == "--key-split-stages") o.key_split_stages = std::atoi(value.c_str());
     else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
     else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
     else {
@@ -400,11 +398,6 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
-  if (o.key_split_stages != 2) {
-    cuda::set_attention_key_split_stages(o.key_split_stages);
-    std::printf("every row: decode attention's key split with a %d-stage K/V ring (--key-split-stages)\n",
-                o.key_split_stages);
-  }
   if (o.attention_wgmma) {
     cuda::set_attention_wgmma(true, o.attention_wgmma == 2);
     std::printf("every row: prefill attention tiles by warpgroup MMAs%s (--attention-wgmma %d)\n",

@@ -4,8 +4,7 @@
 // windows 0/4/128 (also with the pages behind the window freed), GPT-OSS sinks, head dims 16/64/128, long
 // prefills, chunks against cached pages, decode at contexts 1..4096, sequences with no token this step.
 // Cache rows no query may read hold NaN, so a kernel that reads past its keys fails; outputs and the
-// split-KV workspace start poisoned. The key split at D 64 also with its 3-stage ring. CudaAttentionWgmma:
-// the prefill tiles by warpgroup MMAs.
+// split-KV workspace start poisoned. CudaAttentionWgmma: the prefill tiles by warpgroup MMAs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -166,13 +165,6 @@ class CudaAttention : public CudaTest {
         expect_matches(c, batch, AttentionKernel::kFlash, false, 64, kv_stages);
         expect_matches(c, batch, AttentionKernel::kSplitKv, true, 64, kv_stages);
       }
-      if (c.head_dim == 64) {  // the key split's 3-stage ring (set_attention_key_split_stages), pinned and by the knob
-        expect_matches(c, batch, AttentionKernel::kFlash, false, 16, 3);
-        expect_matches(c, batch, AttentionKernel::kSplitKv, true, 16, 3);
-        cuda::set_attention_key_split_stages(3);
-        expect_matches(c, batch, AttentionKernel::kAuto, true);
-        cuda::set_attention_key_split_stages(2);
-      }
       // The K/V loop with two barriers per tile (the form before set_attention_one_barrier), every row tile
       // and both ring depths.
       cuda::set_attention_one_barrier(false);
@@ -285,18 +277,9 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 96}),
                "AttentionLaunch.flash_rows: expected 0, 16, 64 or 128, found 96");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 128, .kv_stages = 3}),
-               "AttentionLaunch.kv_stages 3 is built for 64-row tiles and the key split at D 64 only, found "
-               "flash_rows 128, D 64");
+               "AttentionLaunch.kv_stages 3 is built for 64-row tiles only, found flash_rows 128");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kv_stages = 4}),
                "AttentionLaunch.kv_stages: expected 0, 2 or 3, found 4");
-}
-
-// The key split's ring depth knob takes 2 or 3 and names anything else (host only).
-TEST(CudaAttentionKnobs, KeySplitStagesTakesTwoOrThree) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(cuda::set_attention_key_split_stages(4), "set_attention_key_split_stages: expected 2 or 3, found 4");
-  cuda::set_attention_key_split_stages(3);
-  cuda::set_attention_key_split_stages(2);
 }
 
 // The split-KV path replayed from a CUDA graph (no allocation or host sync inside the launcher).

@@ -15,7 +15,6 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/lora_dense.cuh"
-#include "backends/cuda/moe_gemm.cuh"
 #include "backends/cuda/moe_lora_small.cuh"
 #include "cuda_test_util.h"
 #include "ops/lora.h"
@@ -406,22 +405,6 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
 // CUDA graph replayed twice. Shapes outside its rule (T 17, in not a multiple of 64) take the other paths. Its
 // own suite, so a device run can take it apart (scripts/device-run TESTS_LATE).
 class CudaDenseDecode : public CudaLoraDense {};
-
-// The shapes the dense decode product takes (host only): 1..16 rows, `in` and every part width multiples of 64,
-// one to three parts; anything else stays on cuBLASLt and the expand.
-TEST(CudaDenseDecodeRule, ShapesThatFit) {
-  const std::vector<int64_t> qkv = {4096, 512, 512}, o_proj = {2880}, k32 = {64, 32, 32}, four = {64, 64, 64, 64};
-  EXPECT_TRUE(cuda::dense_decode_fits(16, 2880, qkv));
-  EXPECT_TRUE(cuda::dense_decode_fits(1, 4096, o_proj));
-  EXPECT_FALSE(cuda::dense_decode_fits(17, 2880, qkv));
-  EXPECT_FALSE(cuda::dense_decode_fits(0, 2880, qkv));
-  EXPECT_FALSE(cuda::dense_decode_fits(16, 264, qkv));
-  EXPECT_FALSE(cuda::dense_decode_fits(16, 64, k32));   // the fixtures' q|k|v: k and v are 32 wide
-  EXPECT_FALSE(cuda::dense_decode_fits(16, 64, four));
-  EXPECT_FALSE(cuda::dense_decode_fits(16, 64, {}));
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(cuda::set_dense_decode_stages(8), "set_dense_decode_stages: expected 6 or 12, found 8");
-}
 
 TEST_F(CudaDenseDecode, LinearLoraMatchesCpu) {
   const std::vector<LinearCase> cases = {{16, 8, 32, 2880, {4096, 512, 512}, true, -1},  // GPT-OSS q|k|v

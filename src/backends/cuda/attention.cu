@@ -254,8 +254,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 // 41.5 → 40.0; the key split (16-row decode tiles) measured 29.6 → 31.0 µs with it, so keeps two (perf-log
 // run 102).
 bool one_barrier = true;
-// set_attention_key_split_stages: the key split's K/V ring depth where the launch does not pin one.
-int key_split_stages = 2;
 
 struct FlashKernelParams {
   const __nv_bfloat16* q;        // [T, Hq, D] bf16
@@ -1096,15 +1094,14 @@ int prepare_flash_kernel() {
 // Resident CTAs per SM of the flash kernel for (D, warps, K/V stages, key split). All configurations are
 // prepared together on the first flash call, once per process: that call must be eager (not captured), as
 // the callers' warm-up is. Built: 2 stages at every (D, warps); 3 stages at 4 warps (decode, split-KV); the
-// key split at 4 warps, 2 stages, and 3 at D 64 (set_attention_key_split_stages).
+// key split at 4 warps, 2 stages.
 int flash_ctas_per_sm(int64_t head_dim, int warps, int stages, bool key_split = false) {
-  static const std::array<int, 9> resident = {
+  static const std::array<int, 8> resident = {
       prepare_flash_kernel<64, 4, 2>(),        prepare_flash_kernel<64, 8, 2>(),
       prepare_flash_kernel<128, 4, 2>(),       prepare_flash_kernel<128, 8, 2>(),
       prepare_flash_kernel<64, 4, 3>(),        prepare_flash_kernel<128, 4, 3>(),
-      prepare_flash_kernel<64, 4, 2, true>(),  prepare_flash_kernel<128, 4, 2, true>(),
-      prepare_flash_kernel<64, 4, 3, true>()};
-  if (key_split) return resident[size_t(head_dim == 64 ? (stages == 3 ? 8 : 6) : 7)];
+      prepare_flash_kernel<64, 4, 2, true>(),  prepare_flash_kernel<128, 4, 2, true>()};
+  if (key_split) return resident[size_t(head_dim == 64 ? 6 : 7)];
   if (stages == 3) return resident[size_t(head_dim == 64 ? 4 : 5)];
   return resident[size_t((head_dim == 64 ? 0 : 2) + (warps == 8 ? 1 : 0))];
 }
@@ -1222,13 +1219,6 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 // an error.
 void set_attention_one_barrier(bool on) { one_barrier = on; }
 void set_attention_wgmma(bool on, bool overlap) { flash_wgmma = on ? (overlap ? 2 : 1) : 0; }
-void set_attention_key_split_stages(int stages) {
-  if (stages != 2 && stages != 3) {
-    std::fprintf(stderr, "loramux: cuda::set_attention_key_split_stages: expected 2 or 3, found %d\n", stages);
-    std::abort();
-  }
-  key_split_stages = stages;
-}
 
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
@@ -1296,17 +1286,12 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
                  launch.kv_stages);
     std::abort();
   }
-  if (launch.kv_stages == 3 && (launch.flash_rows == 128 || (launch.flash_rows == 16 && head_dim != 64))) {
-    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages 3 is built for 64-row tiles and the "
-                 "key split at D 64 only, found flash_rows %d, D %lld\n", launch.flash_rows,
-                 static_cast<long long>(head_dim));
+  if (launch.kv_stages == 3 && (launch.flash_rows == 128 || launch.flash_rows == 16)) {
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages 3 is built for 64-row tiles only, "
+                 "found flash_rows %d\n", launch.flash_rows);
     std::abort();
   }
-  // The key split (decode) at D 64: 3 stages where pinned, or by set_attention_key_split_stages.
-  const int key_split_depth =
-      head_dim != 64 ? 2 : launch.kv_stages != 0 ? launch.kv_stages : key_split_stages;
-  int stages = warps == 8 ? 2 : key_split ? key_split_depth
-                                          : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
+  int stages = warps == 8 || key_split ? 2 : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
   const int64_t row_tiles = row_tiles_of(key_split ? 16 : 16 * warps);
   LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
 
@@ -1378,8 +1363,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .scale_log2 = p.softmax_scale * kLog2e,
       .one_barrier = one_barrier && !key_split};
   if (key_split) {
-    if (head_dim == 64 && stages == 3) launch_flash<64, 4, 3, true>(params, unsigned(row_tiles), stream);
-    else if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
+    if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2, true>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64 && warps == 4) {
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);

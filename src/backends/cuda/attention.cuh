@@ -30,9 +30,8 @@ struct AttentionLaunch {
   int flash_rows = 0;          // flash row tile: 0 = the launcher's choice, 16 (4 warps split each K/V tile's
                                // keys over the same rows: decode), 64 or 128 pins it (tests, bench)
   int splits = 0;              // pinned kSplitKv: 0 = as many as the workspace holds, n = min(n, that) (bench)
-  int kv_stages = 0;           // K/V ring depth of 64-row flash tiles and of the key split at D 64: 0 = the
-                               // launcher's choice, 2 or 3 (128-row tiles use 2; pinning 3 with flash_rows
-                               // 128, or 16 at D 128, is an error)
+  int kv_stages = 0;           // K/V ring depth of 64-row flash tiles: 0 = the launcher's choice, 2 or 3
+                               // (128-row tiles use 2; pinning 3 with flash_rows 128 is an error)
 };
 
 // Bytes of workspace that let any batch of up to max_tokens tokens use the most splits the launcher picks on
@@ -56,11 +55,5 @@ void set_attention_one_barrier(bool on);
 // next softmax while P·V runs), else one tile's S, softmax and P·V in turn. Both at two CTAs per SM at D 64,
 // one at D 128. Other row tiles (decode, short chunks) are unchanged. Process-wide.
 void set_attention_wgmma(bool on, bool overlap = false);
-
-// The key split's K/V ring depth at D 64 (decode) when AttentionLaunch::kv_stages leaves it open: 2 (the
-// default: 4 CTAs per SM, one tile in flight each) or 3 (3 CTAs per SM by shared memory, two tiles in flight
-// each: ~1.5× the bytes in flight per SM for the latency-bound decode rows; prepared, not yet measured).
-// AttentionLaunch::kv_stages 3 with flash_rows 16 pins it. Process-wide.
-void set_attention_key_split_stages(int stages);
 
 }  // namespace lmx::cuda
