@@ -79,9 +79,6 @@ struct Options {
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
   int attention_wgmma = 0;            // 1: every row with the prefill attention tiles by warpgroup MMAs, 2: in
                                       // the overlapped order (set_attention_wgmma; a run of its own)
-  int dense_decode = 0;               // 1: every row with the decode projections as dense_decode_gemm
-                                      // (CudaBackend::set_dense_decode_gemm; a run of its own)
-  int dense_decode_stages = 12;       // its ring depth (6 or 12)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
   double prefill_lane_sm_share = 0.75;
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
@@ -114,8 +111,6 @@ Options parse(int argc, char** argv) {
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
     else if (key == "--only") o.only = value;
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
-    else if (key == "--dense-decode-gemm") o.dense_decode = std::atoi(value.c_str());
-    else if (key == "--dense-decode-stages") o.dense_decode_stages = std::atoi(value.c_str());
     else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
     else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
     else {
@@ -420,12 +415,6 @@ int main(int argc, char** argv) {
                                                            ? "none (built-in defaults)" : configs_dir.c_str());
   cuda::CudaBackend cuda_backend(kernel_configs);
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
-  if (o.dense_decode) {
-    cuda_backend.set_dense_decode_gemm(true);
-    cuda::set_dense_decode_stages(o.dense_decode_stages);
-    std::printf("every row: decode projections as dense_decode_gemm, %d stages (--dense-decode-gemm 1)\n",
-                o.dense_decode_stages);
-  }
   const auto t_load = std::chrono::steady_clock::now();
   Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend);
   if (!weights.ok()) {

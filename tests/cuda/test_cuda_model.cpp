@@ -46,15 +46,12 @@ std::vector<std::string> fixture_cases() {
 // split-KV attention (the plain flash kernel): the same answers are due from all three, and when one
 // breaks, which one says where to look.
 // kEagerUnfused: eager, every projection as linear, split and LoRA launches (CudaBackend::set_fuse_linear_lora).
-// kGraphsDenseDecode: graphs with CudaBackend::set_dense_decode_gemm (the fixtures' o_proj, 64 × 64, is the one
-// projection whose widths fit it); its own suite, CudaDenseDecodeFixtures.
-enum class Mode { kGraphs, kEager, kEagerNoSplitKv, kEagerUnfused, kGraphsDenseDecode };
+enum class Mode { kGraphs, kEager, kEagerNoSplitKv, kEagerUnfused };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::kGraphs: return "graphs";
     case Mode::kEager: return "eager";
     case Mode::kEagerNoSplitKv: return "eager_no_split_kv";
-    case Mode::kGraphsDenseDecode: return "graphs_dense_decode";
     default: return "eager_unfused";
   }
 }
@@ -119,9 +116,8 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
   cuda::CudaBackend backend;
   backend.set_attention_split_kv(mode != Mode::kEagerNoSplitKv);
   backend.set_fuse_linear_lora(mode != Mode::kEagerUnfused);
-  backend.set_dense_decode_gemm(mode == Mode::kGraphsDenseDecode);
   EngineConfig config;
-  config.enforce_eager = mode != Mode::kGraphs && mode != Mode::kGraphsDenseDecode;
+  config.enforce_eager = mode != Mode::kGraphs;
   config.max_loras = std::max<int>(1, int(adapter_names.size()) - 1);  // one fewer slot than adapters: eviction
   config.max_lora_rank = 64;
   config.scheduler.max_num_batched_tokens = 40;  // chunked prefill beside decodes
@@ -268,12 +264,6 @@ TEST(CudaGraphs, DecodeGraphsMatchEagerSteps) {
 INSTANTIATE_TEST_SUITE_P(CudaFixtures, CudaModel,
                          ::testing::Combine(::testing::ValuesIn(fixture_cases()),
                                             ::testing::Values(Mode::kGraphs, Mode::kEager, Mode::kEagerNoSplitKv, Mode::kEagerUnfused)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& info) {
-                           return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
-                         });
-
-INSTANTIATE_TEST_SUITE_P(CudaDenseDecodeFixtures, CudaModel,
-                         ::testing::Combine(::testing::ValuesIn(fixture_cases()), ::testing::Values(Mode::kGraphsDenseDecode)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& info) {
                            return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
                          });

@@ -5,10 +5,8 @@
 // calls on one scratch (its z must stay zero), a batch without adapters that must leave y bit-identical, and
 // groups of q / k / v parts (lora_dense_group) against one CPU call per part; and the backend's fused
 // linear + LoRA (CudaBackend::linear_lora: the shrink on a side stream, one expand that splits and adds
-// the LoRA) against the CPU backend's composition, eager and in a graph; CudaDenseDecode: the decode product
-// with its LoRA in one kernel (CudaBackend::set_dense_decode_gemm).
+// the LoRA) against the CPU backend's composition, eager and in a graph.
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -394,78 +392,6 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
     }
     backend.release_graph(graph);
     if (HasFatalFailure()) return;
-  }
-}
-
-// CudaBackend::set_dense_decode_gemm: linear_lora at decode sizes as the LoRA shrink and one dense_decode_gemm
-// (moe_gemm.cuh) against the CPU composition: GPT-OSS q|k|v (split, bias) and o_proj (one output, bias) at
-// T 1 / 16, a small split where k has no LoRA, a dense MLP output without bias, every shape also as a batch
-// whose token_slot is undefined (no adapter: the product alone), outputs poisoned before each call, three
-// calls in a row (the kernel's last CTA must leave z zero for the next shrink, and the ticket reset), and a
-// CUDA graph replayed twice. Shapes outside its rule (T 17, in not a multiple of 64) take the other paths. Its
-// own suite, so a device run can take it apart (scripts/device-run TESTS_LATE).
-class CudaDenseDecode : public CudaLoraDense {};
-
-TEST_F(CudaDenseDecode, LinearLoraMatchesCpu) {
-  const std::vector<LinearCase> cases = {{16, 8, 32, 2880, {4096, 512, 512}, true, -1},  // GPT-OSS q|k|v
-                                        {1, 8, 32, 2880, {4096, 512, 512}, true, -1},
-                                        {16, 8, 32, 4096, {2880}, true, -1},             // GPT-OSS o_proj
-                                        {5, 4, 16, 256, {256, 64, 64}, true, 1},         // k without LoRA
-                                        {7, 3, 64, 512, {768}, false, -1},               // dense MLP, rank 64
-                                        {17, 4, 16, 256, {256, 64, 64}, true, -1},       // T 17: not this path
-                                        {16, 4, 16, 264, {256, 64, 64}, true, -1}};      // in 264: not this path
-  cuda::CudaBackend backend;
-  backend.set_dense_decode_gemm(true);
-  for (const LinearCase& c : cases) {
-    const int64_t R = c.capacity_rank, parts = int64_t(c.outs.size());
-    int64_t width = 0;
-    for (int64_t o : c.outs) width += o;
-    SCOPED_TRACE("T " + std::to_string(c.tokens) + " in " + std::to_string(c.in) + " parts " + std::to_string(parts) +
-                 " width " + std::to_string(width) + (c.bias ? " bias" : ""));
-    OwnedTensor token_slot = random_ids(rng(), c.tokens, -1, int32_t(c.slots));
-    OwnedTensor x = random_bf16(rng(), {c.tokens, c.in});
-    OwnedTensor weight = random_bf16(rng(), {width, c.in}, 0.05f);
-    OwnedTensor bias = random_bf16(rng(), {width});
-    std::vector<OwnedTensor> a, b, rank;
-    std::vector<ops::LoraStack> stacks;
-    for (int64_t i = 0; i < parts; ++i) {
-      rank.push_back(OwnedTensor::host(DType::I32, {c.slots}));
-      for (int64_t s = 0; s < c.slots; ++s) rank.back().view.ptr<int32_t>()[s] = s == 1 ? 0 : 1 + int32_t(rng().next_u64() % uint64_t(R));
-      a.push_back(random_bf16(rng(), {c.slots, R, c.in}, 0.05f));
-      b.push_back(random_bf16(rng(), {c.slots, c.outs[size_t(i)], R}, 0.05f));
-      stacks.push_back(i == c.undefined_part ? ops::LoraStack{}
-                                             : ops::LoraStack{.a = a.back(), .b = b.back(), .rank = rank.back()});
-    }
-    for (bool with_lora : {true, false}) {
-      SCOPED_TRACE(with_lora ? "adapters spread" : "no adapter in the batch");
-      const std::vector<OwnedTensor> want = linear_lora_oracle(cpu_, x, weight, c.bias ? bias.view : Tensor{},
-                                                               with_lora ? token_slot : OwnedTensor{}, c.outs, stacks);
-      DeviceLinear d(c, x, weight, bias, token_slot, a, b, rank, width);
-      std::vector<OwnedTensor>& d_out = d.out;
-      const ops::LinearLoraParams device = d.params(c, with_lora);
-      auto run_and_expect = [&](const std::string& how, const std::function<void()>& run) {
-        backend.synchronize();
-        for (int64_t i = 0; i < parts; ++i) cuda::fill_bytes(d_out[size_t(i)].view, 0xff);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        run();
-        backend.synchronize();
-        ASSERT_EQ(cudaGetLastError(), cudaSuccess) << how;
-        for (int64_t i = 0; i < parts; ++i) {
-          EXPECT_TRUE(all_close(cuda::download(d_out[size_t(i)]), want[size_t(i)], kTolBf16Out)) << how << ": output " << i;
-        }
-      };
-      for (int repeat = 0; repeat < 3; ++repeat) {
-        run_and_expect("call " + std::to_string(repeat), [&] { backend.linear_lora(device); });
-      }
-      backend.begin_capture();
-      backend.linear_lora(device);
-      const int graph = backend.end_capture();
-      for (int replay = 0; replay < 2; ++replay) {
-        run_and_expect("graph replay " + std::to_string(replay), [&] { backend.replay(graph); });
-      }
-      backend.release_graph(graph);
-      if (HasFatalFailure()) return;
-    }
   }
 }
 

@@ -4,7 +4,6 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -45,10 +44,6 @@ CudaBackend::CudaBackend(ops::KernelConfigs kernel_configs) : kernel_configs_(st
   LMX_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
   LMX_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   LMX_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-  dense_decode_rows_ = cuda::dense_decode_rows();
-  dense_decode_ticket_ = cuda::empty(DType::I32, {1});
-  cuda::fill_bytes(dense_decode_ticket_.view, 0);
-  LMX_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 CudaBackend::~CudaBackend() {
@@ -304,7 +299,6 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
     Backend::linear_lora(p);
     return;
   }
-  if (dense_decode_ && dense_decode(p)) return;
   const bool split = p.parts[0].defined();
   ops::LoraParams parts[3];
   size_t count = 0;
@@ -351,51 +345,6 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
   rest.runs = {};
   rest.rest_rows = -1;
   lora_outputs(rest);
-}
-
-// set_dense_decode_gemm's path: where the shapes fit, the projection's LoRA shrink (the parts with a stack, on
-// the stream as a programmatic dependent) and then one dense_decode_gemm for product, bias, split and LoRA, the
-// GEMM's k-loop running beside the shrink (late_wait). Returns false (nothing enqueued) where it does not fit.
-bool CudaBackend::dense_decode(const ops::LinearLoraParams& p) {
-  const Tensor& x = p.linear.x;
-  if (x.dtype != DType::BF16 || p.linear.weight.dtype != DType::BF16 || !detail::aligned16(x.data) ||
-      !detail::aligned16(p.linear.weight.data)) {
-    return false;
-  }
-  const bool split = p.parts[0].defined();
-  std::array<int64_t, 3> widths{};
-  size_t outputs = 0;
-  for (size_t i = 0; i < (split ? p.parts.size() : 1); ++i) {
-    const Tensor& out = split ? p.parts[i] : p.linear.out;
-    if (!out.defined()) break;
-    if (out.dtype != DType::BF16 || !detail::aligned16(out.data)) return false;
-    widths[outputs++] = out.dim(-1);
-  }
-  if (!cuda::dense_decode_fits(x.dim(0), x.dim(1), std::span<const int64_t>(widths.data(), outputs))) return false;
-  ops::LoraParams group[3];
-  int targets[3] = {-1, -1, -1};
-  size_t count = 0;
-  for (size_t i = 0; i < outputs && p.token_slot.defined(); ++i) {
-    if (!p.lora[i].defined()) continue;
-    if (p.lora[i].b.dim(-1) % 2 != 0) return false;  // add_lora_terms takes ranks in pairs
-    targets[i] = int(count);
-    group[count++] = {.x = x, .token_slot = p.token_slot, .w = p.lora[i], .y = split ? p.parts[i] : p.linear.out};
-  }
-  cuda::DenseDecodeParams dense{.x = x, .weight = p.linear.weight, .bias = p.linear.bias, .token_slot = p.token_slot,
-                                .rows = dense_decode_rows_, .ticket = dense_decode_ticket_, .late_wait = count > 0};
-  if (count > 0) {
-    const LoraDenseScratch& scratch = lora_scratch(group[0]);  // may grow (a sync) before anything is enqueued
-    lora_dense_fused_shrink(std::span<const ops::LoraParams>(group, count), scratch, stream_, /*pdl=*/true);
-    for (size_t i = 0; i < outputs; ++i) {
-      if (targets[i] >= 0) {
-        dense.parts[i].lora = p.lora[i];
-        dense.parts[i].z = lora_dense_fused_z(scratch, targets[i], x.dim(0));
-      }
-    }
-  }
-  for (size_t i = 0; i < outputs; ++i) dense.parts[i].out = split ? p.parts[i] : p.linear.out;
-  cuda::dense_decode_gemm(dense, stream_);
-  return true;
 }
 
 // The LoRA of linear_lora's long single-adapter runs (ops::LoraRun: a prompt's chunk) as dense products,

@@ -99,14 +99,6 @@ class CudaBackend final : public ops::Backend {
   // token) go through the grouped LoRA kernels, instead of two cuBLASLt products per run and output (bench
   // before/after).
   void set_dense_lora_runs(bool on) { dense_lora_runs_ = on; }
-  // true: linear_lora at decode sizes (T <= 16, in and every output width multiples of 64, bf16) runs as one
-  // dense_decode_gemm (moe_gemm.cuh: product, bias, split and LoRA in one launch after the LoRA shrink)
-  // instead of the cuBLASLt product and the fused expand. Off by default until the H200 measures it (perf-log,
-  // branch prepared/dense-decode-gemm); bumps memory_epoch() so graphs are recorded again.
-  void set_dense_decode_gemm(bool on) {
-    dense_decode_ = on;
-    ++memory_epoch_;
-  }
   // LinearRunner::set_split_ragged_rows (bench before/after); graphs are recorded again.
   void set_split_ragged_rows(bool on) {
     linear_.set_split_ragged_rows(on);
@@ -137,10 +129,6 @@ class CudaBackend final : public ops::Backend {
   void set_stream_priority(int priority);
   OwnedTensor run_z_;      // [longest run · R] bf16: dense_runs' z
   bool dense_runs(const ops::LinearLoraParams& p);
-  bool dense_decode_ = false;
-  OwnedTensor dense_decode_rows_;    // dense_decode_rows(): the decode tile's constant rows
-  OwnedTensor dense_decode_ticket_;  // [1] i32, zero between calls: the dense decode kernel's last-CTA ticket
-  bool dense_decode(const ops::LinearLoraParams& p);
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
   bool attention_split_kv_ = true;
   bool fuse_rope_kv_write_ = true;

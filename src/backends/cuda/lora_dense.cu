@@ -236,20 +236,13 @@ bool fused_prefetch = true;  // set_lora_dense_fused_prefetch
 void set_lora_dense_fused_prefetch(bool on) { fused_prefetch = on; }
 
 void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
-                             cudaStream_t stream, bool pdl) {
+                             cudaStream_t stream) {
   MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
-  const int targets = pack_fused(parts, scratch, pdl, "lora_dense_fused_shrink", direct);
+  const int targets = pack_fused(parts, scratch, false, "lora_dense_fused_shrink", direct);
   if (targets == 0 || parts[0].x.dim(0) == 0) return;
   // The expand runs after the product (~10 µs of other traffic): its B rows, first touches, wait in L2.
   for (int t = 0; t < targets; ++t) direct[t].prefetch_b = fused_prefetch;
   moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
-}
-
-Tensor lora_dense_fused_z(const LoraDenseScratch& scratch, int target, int64_t tokens) {
-  LMX_CHECK(target >= 0 && target < kMoeLoraSmallMaxTargets && tokens <= scratch.max_tokens);
-  const int64_t capacity_rank = scratch.capacity_rank;
-  auto* z = static_cast<float*>(scratch.z.view.data) + int64_t(target) * scratch.z.view.dim(1) * capacity_rank;
-  return Tensor(z, DType::F32, {tokens, capacity_rank}, Device::kCuda);
 }
 
 void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out, const Tensor& bias,

@@ -65,12 +65,8 @@ void lora_dense_group(std::span<const ops::LoraParams> parts, const LoraDenseScr
 // y may be out itself). T <= kMoeLoraSmallMaxPairs (lora_dense_fused_fits). Plain launches for the shrink
 // (no programmatic wait on another stream); the expand with config.pdl.
 inline bool lora_dense_fused_fits(int64_t tokens) { return moe_lora_small_fits(tokens); }
-// pdl: the shrink as a programmatic dependent on its stream (x read after its wait), for a caller that launches
-// it on the main stream directly before a kernel that reads z (dense_decode_gemm with late_wait).
 void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
-                             cudaStream_t stream, bool pdl = false);
-// The z the shrink above leaves for its t-th part with a stack (in order): [T, R] f32 in the scratch.
-Tensor lora_dense_fused_z(const LoraDenseScratch& scratch, int target, int64_t tokens);
+                             cudaStream_t stream);
 void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out, const Tensor& bias,
                              const LoraDenseScratch& scratch, const MoeLoraConfig& config, cudaStream_t stream);
 // Whether lora_dense_fused_shrink also prefetches into L2 the B rows its expand will read (MoeLoraSmallParams::

@@ -37,7 +37,6 @@
 #include "backends/cuda/check.h"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
-#include "backends/cuda/memory.h"
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_lora.cuh"
 #include "backends/cuda/moe_lora_small.cuh"
@@ -557,35 +556,6 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
   }
 }
 
-// One k-tile of a warp's kMi·16 × kNi·8 tile by mma.sync (grouped_gemm_kernel, dense_decode_kernel): acc +=
-// A(rows warp_m0.., 64 k at a_tile)·B(columns warp_n0.., 64 k at b_tile)ᵀ from swizzled shared rows.
-template <int kMi, int kNi>
-__device__ __forceinline__ void mma_k_tile(const __nv_bfloat16* a_tile, const __nv_bfloat16* b_tile, int warp_m0,
-                                           int warp_n0, int lane, float (&acc)[kMi][kNi][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockK / 16; ++kk) {
-    unsigned a_frag[kMi][4];
-#pragma unroll
-    for (int mi = 0; mi < kMi; ++mi) {
-      // x4 matrices: rows 0-7 / 8-15 at k 0-7, then at k 8-15 (mma's a0..a3)
-      const int row = warp_m0 + mi * 16 + lane % 16;
-      ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, 2 * kk + lane / 16));
-    }
-#pragma unroll
-    for (int nj = 0; nj < kNi; nj += 2) {
-      // x4 matrices: columns 0-7 at k 0-7 / 8-15 (b0, b1 of n-tile nj), columns 8-15 likewise (nj + 1)
-      unsigned b_frag[4];
-      const int column = warp_n0 + nj * 8 + lane % 8 + (lane / 16) * 8;
-      ldmatrix_x4(b_frag, b_tile + swizzled(column, 2 * kk + (lane / 8) % 2));
-#pragma unroll
-      for (int mi = 0; mi < kMi; ++mi) {
-        mma_bf16(acc[mi][nj], a_frag[mi], b_frag[0], b_frag[1]);
-        mma_bf16(acc[mi][nj + 1], a_frag[mi], b_frag[2], b_frag[3]);
-      }
-    }
-  }
-}
-
 // PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
 // in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
 // fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
@@ -670,7 +640,29 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
     if (next < k_tiles) load_stage(next % kStages, next * kBlockK);
     cp_async_commit();
     const __nv_bfloat16* a_tile = stages + (kt % kStages) * kStageElems;  // [kBlockM][kBlockK] swizzled
-    mma_k_tile(a_tile, a_tile + kBlockM * kBlockK, warp_m0, warp_n0, lane, acc);
+    const __nv_bfloat16* b_tile = a_tile + kBlockM * kBlockK;            // [kBlockN][kBlockK] swizzled
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      unsigned a_frag[kMi][4];
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) {
+        // x4 matrices: rows 0-7 / 8-15 at k 0-7, then at k 8-15 (mma's a0..a3)
+        const int row = warp_m0 + mi * 16 + lane % 16;
+        ldmatrix_x4(a_frag[mi], a_tile + swizzled(row, 2 * kk + lane / 16));
+      }
+#pragma unroll
+      for (int nj = 0; nj < kNi; nj += 2) {
+        // x4 matrices: columns 0-7 at k 0-7 / 8-15 (b0, b1 of n-tile nj), columns 8-15 likewise (nj + 1)
+        unsigned b_frag[4];
+        const int column = warp_n0 + nj * 8 + lane % 8 + (lane / 16) * 8;
+        ldmatrix_x4(b_frag, b_tile + swizzled(column, 2 * kk + (lane / 8) % 2));
+#pragma unroll
+        for (int mi = 0; mi < kMi; ++mi) {
+          mma_bf16(acc[mi][nj], a_frag[mi], b_frag[0], b_frag[1]);
+          mma_bf16(acc[mi][nj + 1], a_frag[mi], b_frag[2], b_frag[3]);
+        }
+      }
+    }
   }
 
   // late_wait: everything above read only what was complete two launches back; z (below) is the output
@@ -705,112 +697,6 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   }
 }
 
-
-// ---- dense decode product with its LoRA (a projection at T <= 16; dense_decode_gemm) ----
-// cuBLASLt reads a decode projection's weight at ~2.2 TB/s (q|k|v [5120, 2880] 13.2 µs, o_proj 11.2 µs; perf-log
-// run 114), then the fused LoRA expand re-reads the product to add bias and delta (5–7 µs each): ~35 µs a
-// layer. This kernel is grouped_gemm_kernel's decode tile (BLOCK_M 16 = the batch, BLOCK_N 64, mma.sync,
-// 93–95% of the bandwidth floor on the expert weights) with one "expert" and a deep ring (kStages stages,
-// one CTA per SM: 45–80 CTAs must keep as many bytes in flight as the MoE GEMM's ~2500), and the
-// LoRA delta z·Bᵀ of each row added in the epilogue, so product, bias, split and LoRA are one launch.
-// CTA x = column block over the parts in order (q, k, v: each part's columns are whole blocks); its part's
-// GemmKernelParams carry that part's weight rows, bias, output, B stack and z. Rounding is the composition's
-// (product, then bias, then delta, each rounded to bf16): out = bf16(bf16(bf16(acc) + bias) + delta), the delta
-// in fp32 from its own accumulators (rows without a slot of nonzero rank: no delta term at all).
-// PDL: the weight stages before the wait; with late_wait (the LoRA shrink launched just before, itself
-// waiting in every CTA before it triggers) also x and the whole k-loop, only z is read after the wait.
-// z cleanup (the shrink accumulates into z by atomics, so z is zero between calls): the last CTA to finish
-// (ticket) zeroes every part's z rows and resets the ticket.
-struct DenseDecodeKernelParams {
-  GemmKernelParams part[3];  // E = 1: sorted_pairs = 0..15 (rows >= T are the sentinel), one tile of expert 0
-  int parts;
-  int column_blocks[3];      // per part: its width / 64
-  bool late_wait;            // with pdl: the shrink writing z is the kernel just before
-  bool pdl;
-  int* ticket;               // [1] i32, zero between calls (with LoRA)
-};
-
-template <int kStages>
-__global__ static void __launch_bounds__(128, 1) dense_decode_kernel(const __grid_constant__ DenseDecodeKernelParams d) {
-  constexpr int kBlockM = 16, kBlockN = 64, kWarpsN = 4, kThreads = 128, kWarpN = kBlockN / kWarpsN, kNi = kWarpN / 8;
-  constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
-  int part = 0, block = blockIdx.x;
-  while (part + 1 < d.parts && block >= d.column_blocks[part]) block -= d.column_blocks[part++];
-  const GemmKernelParams& p = d.part[part];
-  const int n0 = block * kBlockN;
-  extern __shared__ uint4 dynamic_shared[];
-  auto* stages = reinterpret_cast<__nv_bfloat16*>(dynamic_shared);  // [kStages][16 + 64][64]
-  __shared__ int tile_pairs[kBlockM];
-  __shared__ bool last_cta;
-  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[threadIdx.x];  // constant: before the wait
-  __syncthreads();
-  const TileLoader<kBlockM, kBlockN, kThreads, true> loader(p, tile_pairs, 0, n0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warp_n0 = warp * kWarpN;
-  const int k_tiles = p.in / kBlockK;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) loader.load_b(stages + s * kStageElems + kBlockM * kBlockK, s * kBlockK);
-  }
-  if (!d.late_wait && d.pdl) wait_then_allow_dependents();  // x is the output of the kernel just before
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) loader.load_a(stages + s * kStageElems, s * kBlockK);
-    cp_async_commit();
-  }
-  const int lora_pair[2] = {tile_pairs[lane / 4], tile_pairs[lane / 4 + 8]};
-  LoraRows<kWarpN, true> lora_rows;
-  if (p.lora_z != nullptr) lora_rows = LoraRows<kWarpN, true>(p, 0, n0 + warp_n0, lora_pair, lane);
-  float acc[1][kNi][4] = {};
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) loader.load(stages + (next % kStages) * kStageElems, stages + (next % kStages) * kStageElems + kBlockM * kBlockK, next * kBlockK);
-    cp_async_commit();
-    const __nv_bfloat16* a_tile = stages + (kt % kStages) * kStageElems;
-    mma_k_tile(a_tile, a_tile + kBlockM * kBlockK, 0, warp_n0, lane, acc);
-  }
-  if (d.late_wait && d.pdl) wait_then_allow_dependents();  // z: the shrink's output
-  float delta[kWarpN / 2] = {};
-  const bool has_term[2] = {p.lora_z != nullptr && lora_rows.pending[0], p.lora_z != nullptr && lora_rows.pending[1]};
-  if (p.lora_z != nullptr) add_lora_terms<kWarpN, kNi, true>(p, 0, n0 + warp_n0, lora_pair, lane, delta, lora_rows);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int pair = lora_pair[half];
-    if (pair >= p.pairs) continue;
-#pragma unroll
-    for (int nj = 0; nj < kNi; ++nj) {
-      const int column = n0 + warp_n0 + nj * 8 + 2 * (lane % 4);
-      float v0 = __bfloat162float(__float2bfloat16_rn(acc[0][nj][2 * half]));
-      float v1 = __bfloat162float(__float2bfloat16_rn(acc[0][nj][2 * half + 1]));
-      if (p.bias != nullptr) {
-        v0 = __bfloat162float(__float2bfloat16_rn(v0 + __bfloat162float(p.bias[column])));
-        v1 = __bfloat162float(__float2bfloat16_rn(v1 + __bfloat162float(p.bias[column + 1])));
-      }
-      if (has_term[half]) {
-        v0 += delta[4 * nj + 2 * half];
-        v1 += delta[4 * nj + 2 * half + 1];
-      }
-      *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(pair) * p.n + column) = __floats2bfloat162_rn(v0, v1);
-    }
-  }
-  if (d.ticket == nullptr) return;
-  // Every CTA of the grid has read z (its warps are past add_lora_terms) once the ticket reaches the grid.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last_cta = atomicAdd(d.ticket, 1) == int(gridDim.x) - 1;
-  }
-  __syncthreads();
-  if (!last_cta) return;
-  for (int i = 0; i < d.parts; ++i) {
-    const GemmKernelParams& q = d.part[i];
-    if (q.lora_z == nullptr) continue;
-    float* z = const_cast<float*>(q.lora_z);
-    for (int e = threadIdx.x; e < q.pairs * q.lora_r; e += kThreads) z[e] = 0.0f;
-  }
-  if (threadIdx.x == 0) *d.ticket = 0;
-}
 
 // ---- Hopper path (sm_90a): warpgroup MMA ----
 // The same tiles, gathered rows, cp.async ring and 128-byte XOR swizzle as grouped_gemm_kernel: a shared row
@@ -2046,148 +1932,6 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 }
 
 }  // namespace
-
-// ---- dense_decode_gemm ----
-
-namespace {
-int dense_decode_stages = 12;  // set_dense_decode_stages
-
-template <int kStages>
-void launch_dense_decode(const DenseDecodeKernelParams& params, unsigned ctas, cudaStream_t stream) {
-  constexpr size_t shared_bytes = size_t(kStages) * (16 + 64) * kBlockK * sizeof(__nv_bfloat16);
-  static const bool attribute_set = [] {  // once per instantiation, on the first (eager) call
-    LMX_CUDA_CHECK(cudaFuncSetAttribute(dense_decode_kernel<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(shared_bytes)));
-    return true;
-  }();
-  (void)attribute_set;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(128);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = params.pdl ? 1 : 0;
-  LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, dense_decode_kernel<kStages>, params));
-}
-}  // namespace
-
-bool dense_decode_fits(int64_t tokens, int64_t in, std::span<const int64_t> widths) {
-  if (tokens < 1 || tokens > kMoeGemmBlockMDecode || in % kBlockK != 0 || in <= 0 || widths.empty() || widths.size() > 3) {
-    return false;
-  }
-  for (int64_t n : widths) {
-    if (n <= 0 || n % 64 != 0) return false;
-  }
-  return true;
-}
-
-OwnedTensor dense_decode_rows() {
-  OwnedTensor host = OwnedTensor::host(DType::I32, {kMoeGemmBlockMDecode + 2});
-  for (int i = 0; i < kMoeGemmBlockMDecode; ++i) host.view.ptr<int32_t>()[i] = i;
-  host.view.ptr<int32_t>()[kMoeGemmBlockMDecode] = 0;      // tile_group: the one "expert"
-  host.view.ptr<int32_t>()[kMoeGemmBlockMDecode + 1] = 1;  // num_tiles
-  return upload(host.view);
-}
-
-void set_dense_decode_stages(int stages) {
-  if (stages != 6 && stages != 12) {
-    std::fprintf(stderr, "loramux: cuda::set_dense_decode_stages: expected 6 or 12, found %d\n", stages);
-    std::abort();
-  }
-  dense_decode_stages = stages;
-}
-
-void dense_decode_gemm(const DenseDecodeParams& p, cudaStream_t stream) {
-  const char* op = "dense_decode_gemm";
-  detail::require_cuda(op, {{"x", &p.x}, {"weight", &p.weight}, {"rows", &p.rows}});
-  detail::require_bf16_activation(op, "x", p.x);
-  const int64_t tokens = p.x.dim(0), in = p.x.dim(1);
-  std::array<int64_t, 3> widths{};
-  size_t parts = 0;
-  for (const DenseDecodePart& part : p.parts) {
-    if (!part.out.defined()) break;
-    widths[parts++] = part.out.dim(-1);
-  }
-  if (!dense_decode_fits(tokens, in, std::span<const int64_t>(widths.data(), parts))) {
-    detail::contract_failure(op, "x", p.x, "1 <= T <= 16 rows, in % 64 == 0, 1 to 3 parts of widths % 64 == 0");
-  }
-  int64_t total = 0;
-  for (size_t i = 0; i < parts; ++i) total += widths[i];
-  if (!is_bf16_matrix(p.weight, total, in)) detail::contract_failure(op, "weight", p.weight, "[N = Σ part widths, in] BF16");
-  if (p.bias.defined() && (p.bias.dtype != DType::BF16 || p.bias.numel() != total || p.bias.device != Device::kCuda)) {
-    detail::contract_failure(op, "bias", p.bias, "[N] BF16 on cuda");
-  }
-  if (p.rows.dtype != DType::I32 || p.rows.numel() != kMoeGemmBlockMDecode + 2) {
-    detail::contract_failure(op, "rows", p.rows, "dense_decode_rows(): [18] I32");
-  }
-  if (!detail::aligned16(p.x.data) || !detail::aligned16(p.weight.data)) {
-    detail::contract_failure(op, "x", p.x, "16-byte aligned x and weight");
-  }
-  DenseDecodeKernelParams params{};
-  params.parts = int(parts);
-  params.late_wait = p.late_wait;
-  params.pdl = p.pdl && programmatic_launches();
-  const auto* rows = static_cast<const int32_t*>(p.rows.data);
-  bool any_lora = false;
-  int64_t first_row = 0;
-  for (size_t i = 0; i < parts; ++i) {
-    const DenseDecodePart& part = p.parts[i];
-    const int64_t n = widths[i];
-    if (part.out.dtype != DType::BF16 || part.out.device != Device::kCuda || part.out.dim(0) != tokens ||
-        part.out.numel() != tokens * n) {
-      detail::contract_failure(op, "parts[i].out", part.out, "[T, n_i] BF16 on cuda");
-    }
-    GemmKernelParams& g = params.part[i];
-    g.x = static_cast<const __nv_bfloat16*>(p.x.data);
-    g.weight = static_cast<const __nv_bfloat16*>(p.weight.data) + first_row * in;
-    g.bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) + first_row : nullptr;
-    g.sorted_pairs = rows;
-    g.tile_group = rows + kMoeGemmBlockMDecode;
-    g.num_tiles = rows + kMoeGemmBlockMDecode + 1;
-    g.out = static_cast<__nv_bfloat16*>(part.out.data);
-    g.pairs = int(tokens);
-    g.row_div = 1;
-    g.in = int(in);
-    g.n = int(n);
-    g.weight_rows = n;
-    if (part.lora.defined()) {
-      const ops::LoraStack& w = part.lora;
-      const int64_t rank = w.b.dim(-1);
-      if (!p.token_slot.defined() || p.token_slot.numel() != tokens || p.token_slot.dtype != DType::I32) {
-        detail::contract_failure(op, "token_slot", p.token_slot, "[T] I32 with a part's LoRA");
-      }
-      if (w.b.dtype != DType::BF16 || w.b.ndim != 3 || w.b.dim(1) != n || rank % 2 != 0) {
-        detail::contract_failure(op, "parts[i].lora.b", w.b, "[S, n_i, R] BF16, R even");
-      }
-      if (part.z.dtype != DType::F32 || part.z.numel() != tokens * rank) {
-        detail::contract_failure(op, "parts[i].z", part.z, "[T, R] F32 (the shrink's output)");
-      }
-      g.lora_z = static_cast<const float*>(part.z.data);
-      g.lora_b = static_cast<const __nv_bfloat16*>(w.b.data);
-      g.lora_rank = static_cast<const int32_t*>(w.rank.data);
-      g.lora_slot = static_cast<const int32_t*>(p.token_slot.data);
-      g.lora_r = int(rank);
-      g.lora_top_k = 1;
-      g.lora_prefetch = true;
-      any_lora = true;
-    }
-    params.column_blocks[i] = int(n / 64);
-    first_row += n;
-  }
-  if (any_lora) {
-    if (p.ticket.dtype != DType::I32 || p.ticket.numel() < 1 || p.ticket.device != Device::kCuda) {
-      detail::contract_failure(op, "ticket", p.ticket, "[1] I32 on cuda, zero between calls");
-    }
-    params.ticket = static_cast<int*>(p.ticket.data);
-  }
-  const unsigned ctas = unsigned(total / 64);
-  if (dense_decode_stages == 6) launch_dense_decode<6>(params, ctas, stream);
-  else launch_dense_decode<12>(params, ctas, stream);
-}
 
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }

@@ -6,10 +6,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
 #include "core/tensor.h"
 #include "backends/cuda/moe_lora.cuh"
@@ -293,36 +291,5 @@ void moe_workspace_prepare(const MoeWorkspace& workspace, cudaStream_t stream);
 // token_slot in [-1, S), ranks in [0, R]. Shapes, dtypes and devices are checked, naming the field.
 void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStream_t stream,
                const MoeBlockConfig& config = {});
-
-// ---- the dense decode product (a projection at T <= 16) with its LoRA, on the MoE GEMM's decode tile ----
-// out_i = x·W_iᵀ (+ b_i) (+ the LoRA delta B_i·z of each row whose token has a slot of nonzero rank) for the
-// parts i of one product (q, k, v of a fused q|k|v weight, or one output), in one launch: the decode tile of
-// the MoE GEMM with one "expert" and a deep ring (docs/kernels.md). Rounding as the composition product,
-// bias, LoRA: out = bf16(bf16(bf16(x·Wᵀ) + b) + delta). z is the LoRA shrink's output (lora_dense_fused_shrink)
-// and is left zero again (the last CTA clears it), as the shrink's next call expects.
-struct DenseDecodePart {
-  Tensor out;           // [T, n_i] bf16, n_i % 64 == 0
-  ops::LoraStack lora;  // b [S, n_i, R] bf16 (scale folded), rank [S] i32; undefined = no LoRA on this part
-  Tensor z;             // [T, R] f32 with lora: the shrink's output, zero again after the call
-};
-struct DenseDecodeParams {
-  Tensor x;                              // [T, in] bf16, 1 <= T <= 16, in % 64 == 0
-  Tensor weight;                         // [N, in] bf16, N = Σ n_i (the parts' rows in order)
-  Tensor bias;                           // [N] bf16 or undefined
-  Tensor token_slot;                     // [T] i32, with any part's LoRA
-  std::array<DenseDecodePart, 3> parts;  // parts[0] defined; the rest in order or undefined
-  Tensor rows;                           // dense_decode_rows(): [18] i32 on cuda
-  Tensor ticket;                         // [1] i32 on cuda, zero between calls (with any LoRA)
-  bool late_wait = false;                // the LoRA shrink is the kernel launched just before (with pdl)
-  bool pdl = true;                       // a programmatic dependent (launch.cuh's chain rule)
-};
-// Whether a product of T rows, `in` inputs and these part widths runs there.
-bool dense_decode_fits(int64_t tokens, int64_t in, std::span<const int64_t> widths);
-void dense_decode_gemm(const DenseDecodeParams& p, cudaStream_t stream);
-// The kernel's constant tile: rows 0..15 (rows >= T are padding), one tile of "expert" 0. Allocate once.
-OwnedTensor dense_decode_rows();
-// K stages of the ring (12, the default: ~110 KB in flight per CTA, one CTA per SM; or 6, the MoE decode
-// GEMM's depth at three CTAs per SM): the bench's sweep. Process-wide.
-void set_dense_decode_stages(int stages);
 
 }  // namespace lmx::cuda
