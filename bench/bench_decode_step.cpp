@@ -642,9 +642,6 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);
-    cuda::set_moe_gemm_skip_padding_halves(false);  // before: 128-row tiles' all-padding halves computed
-    row("same, MoE GEMM padding halves computed", time_prefill(**engine, o, vocab, rng), prefill_floor);
-    cuda::set_moe_gemm_skip_padding_halves(true);
     cuda::set_moe_block_a_in_tile_order(false);  // before: gate_up writes a by pair, down gathers it again
     row("same, MoE a by pair and gathered for down", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_block_a_in_tile_order(true);
@@ -679,9 +676,6 @@ int main(int argc, char** argv) {
       cuda_backend.set_dense_lora_runs(false);  // the prompt's dense LoRA by the grouped kernels with the rest
       row("same, dense LoRA by the grouped kernels", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
-      cuda::set_moe_gemm_skip_padding_halves(false);
-      row("same, MoE GEMM padding halves computed", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
-      cuda::set_moe_gemm_skip_padding_halves(true);
       cuda::set_moe_block_a_in_tile_order(false);
       row("same, MoE a by pair and gathered for down", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_block_a_in_tile_order(true);

@@ -286,32 +286,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   const double gate_up_flops = 2.0 * p * 2 * I * H, down_flops = 2.0 * p * H * I;
   std::printf("-- %s T %lld: %lld pairs, %.0f experts touched, BLOCK_M %d%s\n", m.name, (long long)tokens,
               (long long)pairs, experts_touched, block_m, forced_block_m != nullptr ? " (BENCH_BLOCK_M)" : "");
-  if (block_m == cuda::kMoeGemmBlockMLarge) {  // what the persistent kernel's padding-half skip can save
-    std::vector<int64_t> per_expert(size_t(E), 0);
-    for (int64_t i = 0; i < pairs; ++i) ++per_expert[size_t(ids.view.ptr<int32_t>()[i])];
-    int64_t tiles_total = 0, half_empty = 0, rows_computed = 0;
-    for (int64_t count : per_expert) {
-      const int64_t tail = count % block_m;
-      tiles_total += (count + block_m - 1) / block_m;
-      half_empty += tail > 0 && tail <= 64 ? 1 : 0;
-      rows_computed += (count + 63) / 64 * 64;
-    }
-    std::printf("   %lld tiles of 128 rows, %lld with at most 64 (a consumer skips its half): rows computed "
-                "%lld instead of %lld (%lld pairs)\n",
-                (long long)tiles_total, (long long)half_empty, (long long)rows_computed,
-                (long long)(tiles_total * block_m), (long long)pairs);
-  }
   auto time = [&](const std::function<void(int)>& launch) {
     return bench::seconds_per_launch(stream, kIterations, kReplays, launch);
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-  if (block_m == cuda::kMoeGemmBlockMLarge) {  // before: every 128-row tile computed whole
-    cuda::set_moe_gemm_skip_padding_halves(false);
-    print_row("block (no LoRA), padding halves computed", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
-              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
-    cuda::set_moe_gemm_skip_padding_halves(true);
-  }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before: gate_up writes a by pair, down gathers it again
     cuda::set_moe_block_a_in_tile_order(false);
     print_row("block (no LoRA), a by pair and gathered for down", tokens,

@@ -82,8 +82,6 @@ struct GemmKernelParams {
   int work_tiles;               // persistent kernel: tiles (max_tiles) × work_column_blocks work items
   int work_column_blocks;
   bool compact_epilogue;        // persistent kernel: the epilogue form chosen once per work item (Epilogue)
-  bool skip_padding_halves;     // persistent kernel, BLOCK_M 128: a consumer whose 64 rows are all padding
-                                // issues no wgmma and stores nothing for that item
   bool out_by_row;              // persistent kernel: output row = tile row (tile order), not the pair
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
@@ -1305,31 +1303,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       fence_operands(acc);
       release((it - 1) % kStages);  // the item's last stage
     };
-    // A consumer with nothing to compute still takes part in every stage's hand-off: it waits for the
-    // stage to land (so its arrival counts toward that use of the stage, never a later one) and releases it.
-    auto pass = [&]() {
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int stage = it % kStages;
-        mbarrier_wait(&full[stage], (it / kStages) & 1);
-        release(stage);
-      }
-    };
     for (int id = first; id < units; id += stride) {
       const int2 work = work_of(id);
       if (work.x >= num_tiles) continue;
-      if constexpr (kConsumers == 2) {
-        // The last tile of an expert holds its remainder rows, padding after them (or, with moe_align's
-        // slot_group_rows, between groups): where this warpgroup's 64 rows are all padding its half of
-        // the item is skipped. Every warp reads all 64 rows, so the choice is uniform across the
-        // warpgroup, as the .aligned wgmma instructions need.
-        if (p.skip_padding_halves) {
-          const int* rows = p.sorted_pairs + work.x * kBlockM + consumer * 64;
-          if (!__any_sync(0xffffffffu, rows[lane] < p.pairs || rows[lane + 32] < p.pairs)) {
-            pass();
-            continue;
-          }
-        }
-      }
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -1542,7 +1518,6 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
-bool gemm_skip_padding_halves = true;               // set_moe_gemm_skip_padding_halves
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
 int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
@@ -1882,7 +1857,6 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
                   : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5>() : prepared_persistent_kernel<1, 128, 4>());
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
-      with_maps.skip_padding_halves = gemm_skip_padding_halves;
       with_maps.work_column_blocks = int(column_blocks);
       if (large && block_n == 128 && gemm_multicast && !lora) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
@@ -1936,7 +1910,6 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
-void set_moe_gemm_skip_padding_halves(bool on) { gemm_skip_padding_halves = on; }
 void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
 void set_moe_lora_shrink_runs_hint(bool on) { shrink_runs_hint = on; }
 bool moe_lora_shrink_runs_for(int64_t tokens, int64_t scattered, int64_t top_k, int64_t experts) {

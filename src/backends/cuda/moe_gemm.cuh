@@ -42,10 +42,6 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
-// The persistent kernel at BLOCK_M 128: a consumer warpgroup whose 64 rows of a work item are all padding
-// (an expert's last tile holding at most 64 rows) skips its wgmmas and stores (on, the default), or
-// computes them like any other rows (the bench's before row and the tests' second pass).
-void set_moe_gemm_skip_padding_halves(bool on);
 // moe_block's tiled MoE-LoRA shrink as runs of one (slot, expert) group's tiles per CTA (each staged A chunk
 // serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
 // (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
