@@ -48,7 +48,6 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/attention.cuh"
-#include "backends/cuda/lora_dense.cuh"
 #include "backends/cuda/moe_gemm.cuh"
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -542,12 +541,6 @@ int main(int argc, char** argv) {
     row("same, MoE-LoRA by the expand kernels", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
-    // Before/after of the decode GEMMs reading their MoE-LoRA slots and first B words before the k-loop.
-    cuda::set_moe_lora_decode_prefetch(false);
-    cuda_backend.set_programmatic_launches(true);  // records the graphs again (the flag is a launch argument)
-    row("same, decode MoE-LoRA's B read after the k-loop", time_decode(**engine, o, vocab, rng, spread),
-        with_lora.total() / kBytesPerSecond);
-    cuda::set_moe_lora_decode_prefetch(true);
     cuda_backend.set_programmatic_launches(true);
     cuda_backend.set_linear_autotune(false);  // before/after of timing cuBLASLt's candidates for few-row products
     row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),
@@ -565,12 +558,6 @@ int main(int argc, char** argv) {
     row("same, products split at multiples of 128 rows", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_split_row_align(64);
-    cuda::set_lora_dense_fused_prefetch(false);  // before/after of the fused shrink prefetching the expand's B
-    cuda_backend.set_programmatic_launches(true);  // records the graphs again (the flag is a launch argument)
-    row("same, projections' LoRA B not prefetched by the shrink", time_decode(**engine, o, vocab, rng, spread),
-        with_lora.total() / kBytesPerSecond);
-    cuda::set_lora_dense_fused_prefetch(true);
-    cuda_backend.set_programmatic_launches(true);
     cuda_backend.set_fuse_linear_lora(false);  // before/after of the fused linear + LoRA (shrink beside the product)
     row("same, projections as product, bias, split, LoRA launches", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);

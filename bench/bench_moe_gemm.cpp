@@ -365,13 +365,6 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
         print_row((std::string("block + MoE-LoRA, ") + name + ", " + in_gemm + ", GEMMs waiting for the shrinks").c_str(),
                   tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { lora_block(i % kCopies, false); }));
-        // before/after of the slots and first B words read before the decode GEMMs' k-loops (perf-log run 115)
-        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
-        cuda::set_moe_lora_decode_prefetch(false);
-        print_row((std::string("block + MoE-LoRA, ") + name + ", " + in_gemm + ", B read after the k-loop").c_str(),
-                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
-                  time([&](int i) { lora_block(i % kCopies); }));
-        cuda::set_moe_lora_decode_prefetch(true);
       }
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }

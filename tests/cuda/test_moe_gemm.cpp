@@ -390,9 +390,6 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the GEMM accumulators";
     EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, -1, {.decode_lora_overlap = false}), want))
         << "LoRA in the GEMM accumulators, decode GEMMs waiting for their shrinks first";
-    cuda::set_moe_lora_decode_prefetch(false);  // the decode GEMMs' slots and first B words after the k-loop
-    EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the GEMM accumulators, no prefetch";
-    cuda::set_moe_lora_decode_prefetch(true);
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     for (int64_t scattered : {int64_t(0), c.tokens / 8, c.tokens}) {  // T / 8: warp-aligned slot groups at 128 rows

@@ -230,18 +230,11 @@ int pack_fused(std::span<const ops::LoraParams> parts, const LoraDenseScratch& s
 }
 }  // namespace
 
-namespace {
-bool fused_prefetch = true;  // set_lora_dense_fused_prefetch
-}  // namespace
-void set_lora_dense_fused_prefetch(bool on) { fused_prefetch = on; }
-
 void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraDenseScratch& scratch,
                              cudaStream_t stream) {
   MoeLoraSmallParams direct[kMoeLoraSmallMaxTargets];
   const int targets = pack_fused(parts, scratch, false, "lora_dense_fused_shrink", direct);
   if (targets == 0 || parts[0].x.dim(0) == 0) return;
-  // The expand runs after the product (~10 µs of other traffic): its B rows, first touches, wait in L2.
-  for (int t = 0; t < targets; ++t) direct[t].prefetch_b = fused_prefetch;
   moe_lora_small_shrink(std::span<const MoeLoraSmallParams>(direct, size_t(targets)), stream);
 }
 

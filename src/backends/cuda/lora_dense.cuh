@@ -69,9 +69,5 @@ void lora_dense_fused_shrink(std::span<const ops::LoraParams> parts, const LoraD
                              cudaStream_t stream);
 void lora_dense_fused_expand(std::span<const ops::LoraParams> parts, const Tensor& out, const Tensor& bias,
                              const LoraDenseScratch& scratch, const MoeLoraConfig& config, cudaStream_t stream);
-// Whether lora_dense_fused_shrink also prefetches into L2 the B rows its expand will read (MoeLoraSmallParams::
-// prefetch_b; default on). Process-wide, for the bench's before/after row; recordings keep the value they
-// were recorded with.
-void set_lora_dense_fused_prefetch(bool on);
 
 }  // namespace lmx::cuda

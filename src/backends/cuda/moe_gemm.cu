@@ -86,7 +86,6 @@ struct GemmKernelParams {
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
-  bool lora_prefetch;           // grouped_gemm_kernel: the MoE-LoRA's slots and first B words before the k-loop
   bool lora_l1_prefetch;        // persistent kernel: each warp's z rows and first slot's B slice into L1 during
                                 // the item's k-loop (LoraL1Prefetch)
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
@@ -381,44 +380,18 @@ __device__ __forceinline__ void load_lora_b_words(const GemmKernelParams& p, con
   w1 = __ldg(row + min(k0 + 2 * t + 8, p.lora_r - 2) / 2);
 }
 
-// What add_lora_terms reads before z: the slots of the lane's two rows, whether each still needs a pass
-// (slot >= 0 of nonzero rank), and — with kPrefetch — the warp's first pass's slot (the smallest pending,
-// INT_MAX: none) and its B words for rank steps 0 and 1 (ranks <= 32; later steps load in the pass).
-// The decode GEMM (grouped_gemm_kernel) builds it before its k-loop, so after the loop only z, the shrink's
-// output, is fetched: each CTA's pass then costs one round trip instead of three (perf-log run 115).
-// token_slot, rank and B are inputs of the batch and the adapter stacks, never written by the kernel
-// before (the shrink), so reading them before the programmatic wait is safe. PRECOND: warp converged.
-template <int kBlockN, bool kPrefetch>
+// What add_lora_terms reads before z: the slots of the lane's two rows and whether each still needs a pass
+// (slot >= 0 of nonzero rank). Reading the first pass's B words before the decode GEMM's k-loop as well
+// measured level (perf-log run 115) and was removed. PRECOND: warp converged.
 struct LoraRows {
   int slot[2];
   bool pending[2];
-  int first_slot = INT_MAX;
-  unsigned b0[kPrefetch ? 2 : 1][kPrefetch ? kBlockN / 8 : 1], b1[kPrefetch ? 2 : 1][kPrefetch ? kBlockN / 8 : 1];
 
-  LoraRows() = default;
-  __device__ __forceinline__ LoraRows(const GemmKernelParams& p, int expert, int first_column, const int (&pair)[2],
-                                      int lane) {
+  __device__ __forceinline__ LoraRows(const GemmKernelParams& p, const int (&pair)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
       pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
-    }
-    if constexpr (kPrefetch) {
-      int mine = INT_MAX;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (pending[half]) mine = min(mine, slot[half]);
-      }
-      first_slot = __reduce_min_sync(0xffffffffu, mine);
-      if (first_slot == INT_MAX) return;
-      const __nv_bfloat16* b = p.lora_b + (int64_t(first_slot) * p.weight_rows + int64_t(expert) * p.n) * p.lora_r;
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-          load_lora_b_words(p, b, first_column + 8 * j + lane / 4, 16 * step, lane % 4, b0[step][j], b1[step][j]);
-        }
-      }
     }
   }
 };
@@ -470,17 +443,16 @@ struct LoraL1Prefetch {
 // a 16-row warp tile of grouped_gemm_kernel (BLOCK_M 16: acc[0][j][0..3] is acc[4j .. 4j + 3]). With the
 // halves layout (decode only) logical column 2i reads B row i and 2i + 1 row n/2 + i, as the weight. No pass over
 // h, no expand kernel: per slot of the warp's rows, R/16 steps of 2 · BLOCK_N / 8 small MMAs, B's fragments
-// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes), or for the first pass's first two
-// steps from `rows` (kPrefetch). z goes in as bf16 hi + lo (16 significant bits), B as it is. Rows of several
+// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16 significant bits), B as it is. Rows of several
 // slots: one pass per distinct slot, smallest first, z masked to that slot's rows, so the other rows get
 // exact zeros added (a warp whose rows have no slot adds nothing: a base token's result is bit-identical to
 // the GEMM without LoRA unless its accumulator is exactly -0 and shares a warp with an adapter's rows, where
-// it becomes +0). The same additions in the same order with or without the prefetch.
+// it becomes +0).
 // kBatch: n-tiles whose B words are loaded before their MMAs (registers: 2 per n-tile).
-template <int kBlockN, int kBatch, bool kPrefetch = false>
+template <int kBlockN, int kBatch>
 __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
                                                const int (&pair)[2], int lane, float (&acc)[kBlockN / 2],
-                                               LoraRows<kBlockN, kPrefetch> rows) {
+                                               LoraRows rows) {
   const int g = lane / 4, t = lane % 4;
   while (true) {
     int mine = INT_MAX;
@@ -496,7 +468,6 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
       use[half] = rows.pending[half] && rows.slot[half] == s;
       rows.pending[half] = rows.pending[half] && !use[half];
     }
-    const bool prefetched = kPrefetch && s == rows.first_slot;  // warp-uniform
     const int rank = __ldg(p.lora_rank + s);
     const float* z_row[2] = {p.lora_z + int64_t(use[0] ? pair[0] : 0) * p.lora_r,
                              p.lora_z + int64_t(use[1] ? pair[1] : 0) * p.lora_r};
@@ -525,14 +496,7 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
         unsigned b0[kBatch], b1[kBatch];
 #pragma unroll
         for (int jj = 0; jj < kBatch; ++jj) {
-          if (kPrefetch && prefetched && k0 < 32) {  // static register indices: step 0 or 1
-            constexpr int kStep1 = kPrefetch ? 1 : 0;
-            const int j = kPrefetch ? j0 + jj : 0;
-            b0[jj] = k0 == 0 ? rows.b0[0][j] : rows.b0[kStep1][j];
-            b1[jj] = k0 == 0 ? rows.b1[0][j] : rows.b1[kStep1][j];
-          } else {
-            load_lora_b_words(p, b, first_column + 8 * (j0 + jj) + g, k0, t, b0[jj], b1[jj]);
-          }
+          load_lora_b_words(p, b, first_column + 8 * (j0 + jj) + g, k0, t, b0[jj], b1[jj]);
         }
         if (j0 == 0) {
 #pragma unroll
@@ -624,13 +588,6 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
       cp_async_commit();  // empty groups keep the group count uniform for wait_group
     }
   }
-  // The MoE-LoRA's slots and first B words (host-checked: BLOCK_M 16, one 16-row warp tile), in flight
-  // behind the first stages and the k-loop; unused without LoRA.
-  const int lora_pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
-  LoraRows<kWarpN, true> lora_rows;
-  if constexpr (kMi == 1) {
-    if (p.lora_z != nullptr && p.lora_prefetch) lora_rows = LoraRows<kWarpN, true>(p, expert, n0 + warp_n0, lora_pair, lane);
-  }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kStages - 2>();  // stage kt has landed (for this thread) ...
     __syncthreads();               // ... for every thread; and stage kt - 1 is no longer being read
@@ -670,13 +627,9 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   // read after the wait like x: z is the shrink's output, written by the kernel just before.
   if constexpr (kMi == 1) {
     if (p.lora_z != nullptr) {
-      auto& warp_acc = reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]);
-      if (p.lora_prefetch) {
-        add_lora_terms<kWarpN, kNi, true>(p, expert, n0 + warp_n0, lora_pair, lane, warp_acc, lora_rows);
-      } else {
-        add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, lora_pair, lane, warp_acc,
-                                    LoraRows<kWarpN, false>(p, expert, n0 + warp_n0, lora_pair, lane));
-      }
+      const int pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
+      add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]),
+                                  LoraRows(p, pair));
     }
   }
   // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
@@ -1327,7 +1280,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         finish(acc);
         if constexpr (kLora) {
           add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
-                                              LoraRows<kBlockN, false>(p, in.expert, work.y, in.pair, lane));
+                                              LoraRows(p, in.pair));
         }
         persistent_epilogue(p, in, acc);
       } else {
@@ -1336,7 +1289,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
         if constexpr (kLora) {
           add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
-                                              LoraRows<kBlockN, false>(p, in.expert, work.y, in.pair, lane));
+                                              LoraRows(p, in.pair));
         }
         persistent_epilogue(p, in, acc);
       }
@@ -1535,7 +1488,6 @@ int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : ot
 // it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
-bool lora_prefetch = true;                         // set_moe_lora_decode_prefetch
 bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
@@ -1938,7 +1890,6 @@ void set_moe_gemm_large_block_n(int block_n) {
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
-void set_moe_lora_decode_prefetch(bool on) { lora_prefetch = on; }
 void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
@@ -2017,7 +1968,6 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_slot = static_cast<const int32_t*>(lora.token_slot.data);
   params.lora_r = int(rank_cap);
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
-  params.lora_prefetch = lora_prefetch;
   params.lora_l1_prefetch = lora_l1_prefetch;
 }
 

@@ -80,10 +80,6 @@ enum class MoeLoraInGemm {
 };
 // Process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_gemm(MoeLoraInGemm mode);
-// The decode GEMM (BLOCK_M 16) reads its MoE-LoRA rows' slots and the first pass's B words before its k-loop,
-// so after it only z is fetched (default on; off: all of it after the k-loop, the bench's before row).
-// Process-wide; the same result either way, bit for bit.
-void set_moe_lora_decode_prefetch(bool on);
 // The persistent kernel's MoE-LoRA: during each item's k-loop every warp prefetches its rows' z and its
 // first slot's B slice into L1, so add_lora_terms after the loop reads from L1 (on), or from L2 with its
 // round trips in sequence (the bench's before row). Hints only: the same result bit for bit.

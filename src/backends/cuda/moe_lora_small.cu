@@ -92,7 +92,6 @@ struct SmallKernelParams {
   int capacity_rank;          // R
   bool x_per_pair;            // x has T*K rows
   bool x_before_wait;         // the shrink may read x before its programmatic wait
-  bool prefetch_b;            // the shrink prefetches the expand's B slice into L2 (MoeLoraSmallParams)
   int pieces;                 // shrink: CTAs per pair along `in`
   int chunks;                 // expand: CTAs per pair along `out`
 };
@@ -311,13 +310,6 @@ __global__ static void __launch_bounds__(kThreads, shrink_min_ctas(kRowsPerWarp,
   }
   ShrinkPiece<kRowsPerWarp, kVectorsPerLane> work;
   work.load_a(p, pair, piece, adapter);
-  if (p.prefetch_b) {  // this CTA's share of the pair's [out, R] B slice, for the expand
-    const int64_t bytes = int64_t(p.out) * p.capacity_rank * int64_t(sizeof(__nv_bfloat16));  // R % 8 == 0
-    const int64_t share = (bytes / 16 + p.pieces - 1) / p.pieces * 16, begin = share * piece;
-    const auto* slice = reinterpret_cast<const char*>(
-        p.b + (int64_t(adapter.slot) * p.experts + adapter.expert) * p.out * p.capacity_rank);
-    if (begin < bytes) detail::prefetch_l2(slice + begin, min(share, bytes - begin));
-  }
   if (p.x_before_wait) work.load_x(p, pair);  // uniform branch; the caller vouches x is two launches back
   wait_for_previous_grid();  // x (by default) and z's zeroing may come from the kernels before
   allow_next_grid();         // only after the wait (see the file header)
@@ -484,7 +476,6 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
                            .capacity_rank = int(capacity_rank),
                            .x_per_pair = p.x.dim(0) == pairs && pairs != tokens,
                            .x_before_wait = p.x_before_wait,
-                           .prefetch_b = p.prefetch_b,
                            .pieces = 0,
                            .chunks = 0};
 }

@@ -36,11 +36,6 @@ struct MoeLoraSmallParams {
   // the MoE block (x and the activation are written two launches before their shrinks); false is the safe
   // default for any other caller.
   bool x_before_wait = false;
-  // The shrink also prefetches into L2 the B rows of each pair's (slot, expert) that the expand will read
-  // (the fused linear + LoRA, whose expand follows the product ~10 µs later: its B loads, first touches,
-  // then hit L2 instead of DRAM; perf-log, prepared after run 114). Each shrink CTA of a pair takes an equal
-  // share of the [out, R] slice (cp.async.bulk.prefetch: no registers, nothing to wait for).
-  bool prefetch_b = false;
   // Launch shape; 0 = the built-in choice for the batch size (docs/kernels.md). Explicit values exist for
   // the bench's sweep and the tests; the fused kernel ignores them.
   int shrink_vectors_per_lane = 0;    // 1, 2 or 4: 16-byte vectors of `in` per lane, 256·V inputs per CTA
