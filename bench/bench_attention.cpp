@@ -95,7 +95,7 @@ double keys_seen(const Batch& batch, int window) {
 
 // Times each variant on the batch; `pinned_splits` adds split-KV rows at those split counts (decode tuning).
 void run(const char* what, const Batch& batch, int window, void* workspace, size_t workspace_bytes,
-         const std::vector<int>& pinned_splits, bool wgmma_rows, cudaStream_t stream) {
+         const std::vector<int>& pinned_splits, cudaStream_t stream) {
   const double keys = keys_seen(batch, window);
   const double flops = 4.0 * double(kHeadDim) * double(kQHeads) * keys;
   const double row_bytes = double(kQHeads) * kHeadDim * 2.0;  // q or out of one token
@@ -109,8 +109,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     std::string name;
     cuda::AttentionLaunch launch;
     bool two_barriers = false;  // the K/V loop's two CTA barriers per tile (before set_attention_one_barrier)
-    bool wgmma = false;         // 128-row D 64 tiles by warpgroup MMAs (set_attention_wgmma)
-    bool overlap = false;       // ... in FlashAttention-3's intra-warpgroup order
+    bool mma_sync = false;      // 128-row tiles by mma.sync (set_attention_wgmma(false): the before rows)
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
@@ -138,13 +137,11 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                         {.workspace = workspace, .workspace_bytes = workspace_bytes,
                          .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 16, .splits = splits}});
   }
-  if (wgmma_rows) {
-    variants.push_back({"flash, 128-row tiles, wgmma", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
+  {  // before rows of the 128-row tiles by warpgroup MMAs (the default since perf-log run 116)
+    variants.push_back({"flash, 128-row tiles, mma.sync", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
                         false, true});
-    variants.push_back({"auto + workspace, wgmma", {.workspace = workspace, .workspace_bytes = workspace_bytes},
+    variants.push_back({"auto + workspace, mma.sync", {.workspace = workspace, .workspace_bytes = workspace_bytes},
                         false, true});
-    variants.push_back({"flash, 128-row tiles, wgmma overlapped", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
-                        false, true, true});
   }
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {
@@ -156,21 +153,19 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                       stream, variant.launch);
     };
     cuda::set_attention_one_barrier(!variant.two_barriers);
-    cuda::set_attention_wgmma(variant.wgmma, variant.overlap);
+    cuda::set_attention_wgmma(!variant.mma_sync);
     enqueue(0);  // eager first: shared-memory attributes are set outside the capture
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double seconds = bench::seconds_per_launch(stream, kIterations, kReplays, enqueue);
     cuda::set_attention_one_barrier(true);
-    cuda::set_attention_wgmma(false);
+    cuda::set_attention_wgmma(true);
     const char* bound = bytes / kBytesPerSecond >= flops / kFlopsPerSecond ? "bytes" : "flops";
     std::printf("%-34s %-20s %9.2f us  %13.0f FLOP  %12.0f B  floor %7.2f us (%s)  %5.1f%% of floor\n", what,
                 variant.name.c_str(), seconds * 1e6, flops, bytes, floor * 1e6, bound, 100.0 * floor / seconds);
   }
 }
 
-// --wgmma: also the rows of the 128-row tiles by warpgroup MMAs (a separate run on the device, so a fault
-// there cannot cost the other rows).
-int main_impl(bool wgmma_rows) {
+int main_impl() {
   Rng rng(20261202);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
@@ -182,15 +177,15 @@ int main_impl(bool wgmma_rows) {
     const Batch prefill = make_batch(rng, 1, 1600, 1600);
     const size_t bytes = cuda::attention_workspace_bytes(prefill.tokens, kQHeads, kHeadDim);
     OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
-    run("prefill T 1600, causal", prefill, 0, workspace.view.data, bytes, {}, wgmma_rows, stream);
-    run("prefill T 1600, window 128", prefill, 128, workspace.view.data, bytes, {}, wgmma_rows, stream);
+    run("prefill T 1600, causal", prefill, 0, workspace.view.data, bytes, {}, stream);
+    run("prefill T 1600, window 128", prefill, 128, workspace.view.data, bytes, {}, stream);
   }
   {
     const Batch decode = make_batch(rng, 16, 2000, 1);
     const size_t bytes = cuda::attention_workspace_bytes(decode.tokens, kQHeads, kHeadDim);
     OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
-    run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {2, 4, 6, 8, 16}, wgmma_rows, stream);
-    run("decode B 16, context 2000, win 128", decode, 128, workspace.view.data, bytes, {2}, wgmma_rows, stream);
+    run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {2, 4, 6, 8, 16}, stream);
+    run("decode B 16, context 2000, win 128", decode, 128, workspace.view.data, bytes, {2}, stream);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;
@@ -199,11 +194,10 @@ int main_impl(bool wgmma_rows) {
 }  // namespace
 }  // namespace lmx
 
-int main(int argc, char** argv) {
-  const bool wgmma_rows = argc > 1 && std::string(argv[1]) == "--wgmma";
-  if (argc > 1 && !wgmma_rows) {
-    std::fprintf(stderr, "usage: bench_attention [--wgmma]\n");
+int main(int argc, char**) {
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: bench_attention (no arguments)\n");
     return 2;
   }
-  return lmx::main_impl(wgmma_rows);
+  return lmx::main_impl();
 }

@@ -76,8 +76,8 @@ struct Options {
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
-  int attention_wgmma = 0;            // 1: every row with the prefill attention tiles by warpgroup MMAs, 2: in
-                                      // the overlapped order (set_attention_wgmma; a run of its own)
+  int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
+                                      // (set_attention_wgmma(false): the before run)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
   double prefill_lane_sm_share = 0.75;
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
@@ -392,10 +392,9 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
-  if (o.attention_wgmma) {
-    cuda::set_attention_wgmma(true, o.attention_wgmma == 2);
-    std::printf("every row: prefill attention tiles by warpgroup MMAs%s (--attention-wgmma %d)\n",
-                o.attention_wgmma == 2 ? ", FlashAttention-3's overlapped order" : "", o.attention_wgmma);
+  if (!o.attention_wgmma) {
+    cuda::set_attention_wgmma(false);
+    std::printf("every row: prefill attention tiles by mma.sync (--attention-wgmma 0)\n");
   }
   ops::KernelConfigs kernel_configs;
   std::string configs_dir = o.kernel_configs;
@@ -599,6 +598,11 @@ int main(int argc, char** argv) {
     cuda::set_attention_one_barrier(false);  // before/after of the flash K/V loop's one barrier a tile
     row("same, attention with two barriers a K/V tile", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_attention_one_barrier(true);
+    if (o.attention_wgmma) {
+      cuda::set_attention_wgmma(false);  // before/after of the 128-row tiles by warpgroup MMAs
+      row("same, attention tiles by mma.sync", time_prefill(**engine, o, vocab, rng), prefill_floor);
+      cuda::set_attention_wgmma(true);
+    }
     cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write (+ QK-norm)
     row("same, rope, kv_write (and a QK-norm) unfused", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda_backend.set_fuse_rope_kv_write(true);

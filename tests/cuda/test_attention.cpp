@@ -321,20 +321,20 @@ TEST_F(CudaAttention, SplitKvCapturesInGraph) {
 class CudaAttentionWgmma : public CudaAttention {
  protected:
   void TearDown() override {
-    cuda::set_attention_wgmma(false);
+    cuda::set_attention_wgmma(true);
     CudaAttention::TearDown();
   }
+  // Both forms of the 128-row tiles: warpgroup MMAs (the default) and mma.sync (the knob off).
   void expect_wgmma_matches(const Case& c) {
-    SCOPED_TRACE(describe(c) + ", 128-row tiles by wgmma");
     const Batch batch = make_batch(c);
-    for (bool overlap : {false, true}) {
-      SCOPED_TRACE(overlap ? "next S beside P·V" : "S, softmax, P·V in turn");
-      cuda::set_attention_wgmma(true, overlap);
+    for (bool wgmma : {true, false}) {
+      SCOPED_TRACE(describe(c) + (wgmma ? ", 128-row tiles by wgmma" : ", 128-row tiles by mma.sync"));
+      cuda::set_attention_wgmma(wgmma);
       expect_matches(c, batch, AttentionKernel::kFlash, false, 128);
       expect_matches(c, batch, AttentionKernel::kSplitKv, true, 128);
       expect_matches(c, batch, AttentionKernel::kAuto, true);
     }
-    cuda::set_attention_wgmma(false);
+    cuda::set_attention_wgmma(true);
   }
 };
 
@@ -374,9 +374,9 @@ TEST_F(CudaAttentionWgmma, ShapeSweep) {
   }
 }
 
-// Off (the default) leaves the mma.sync kernel in place: the same batch bit for bit before and after a run by
-// wgmma, which meets the oracle.
-TEST_F(CudaAttentionWgmma, OffIsTheMmaSyncKernel) {
+// The knob switches kernels and nothing else: off, the mma.sync kernel gives the same batch bit for bit before
+// and after a run by wgmma; both meet the oracle.
+TEST_F(CudaAttentionWgmma, KnobSwitchesKernels) {
   const Case c{{{300, 300}, {70, 20}}, 16, 2, 64, 16, 0, true};
   SCOPED_TRACE(describe(c));
   const Batch batch = make_batch(c);
@@ -389,16 +389,15 @@ TEST_F(CudaAttentionWgmma, OffIsTheMmaSyncKernel) {
     sync();
     return cuda::download(d_out);
   };
+  cuda::set_attention_wgmma(false);
   const OwnedTensor before = run();
   cuda::set_attention_wgmma(true);
   const OwnedTensor wgmma = run();
-  cuda::set_attention_wgmma(true, true);
-  const OwnedTensor overlapped = run();
   cuda::set_attention_wgmma(false);
   const OwnedTensor after = run();
   EXPECT_TRUE(bitwise_equal(before, after));
+  EXPECT_TRUE(all_close(before, batch.want, kTolBf16Out));
   EXPECT_TRUE(all_close(wgmma, batch.want, kTolBf16Out));
-  EXPECT_TRUE(bitwise_equal(wgmma, overlapped)) << "the same MMAs and softmax in another order of issue";
 }
 
 }  // namespace

@@ -776,8 +776,9 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 //  - P·V is not waited for: it retires behind the next tile's copies, barrier and Q·Kᵀ (whose wait covers
 //    it before the accumulator is rescaled), so a warpgroup's MMAs overlap its own loop overhead, and the
 //    SM's other three warpgroups (two CTAs of two) issue their softmax while the tensor pipe runs this one's.
-// kOverlap (set_attention_wgmma's overlap): FlashAttention-3's intra-warpgroup order instead — S of the
-// next tile and P·V of this one issued together, the next softmax while P·V runs (see the loop).
+// FlashAttention-3's intra-warpgroup order (S of the next tile and P·V of this one issued together, the next
+// softmax while P·V runs) was built and measured slower at D 64: T 1600 causal 136.6 against 125.7 µs
+// (perf-log run 116); removed.
 // Ring: tiles are requested kStages - 2 ahead, so the stage refilled at iteration it held tile it - 2,
 // whose P·V retired at iteration it - 1's wait; one commit group per K/V tile (Q joins tile 0's).
 // Tile setup, masks, softmax, sinks, splits and the epilogue are flash_attention_kernel's (same helpers), so
@@ -785,20 +786,19 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 // D 128 (Qwen3): every tile in two blocks of 64 columns (128-byte rows), S over 8 steps of 16 head dims, P·V
 // as m64n128k16 with V's second block as the leading offset; one CTA per SM (154–158 registers).
 // PRECOND: as flash_attention_kernel; blockDim.x == 256; dynamic shared memory =
-// flash_wgmma_shared_bytes<D, kStages>(); built for sm_90a. D 64: 116 / 110 registers (kOverlap), no spills.
-constexpr int kFlashWgmmaStages = 4;         // two CTAs a SM: tiles requested 2 ahead
-constexpr int kFlashWgmmaOverlapStages = 5;  // two CTAs a SM too (97 KB each): 1 tile ahead of tile it + 1
-int flash_wgmma = 0;  // set_attention_wgmma: 0 off, 1 on, 2 on with the S overlap
+// flash_wgmma_shared_bytes<D, kStages>(); built for sm_90a. D 64: 116 registers, no spills.
+constexpr int kFlashWgmmaStages = 4;  // two CTAs a SM: tiles requested 2 ahead
+bool flash_wgmma = true;              // set_attention_wgmma
 
 template <int D, int kStages>
 constexpr size_t flash_wgmma_shared_bytes() {
   return size_t(128 + 2 * kStages * kFlashBlockN) * D * sizeof(__nv_bfloat16) + 1024;  // + the 1024-byte round-up
 }
 
-template <int D, int kStages, bool kOverlap>
+template <int D, int kStages>
 __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kernel(const __grid_constant__ FlashKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
-  static_assert(kStages >= (kOverlap ? 4 : 3) && (D == 64 || D == 128));
+  static_assert(kStages >= 3 && (D == 64 || D == 128));
   constexpr int kBlockM = 128, kThreads = 256;
   constexpr int kChunksPerRow = D / 8, kKeyTiles = kFlashBlockN / 8, kDimTiles = D / 8;
   constexpr int kTileElems = kFlashBlockN * D;  // one K or V stage: 64 keys × D (D / 64 blocks of 128-byte rows)
@@ -931,78 +931,26 @@ __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kerne
   };
   auto needs_mask = [&](int key0) { return key0 + kFlashBlockN - 1 > tile.min_pos || key0 < tile.max_lo; };
 
-  if constexpr (!kOverlap) {
-    for (int it = 0; it < key_tiles; ++it) {
-      const int stage = it % kStages;
-      const int key0 = key_begin + (first_key_tile + it) * kFlashBlockN;
-      cp_async_wait<kStages - 3>();  // tile it (and Q) landed for this thread: kStages - 3 tiles ahead may be in flight
-      convert_v(stage);
-      fence_proxy_async();  // the copies and the conversion, made visible to the MMAs' async proxy ...
-      __syncthreads();      // ... for every thread's chunks
-      issue_kv(it + kStages - 2);
-      float score[kKeyTiles][4];
-      auto& score_flat = reinterpret_cast<float(&)[4 * kKeyTiles]>(score);
-      issue_s(stage, score_flat);
-      wgmma_wait<0>();  // S, and the previous tile's P·V: acc and p_frag are free again
-      fence_operands(score_flat);
-      fence_operands(acc_flat);
-      fence_operands(p_flat);
-      float correction[2];
-      online_softmax(score, needs_mask(key0), key0, pos, lo, p.scale_log2, running_max, sum, correction);
-      rescale(correction);
-      pack_p(score);
-      issue_pv(stage);
-    }
-  } else {
-    // FlashAttention-3's intra-warpgroup overlap: the softmax of tile it + 1 runs while tile it's P·V does.
-    // Each iteration issues S_next = Q·K(it + 1)ᵀ and P·V(it) back to back, waits for S_next alone (one
-    // group pending), runs the softmax on it, then waits for P·V and only then rescales the accumulator and
-    // packs P of tile it + 1: no register of a wgmma is written while a wgmma that uses it may be issued in
-    // the same stage (ptxas C7515 serializes otherwise). The top of iteration it waits for tile it + 1 (its
-    // K for S_next, its V converted for the next P·V): kStages - 4 tiles ahead may be in flight there. On the
-    // last tile S_next is still issued (on a stage nobody refills; its result is dropped), so every iteration
-    // commits the same groups.
+  for (int it = 0; it < key_tiles; ++it) {
+    const int stage = it % kStages;
+    const int key0 = key_begin + (first_key_tile + it) * kFlashBlockN;
+    cp_async_wait<kStages - 3>();  // tile it (and Q) landed for this thread: kStages - 3 tiles ahead may be in flight
+    convert_v(stage);
+    fence_proxy_async();  // the copies and the conversion, made visible to the MMAs' async proxy ...
+    __syncthreads();      // ... for every thread's chunks
+    issue_kv(it + kStages - 2);
     float score[kKeyTiles][4];
     auto& score_flat = reinterpret_cast<float(&)[4 * kKeyTiles]>(score);
-    if (key_tiles > 0) {  // S and P of tile 0
-      cp_async_wait<kStages - 3>();  // tile 0 and Q
-      convert_v(0);
-      fence_proxy_async();
-      __syncthreads();
-      issue_s(0, score_flat);
-      wgmma_wait<0>();
-      fence_operands(score_flat);
-      float correction[2];
-      online_softmax(score, needs_mask(key_begin + first_key_tile * kFlashBlockN), key_begin + first_key_tile * kFlashBlockN,
-                     pos, lo, p.scale_log2, running_max, sum, correction);
-      rescale(correction);
-      pack_p(score);
-    }
-    for (int it = 0; it < key_tiles; ++it) {
-      const int stage = it % kStages;
-      const int next_key0 = key_begin + (first_key_tile + it + 1) * kFlashBlockN;
-      const bool more = it + 1 < key_tiles;  // uniform over the CTA
-      cp_async_wait<kStages - 4>();  // tile it + 1 landed for this thread (an empty group past the last)
-      if (more) convert_v((it + 1) % kStages);
-      fence_proxy_async();
-      __syncthreads();
-      issue_kv(it + kStages - 2);  // into the stage of tile it - 2, whose P·V retired in iteration it - 1
-      issue_s((it + 1) % kStages, score_flat);
-      issue_pv(stage);
-      wgmma_wait<1>();  // S_next (P·V may still run)
-      fence_operands(score_flat);
-      float correction[2];
-      if (more) {
-        online_softmax(score, needs_mask(next_key0), next_key0, pos, lo, p.scale_log2, running_max, sum, correction);
-      }
-      wgmma_wait<0>();  // P·V: acc and p_frag are free
-      fence_operands(acc_flat);
-      fence_operands(p_flat);
-      if (more) {
-        rescale(correction);
-        pack_p(score);
-      }
-    }
+    issue_s(stage, score_flat);
+    wgmma_wait<0>();  // S, and the previous tile's P·V: acc and p_frag are free again
+    fence_operands(score_flat);
+    fence_operands(acc_flat);
+    fence_operands(p_flat);
+    float correction[2];
+    online_softmax(score, needs_mask(key0), key0, pos, lo, p.scale_log2, running_max, sum, correction);
+    rescale(correction);
+    pack_p(score);
+    issue_pv(stage);
   }
   cp_async_wait<0>();
   wgmma_wait<0>();
@@ -1117,17 +1065,17 @@ void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStrea
 
 // flash_wgmma_kernel: its shared-memory attribute set once (the first 128-row D 64 call with the knob on,
 // eager like every first call of a shape), then the launch.
-template <int D, int kStages, bool kOverlap>
+template <int D, int kStages>
 void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
   constexpr size_t shared_bytes = flash_wgmma_shared_bytes<D, kStages>();
   static const bool prepared = [] {
-    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kStages, kOverlap>,
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kStages>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
   }();
   (void)prepared;
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_wgmma_kernel<D, kStages, kOverlap>, grid, dim3(256), shared_bytes, stream, params);
+  detail::launch(flash_wgmma_kernel<D, kStages>, grid, dim3(256), shared_bytes, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -1218,7 +1166,7 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 // launch.kernel / flash_rows pin a path (tests, bench); pinning flash/split-KV on a shape they cannot run is
 // an error.
 void set_attention_one_barrier(bool on) { one_barrier = on; }
-void set_attention_wgmma(bool on, bool overlap) { flash_wgmma = on ? (overlap ? 2 : 1) : 0; }
+void set_attention_wgmma(bool on) { flash_wgmma = on; }
 
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
@@ -1369,16 +1317,13 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64) {
-    if (flash_wgmma == 2) launch_flash_wgmma<64, kFlashWgmmaOverlapStages, true>(params, unsigned(row_tiles), stream);
-    else if (flash_wgmma == 1) launch_flash_wgmma<64, kFlashWgmmaStages, false>(params, unsigned(row_tiles), stream);
+    if (flash_wgmma) launch_flash_wgmma<64, kFlashWgmmaStages>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
   } else if (warps == 4) {
     if (stages == 3) launch_flash<128, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2>(params, unsigned(row_tiles), stream);
-  } else if (flash_wgmma == 2) {
-    launch_flash_wgmma<128, kFlashWgmmaOverlapStages, true>(params, unsigned(row_tiles), stream);
-  } else if (flash_wgmma == 1) {
-    launch_flash_wgmma<128, kFlashWgmmaStages, false>(params, unsigned(row_tiles), stream);
+  } else if (flash_wgmma) {
+    launch_flash_wgmma<128, kFlashWgmmaStages>(params, unsigned(row_tiles), stream);
   } else {
     launch_flash<128, 8, 2>(params, unsigned(row_tiles), stream);
   }
