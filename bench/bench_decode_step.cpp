@@ -676,9 +676,6 @@ int main(int argc, char** argv) {
       cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
       row("same, MoE-LoRA inputs not prefetched into L1", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_l1_prefetch(true);
-      cuda::set_moe_lora_shrink_run_ring(3);
-      row("same, run-mode MoE-LoRA shrink ring of 3", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
-      cuda::set_moe_lora_shrink_run_ring(6);
       // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with each slot's rows
       // at a warp boundary (the default since run 106), without that (kAlways: the decode tokens' adapters
       // share warps with the prompt's), by the expand kernels (the default of runs 65–105), or the decoding

@@ -293,20 +293,6 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
       EXPECT_TRUE(bitwise_equal(got, cuda::download(z_plain))) << "z via x_rows vs by pair, tiles per CTA " << tiles_per_cta;
     }
   }
-  {  // run mode's ring depth (3 or the default 6) changes when chunks land, never the sums: the same z bits
-    SCOPED_TRACE("run-mode ring depth");
-    const Knobs k{1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 0, 4};
-    OwnedTensor z_deep = poisoned(DType::F32, {pairs, R}), z_shallow = poisoned(DType::F32, {pairs, R});
-    OwnedTensor d_y = cuda::upload(y0);
-    cuda::moe_lora_shrink(params_for(k, z_deep, d_y, false), stream_);
-    cuda::set_moe_lora_shrink_run_ring(3);
-    cuda::moe_lora_shrink(params_for(k, z_shallow, d_y, false), stream_);
-    cuda::set_moe_lora_shrink_run_ring(6);
-    sync();
-    const OwnedTensor got = cuda::download(z_shallow);
-    EXPECT_TRUE(z_matches(got, want_z)) << "z, 3-stage ring";
-    EXPECT_TRUE(bitwise_equal(got, cuda::download(z_deep))) << "z, 3 vs 6 stages";
-  }
   for (int split : {1, 0}) {  // legacy mode (no tile counters): z poisoned, written by the shrink, kept
     SCOPED_TRACE("no tile counters, split " + std::to_string(split));
     OwnedTensor z_legacy = poisoned(DType::F32, {pairs, R});
@@ -319,13 +305,6 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
     EXPECT_TRUE(z_matches(cuda::download(z_legacy), want_z)) << "z";
     EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
   }
-}
-
-TEST(CudaMoeLoraKnobs, RunRingTakesThreeOrSix) {
-  EXPECT_THROW(cuda::set_moe_lora_shrink_run_ring(4), std::invalid_argument);
-  EXPECT_THROW(cuda::set_moe_lora_shrink_run_ring(0), std::invalid_argument);
-  cuda::set_moe_lora_shrink_run_ring(3);
-  cuda::set_moe_lora_shrink_run_ring(6);
 }
 
 // A batch whose tokens have no adapter (or only rank-0 slots) leaves y bit-identical, and z zero; at rank

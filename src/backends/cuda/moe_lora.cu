@@ -39,8 +39,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxRank = 128;   // the contract's R limit (rank caps 64 and 128, tiers 16 / 32 / 64 / 128)
 constexpr int kChunk = 64;      // shrink: inputs per pipeline stage (16 per warp)
 constexpr int kStages = 3;      // shrink: cp.async ring depth
-constexpr int kRunRingDeep = 6;  // the run-mode shrink's deeper ring (set_moe_lora_shrink_run_ring)
-int shrink_run_ring = kRunRingDeep;  // set_moe_lora_shrink_run_ring
 constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
 constexpr int kExpandStages = 3;  // expand: cp.async ring depth over BLOCK_N chunks
 constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
@@ -283,11 +281,10 @@ struct ShrinkRunStage {
   __nv_bfloat16 a[kRankCap][kRowBf16];             // [rank rows, 64 inputs] bf16 (+8 pad)
 };
 
-// kRing: the cp.async ring's depth (chunks in flight + 1). A run CTA streams all of `in` through one SM, and
-// at a prompt's sizes there are about as many runs as SMs, so the ring is what keeps loads in flight.
+// The cp.async ring is kStages deep, as the tiled shrink's: 6 stages measured slower (perf-log run 115).
 // PRECOND: as shrink_kernel, with R <= kRankCap (a multiple of 16) and dynamic shared memory =
-// kRing · sizeof(ShrinkRunStage<kRankCap>).
-template <bool kEvenK, int kRankCap, int kRing>
+// kStages · sizeof(ShrinkRunStage<kRankCap>).
+template <bool kEvenK, int kRankCap>
 __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __grid_constant__ LoraKernelParams p) {
   pdl_launch_dependents();  // the expand may start its z-independent prologue now
   int tile, piece;
@@ -305,7 +302,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
   if (c_begin >= c_end) return;
 
   extern __shared__ __align__(16) unsigned char shrink_shared[];
-  auto* stages = reinterpret_cast<ShrinkRunStage<kRankCap>*>(shrink_shared);  // [kRing]
+  auto* stages = reinterpret_cast<ShrinkRunStage<kRankCap>*>(shrink_shared);  // [kStages]
   __shared__ int pairs[kRunTiles * kBlockM];  // the run's pairs; the sentinel past the run and on padding
   __shared__ int64_t x_offsets[kRunTiles * kBlockM];  // their x rows' element offsets (-1: none)
   if (threadIdx.x < kRunTiles * kBlockM) {
@@ -340,7 +337,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
   const bool warp_active = pairs[warp * kBlockM] != p.pairs;  // a member tile's first row is a real pair
   float acc[kRankCap / 8][4] = {};  // [n-tile of 8 rank columns][mma C fragment], this warp's 16 rows
 #pragma unroll
-  for (int s = 0; s < kRing - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (c_begin + s < c_end) load_chunk(c_begin + s, s);
     cp_async_commit();
   }
@@ -350,9 +347,9 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
   const int xa_row = warp * kBlockM + lane % 8 + 8 * ((lane / 8) % 2), xa_col = 8 * (lane / 16);
   const int ab_row = lane % 8 + 8 * (lane / 16), ab_col = 8 * ((lane / 8) % 2);
   for (int c = c_begin; c < c_end; ++c) {
-    cp_async_wait<kRing - 2>();
+    cp_async_wait<kStages - 2>();
     __syncthreads();  // chunk c visible to all; every warp is done with the stage refilled below
-    const ShrinkRunStage<kRankCap>& s = stages[(c - c_begin) % kRing];
+    const ShrinkRunStage<kRankCap>& s = stages[(c - c_begin) % kStages];
     if (warp_active) {
 #pragma unroll
       for (int kk = 0; kk < kChunk / 16; ++kk) {
@@ -369,8 +366,8 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
         }
       }
     }
-    const int next = c + kRing - 1;
-    if (next < c_end) load_chunk(next, (next - c_begin) % kRing);
+    const int next = c + kStages - 1;
+    if (next < c_end) load_chunk(next, (next - c_begin) % kStages);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -738,13 +735,6 @@ int auto_split_for(int64_t pairs, int64_t groups, int64_t in, int tiles_per_cta)
 
 }  // namespace
 
-void set_moe_lora_shrink_run_ring(int stages) {
-  if (stages != kStages && stages != kRunRingDeep) {
-    throw std::invalid_argument("set_moe_lora_shrink_run_ring: " + std::to_string(stages) + " stages, expected " +
-                                std::to_string(kStages) + " or " + std::to_string(kRunRingDeep));
-  }
-  shrink_run_ring = stages;
-}
 int moe_lora_run_tiles() { return kRunTiles; }
 
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in) {
@@ -798,23 +788,17 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
     LMX_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int ring = shrink_run_ring;
   auto run = [&](auto kernel, size_t stage_bytes) {
-    const size_t shared_bytes = size_t(ring) * stage_bytes;
+    const size_t shared_bytes = size_t(kStages) * stage_bytes;
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     kernel<<<grid_of(c), kThreads, shared_bytes, stream>>>(c.params);
   };
-  // Run mode: the one dispatch on EVEN_K × rank tier (capacity R rounded up to 16 / 32 / 64 / 128) × ring.
+  // Run mode: the one dispatch on EVEN_K × rank tier (capacity R rounded up to 16 / 32 / 64 / 128).
   auto tier = [&](auto cap) {
     constexpr int kCap = decltype(cap)::value;
     constexpr size_t kStageBytes = sizeof(ShrinkRunStage<kCap>);
-    if (ring == kRunRingDeep) {
-      if (even_k) run(shrink_run_kernel<true, kCap, kRunRingDeep>, kStageBytes);
-      else run(shrink_run_kernel<false, kCap, kRunRingDeep>, kStageBytes);
-    } else {
-      if (even_k) run(shrink_run_kernel<true, kCap, kStages>, kStageBytes);
-      else run(shrink_run_kernel<false, kCap, kStages>, kStageBytes);
-    }
+    if (even_k) run(shrink_run_kernel<true, kCap>, kStageBytes);
+    else run(shrink_run_kernel<false, kCap>, kStageBytes);
   };
   if (rank_cap <= 16) tier(std::integral_constant<int, 16>{});
   else if (rank_cap <= 32) tier(std::integral_constant<int, 32>{});

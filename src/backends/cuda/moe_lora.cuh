@@ -63,9 +63,6 @@ constexpr int kMoeLoraBlockM = 16;
 void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream);
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream);
 
-// The run-mode shrink's cp.async ring: 6 stages (the default: a run CTA streams all of `in` alone on its SM)
-// or 3 (the shared depth before; the bench's before row). Process-wide; throws std::invalid_argument otherwise.
-void set_moe_lora_shrink_run_ring(int stages);
 // Tiles of one (slot, expert) group per run-mode shrink CTA (MoeLoraConfig::shrink_tiles_per_cta's other value).
 int moe_lora_run_tiles();
 
