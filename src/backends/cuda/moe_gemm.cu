@@ -1473,6 +1473,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
+bool shrink_runs_split = true;                      // set_moe_lora_shrink_runs_split
 int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
@@ -1864,6 +1865,7 @@ void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
 void set_moe_lora_shrink_runs_hint(bool on) { shrink_runs_hint = on; }
+void set_moe_lora_shrink_runs_split(bool on) { shrink_runs_split = on; }
 bool moe_lora_shrink_runs_for(int64_t tokens, int64_t scattered, int64_t top_k, int64_t experts) {
   // Most adapter pairs in long same-adapter runs (a prompt's chunk), and those runs' tokens alone enough for
   // kRunTiles tiles per (slot, expert) group if one adapter held them: the tiled shrink's own rule counts every
@@ -2397,6 +2399,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   MoeLoraConfig lora_config = config.lora;
   if (lora_config.shrink_tiles_per_cta == 0 && moe_lora_shrink_runs_for(tokens, p.lora_scattered_tokens, top_k, experts)) {
     lora_config.shrink_tiles_per_cta = moe_lora_run_tiles();
+    if (shrink_runs_split) lora_config.split_k = moe_lora_run_split(pairs, experts);
   }
   // y += B·(A·x) for every pair with a slot, by the path chosen above.
   // overwrite (tiled path only): y = B·(A·x) on those pairs instead of +=.

@@ -737,6 +737,11 @@ int auto_split_for(int64_t pairs, int64_t groups, int64_t in, int tiles_per_cta)
 
 int moe_lora_run_tiles() { return kRunTiles; }
 
+int moe_lora_run_split(int64_t pairs, int64_t experts) {
+  const int64_t ctas = std::max<int64_t>(1, pairs / (kBlockM * kRunTiles) + experts);
+  return int(std::clamp<int64_t>((4 * kSms + ctas - 1) / ctas, 1, 16));  // moe_lora_shrink clamps to the chunks
+}
+
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in) {
   return auto_split_for(pairs, groups, in, auto_shrink_tiles(pairs, groups));
 }

@@ -66,6 +66,11 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream);
 // Tiles of one (slot, expert) group per run-mode shrink CTA (MoeLoraConfig::shrink_tiles_per_cta's other value).
 int moe_lora_run_tiles();
 
+// The split_k for run mode where long runs dominate (moe_block's hint): about as many working CTAs as one run per
+// kRunTiles tiles plus one partial run per expert, split until ~4 CTAs per SM stream `in` in parallel. A run CTA
+// streams every chunk of its piece through a 3-stage ring; unsplit, the ~130 runs of a 1600-token prompt each
+// walked 45 chunks with two in flight: 52 µs a shrink for ~55 MB (perf-log run 116).
+int moe_lora_run_split(int64_t pairs, int64_t experts);
 // The split_k that split_k = 0 resolves to (with shrink_tiles_per_cta = 0), for benchmarks and logs.
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in);
 // The expand_chunks that 0 resolves to, for max_tiles = capacity / BLOCK_M and chunks = ceil(out / BLOCK_N).
