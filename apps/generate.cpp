@@ -308,6 +308,13 @@ std::function<int()> add_generate_command(CLI::App& app) {
                 "Share KV pages of identical prefixes under the same adapter content (default on)");
   cmd->add_flag("--enforce-eager", opts->engine.enforce_eager,
                 "Run every step op by op (no CUDA graphs for decode steps)");
+  cmd->add_flag("--prefill-lane", opts->engine.prefill_lane,
+                "Run each prompt's prefill on a second stream beside the decode steps, instead of in a mixed step "
+                "every decoding sequence waits for (prepared: not yet measured on a GPU)");
+  cmd->add_option("--prefill-lane-sm-share", opts->engine.prefill_lane_sm_share,
+                  "With --prefill-lane: the share of the GPU's SMs its persistent MoE GEMMs may hold")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
   cmd->add_option("--max-num-seqs", opts->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   add_prefill_packing_option(cmd, &opts->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", opts->engine.scheduler.max_num_batched_tokens, "Tokens per step")

@@ -180,6 +180,10 @@ int run_serve(ServeOptions o) {
             << "  max-cpu-loras           " << ec.max_cpu_loras << "\n"
             << "  prefix caching          " << (ec.scheduler.enable_prefix_caching ? "on" : "off") << "\n"
             << "  decode graphs           " << (ec.enforce_eager ? "off (--enforce-eager)" : "on where the device records them") << "\n"
+            << "  prefill lane            "
+            << (ec.prefill_lane ? "on (--prefill-lane), SM share " + std::to_string(ec.prefill_lane_sm_share).substr(0, 4)
+                                : std::string("off"))
+            << "\n"
             << "  max-num-seqs            " << ec.scheduler.max_num_seqs << "\n"
             << "  max-num-batched-tokens  " << ec.scheduler.max_num_batched_tokens << "\n"
             << "  prefill-packing         "
@@ -241,6 +245,13 @@ std::function<int()> add_serve_command(CLI::App& app) {
                 "Share KV pages of identical prefixes under the same adapter content (default on)");
   cmd->add_flag("--enforce-eager", o->engine.enforce_eager,
                 "Run every step op by op (no CUDA graphs for decode steps)");
+  cmd->add_flag("--prefill-lane", o->engine.prefill_lane,
+                "Run each prompt's prefill on a second stream beside the decode steps, instead of in a mixed step "
+                "every decoding sequence waits for (prepared: not yet measured on a GPU)");
+  cmd->add_option("--prefill-lane-sm-share", o->engine.prefill_lane_sm_share,
+                  "With --prefill-lane: the share of the GPU's SMs its persistent MoE GEMMs may hold")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
   cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   add_prefill_packing_option(cmd, &o->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();

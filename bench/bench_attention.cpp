@@ -109,6 +109,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     std::string name;
     cuda::AttentionLaunch launch;
     bool two_barriers = false;  // the K/V loop's two CTA barriers per tile (before set_attention_one_barrier)
+    bool mma_sync = false;      // 128-row tiles by mma.sync (set_attention_wgmma(false): the before rows)
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
@@ -136,6 +137,12 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                         {.workspace = workspace, .workspace_bytes = workspace_bytes,
                          .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 16, .splits = splits}});
   }
+  {  // before rows of the 128-row tiles by warpgroup MMAs (the default since perf-log run 116)
+    variants.push_back({"flash, 128-row tiles, mma.sync", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
+                        false, true});
+    variants.push_back({"auto + workspace, mma.sync", {.workspace = workspace, .workspace_bytes = workspace_bytes},
+                        false, true});
+  }
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {
       const int copy = i % kCopies;
@@ -146,10 +153,12 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                       stream, variant.launch);
     };
     cuda::set_attention_one_barrier(!variant.two_barriers);
+    cuda::set_attention_wgmma(!variant.mma_sync);
     enqueue(0);  // eager first: shared-memory attributes are set outside the capture
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double seconds = bench::seconds_per_launch(stream, kIterations, kReplays, enqueue);
     cuda::set_attention_one_barrier(true);
+    cuda::set_attention_wgmma(true);
     const char* bound = bytes / kBytesPerSecond >= flops / kFlopsPerSecond ? "bytes" : "flops";
     std::printf("%-34s %-20s %9.2f us  %13.0f FLOP  %12.0f B  floor %7.2f us (%s)  %5.1f%% of floor\n", what,
                 variant.name.c_str(), seconds * 1e6, flops, bytes, floor * 1e6, bound, 100.0 * floor / seconds);
@@ -185,4 +194,10 @@ int main_impl() {
 }  // namespace
 }  // namespace lmx
 
-int main() { return lmx::main_impl(); }
+int main(int argc, char**) {
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: bench_attention (no arguments)\n");
+    return 2;
+  }
+  return lmx::main_impl();
+}

@@ -10,17 +10,20 @@
 //                     [--steps 12] [--prefill 1600] [--profile 1] [--gpu-memory-utilization 0.9]
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
-//                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed]
+//                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
+//                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
 // tokens the batch sampled. --steady-steps N (0: off): the steady-state row, the serve run's request
 // lifecycle without HTTP (requests of --prefill + --steady-output tokens replaced as they finish), timed
-// over N full-batch decode steps. --vocab N sizes a preset's vocabulary as loramux serve does from its
+// over N full-batch decode steps; it also prints the replacement requests' admission-to-first-token times
+// (TTFT without HTTP) and, with --prefill-lane 1 (EngineConfig::prefill_lane), the decode steps that ran
+// beside a prompt on the lane. --vocab N sizes a preset's vocabulary as loramux serve does from its
 // tokenizer (GPT-OSS: 200019); --weight-seed as serve's (0 there).
 // --profile 1 repeats the adapter decode step and the prefill with per-op GPU and host times (op_profiler.h).
 // --only ROW: one row, then exit — decode (adapters spread), decode-base (no adapter in the batch), prefill,
-// prefill-adapter, mixed. For Nsight Compute: every timed step of every row runs inside the NVTX range
+// prefill-adapter, mixed, steady. For Nsight Compute: every timed step of every row runs inside the NVTX range
 // "timed steps", which scripts/device-run's NCU_TIMES selects (a decode row times --steps steps, the others
 // --step-reps).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
@@ -36,6 +39,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,6 +76,10 @@ struct Options {
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
+  int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
+                                      // (set_attention_wgmma(false): the before run)
+  int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
+  double prefill_lane_sm_share = 0.75;
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -101,6 +109,9 @@ Options parse(int argc, char** argv) {
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
     else if (key == "--only") o.only = value;
+    else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
+    else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
+    else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -256,12 +267,17 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
 double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
                    const std::function<std::string(int)>& adapter_of) {
   std::set<uint64_t> in_flight;
+  std::map<uint64_t, std::chrono::steady_clock::time_point> admitted_at;  // until the request's first token
+  std::vector<double> first_token;  // admission → first token, wall (TTFT without HTTP), after the first batch
   int admitted = 0;
   auto admit_one = [&](int max_tokens) {
-    in_flight.insert(admit(engine, rng, vocab, adapter_of(admitted++), o.prefill, max_tokens));
+    const uint64_t id = admit(engine, rng, vocab, adapter_of(admitted++), o.prefill, max_tokens);
+    in_flight.insert(id);
+    if (admitted > o.batch) admitted_at[id] = std::chrono::steady_clock::now();
   };
   for (int i = 0; i < o.batch; ++i) admit_one(std::max(2, o.steady_output * (i + 1) / o.batch));
   std::vector<double> decode_wall, decode_device, mixed_device;
+  std::vector<double> beside_lane_device;  // decode steps of the others while one prompt is on the prefill lane
   int steps = 0;
   while (int(decode_device.size()) < o.steady_steps) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -276,10 +292,16 @@ double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng
     if (decode_only && report.num_tokens == o.batch) {
       decode_wall.push_back(wall);
       decode_device.push_back(report.device_seconds);
+    } else if (decode_only && report.num_tokens == o.batch - 1 && engine.config().prefill_lane) {
+      beside_lane_device.push_back(report.device_seconds);
     } else if (!decode_only && engine.scheduler().num_waiting() == 0 && admitted > o.batch) {
       mixed_device.push_back(report.device_seconds);  // a successor's prompt beside the others' decodes
     }
     for (const engine::StepOutput& out : report.outputs) {
+      if (auto it = admitted_at.find(out.id); it != admitted_at.end()) {
+        first_token.push_back(seconds_since(it->second));
+        admitted_at.erase(it);
+      }
       if (!out.finished) continue;
       in_flight.erase(out.id);
       admit_one(o.steady_output);
@@ -296,6 +318,12 @@ double time_steady(engine::Engine& engine, const Options& o, int vocab, Rng& rng
               "device median %.3f ms; %d requests admitted)\n",
               decode_device.size(), median(decode_device) * 1e3, mixed_device.size(), o.batch - 1,
               median(mixed_device) * 1e3, admitted);
+  std::sort(first_token.begin(), first_token.end());
+  std::printf("  (admission to first token, %zu replacement requests: median %.1f ms, p90 %.1f ms; prefill lane: %s, "
+              "%zu decode steps beside it, device median %.3f ms)\n",
+              first_token.size(), median(first_token) * 1e3,
+              first_token.empty() ? 0.0 : first_token[first_token.size() * 9 / 10] * 1e3,
+              engine.config().prefill_lane ? "on" : "off", beside_lane_device.size(), median(beside_lane_device) * 1e3);
   return median(decode_wall);
 }
 
@@ -364,6 +392,10 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
+  if (!o.attention_wgmma) {
+    cuda::set_attention_wgmma(false);
+    std::printf("every row: prefill attention tiles by mma.sync (--attention-wgmma 0)\n");
+  }
   ops::KernelConfigs kernel_configs;
   std::string configs_dir = o.kernel_configs;
   if (configs_dir.empty() && std::filesystem::is_directory(std::string(LORAMUX_SOURCE_DIR) + "/configs/kernels")) {
@@ -404,6 +436,8 @@ int main(int argc, char** argv) {
   config.max_loras = std::max(1, o.adapters);
   config.max_lora_rank = o.rank;
   config.scheduler.enable_prefix_caching = false;  // every step must do its full work
+  config.prefill_lane = o.prefill_lane != 0;
+  config.prefill_lane_sm_share = o.prefill_lane_sm_share;
   Result<std::unique_ptr<engine::Engine>> engine = engine::Engine::create(*weights, backend, config);
   if (!engine.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", engine.status().message().c_str());
@@ -463,9 +497,11 @@ int main(int argc, char** argv) {
     } else if (o.only == "mixed" && o.adapters > 0) {
       row("mixed step: a prompt with an adapter + the decoding batch", time_mixed(**engine, o, vocab, rng, spread),
           prefill_floor);
+    } else if (o.only == "steady" && o.steady_steps > 0 && o.prefill > 0) {
+      row("decode step, steady state", time_steady(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
     } else {
-      std::fprintf(stderr, "bench_decode_step: --only %s: not a row (decode, decode-base, prefill, and with "
-                           "--adapters > 0 prefill-adapter, mixed)\n", o.only.c_str());
+      std::fprintf(stderr, "bench_decode_step: --only %s: not a row (decode, decode-base, prefill, steady with "
+                           "--steady-steps > 0, and with --adapters > 0 prefill-adapter, mixed)\n", o.only.c_str());
       return 1;
     }
     return 0;
@@ -562,6 +598,11 @@ int main(int argc, char** argv) {
     cuda::set_attention_one_barrier(false);  // before/after of the flash K/V loop's one barrier a tile
     row("same, attention with two barriers a K/V tile", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_attention_one_barrier(true);
+    if (o.attention_wgmma) {
+      cuda::set_attention_wgmma(false);  // before/after of the 128-row tiles by warpgroup MMAs
+      row("same, attention tiles by mma.sync", time_prefill(**engine, o, vocab, rng), prefill_floor);
+      cuda::set_attention_wgmma(true);
+    }
     cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write (+ QK-norm)
     row("same, rope, kv_write (and a QK-norm) unfused", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda_backend.set_fuse_rope_kv_write(true);
@@ -592,12 +633,27 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_compact_epilogue(false);  // before: the per-column general epilogue everywhere
     row("same, general GEMM epilogue", time_prefill(**engine, o, vocab, rng), prefill_floor);
     cuda::set_moe_gemm_compact_epilogue(true);
+    cuda::set_moe_block_a_in_tile_order(false);  // before: gate_up writes a by pair, down gathers it again
+    row("same, MoE a by pair and gathered for down", time_prefill(**engine, o, vocab, rng), prefill_floor);
+    cuda::set_moe_block_a_in_tile_order(true);
     if (o.adapters > 0) {  // what a served prompt with an adapter costs (LoRA on every target)
       row("same prompt with an adapter", time_prefill(**engine, o, vocab, rng, nullptr, "a0"), prefill_floor);
       cuda_backend.set_dense_lora_runs(false);  // before/after of the prompt's dense LoRA as cuBLASLt products
       row("same, dense LoRA by the grouped kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
+      cuda::set_moe_lora_shrink_runs_split(false);  // before: the runs at the tuned config's split (1 at T 1600)
+      row("same, run-mode MoE-LoRA shrink at the config's split", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+          prefill_floor);
+      cuda::set_moe_lora_shrink_runs_split(true);
+      cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
+      row("same, MoE-LoRA shrink by its own size rule", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+          prefill_floor);
+      cuda::set_moe_lora_shrink_runs_hint(true);
+      cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
+      row("same, MoE-LoRA inputs not prefetched into L1", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+          prefill_floor);
+      cuda::set_moe_lora_l1_prefetch(true);
       // Before/after of the gate_up MoE-LoRA folded into the fused activation (off by default: slower).
       cuda::set_moe_lora_in_epilogue(true);
       row("same, MoE-LoRA folded into the activation", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
@@ -615,6 +671,19 @@ int main(int argc, char** argv) {
       cuda_backend.set_dense_lora_runs(false);  // the prompt's dense LoRA by the grouped kernels with the rest
       row("same, dense LoRA by the grouped kernels", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
+      cuda::set_moe_block_a_in_tile_order(false);
+      row("same, MoE a by pair and gathered for down", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_block_a_in_tile_order(true);
+      cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
+      row("same, MoE-LoRA shrink by its own size rule", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_lora_shrink_runs_hint(true);
+      cuda::set_moe_lora_shrink_runs_split(false);
+      row("same, run-mode MoE-LoRA shrink at the config's split", time_mixed(**engine, o, vocab, rng, spread),
+          prefill_floor);
+      cuda::set_moe_lora_shrink_runs_split(true);
+      cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
+      row("same, MoE-LoRA inputs not prefetched into L1", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+      cuda::set_moe_lora_l1_prefetch(true);
       // Where a mixed step's extra time goes: the MoE-LoRA in the GEMMs' accumulators with each slot's rows
       // at a warp boundary (the default since run 106), without that (kAlways: the decode tokens' adapters
       // share warps with the prompt's), by the expand kernels (the default of runs 65–105), or the decoding

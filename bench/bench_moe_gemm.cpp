@@ -291,6 +291,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (block_m != cuda::kMoeGemmBlockMDecode) {  // before: gate_up writes a by pair, down gathers it again
+    cuda::set_moe_block_a_in_tile_order(false);
+    print_row("block (no LoRA), a by pair and gathered for down", tokens,
+              align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+              time([&](int i) { block(i % kCopies); }));
+    cuda::set_moe_block_a_in_tile_order(true);
+  }
   if (block_m == cuda::kMoeGemmBlockMLarge) {  // moe_block at other 128-row BLOCK_N (default: by width)
     for (const auto& [gate_up_n, down_n] : {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}}) {
       cuda::set_moe_gemm_large_block_n(gate_up_n);
@@ -388,6 +395,24 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row((std::string("block + MoE-LoRA, ") + c.name).c_str(), tokens,
                 align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                 time([&](int i) { mixed_block(i % kCopies); }));
+      if (c.mode == cuda::MoeLoraInGemm::kLongRuns && c.scattered > 0) {
+        // before/after of the shrink in runs of a group's tiles, and of their own split
+        cuda::set_moe_lora_shrink_runs_split(false);
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", run-mode shrink at the config's split").c_str(),
+                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_lora_shrink_runs_split(true);
+        cuda::set_moe_lora_shrink_runs_hint(false);
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", shrink by its own size rule").c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_lora_shrink_runs_hint(true);
+        cuda::set_moe_lora_l1_prefetch(false);
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", inputs not prefetched into L1").c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_lora_l1_prefetch(true);
+      }
     }
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
   };
@@ -454,6 +479,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 256, 8), stream); }));
   }
   print_row("  align", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(align, stream); }));
+  if (pairs <= cuda::kMoeAlignTinyPairs) {  // before/after of the tiny path (decode batches)
+    cuda::MoeAlignParams one_block = align;
+    one_block.force_path = 0;
+    print_row("  align, one-block path", tokens, align_bytes, 0, time([&](int) { cuda::moe_align(one_block, stream); }));
+  }
   print_row("  gate_up + act (fused)", tokens, gate_up_bytes, gate_up_flops,
             time([&](int i) { cuda::moe_gate_up(gate_up(i % kCopies, true), stream); }));
   print_row("  gate_up -> h", tokens, gate_up_h_bytes, gate_up_flops,

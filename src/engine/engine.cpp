@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <limits>
 
 #include "core/rng.h"
@@ -77,6 +78,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
   if (config.num_kv_pages != 0 && config.num_kv_pages < per_seq)
     return invalid_argument("num_kv_pages " + std::to_string(config.num_kv_pages) + " cannot hold one sequence of max_model_len " +
                             std::to_string(lim.max_model_len) + " (needs " + std::to_string(per_seq) + " pages)");
+  if (config.prefill_lane && !(config.prefill_lane_sm_share > 0.0 && config.prefill_lane_sm_share <= 1.0))
+    return invalid_argument("prefill_lane_sm_share must be in (0, 1], got " + std::to_string(config.prefill_lane_sm_share));
   if (config.gpu_memory_utilization < 0.0 || config.gpu_memory_utilization > 1.0)
     return invalid_argument("gpu_memory_utilization must be in (0, 1] (0 = off), got " +
                             std::to_string(config.gpu_memory_utilization));
@@ -86,7 +89,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
 }
 
 // Workspaces the backend grows on first use after start (MoE, attention split-KV, LoRA scratch, cuBLASLt):
-// kept out of the KV budget.
+// kept out of the KV budget (twice with the prefill lane: its backend grows its own).
 constexpr uint64_t kKvHeadroomBytes = uint64_t(2) << 30;
 
 Result<int> Engine::kv_pages_from_memory(const model::ModelConfig& mc) const {
@@ -95,14 +98,16 @@ Result<int> Engine::kv_pages_from_memory(const model::ModelConfig& mc) const {
   const double allowed = config_.gpu_memory_utilization * double(total);
   const uint64_t page_bytes = uint64_t(mc.num_layers) * 2 * uint64_t(config_.scheduler.page_size) *
                               uint64_t(mc.num_kv_heads) * uint64_t(mc.head_dim) * dtype_size(backend_.activation_dtype());
-  const double budget = allowed - double(used) - double(kKvHeadroomBytes);
+  // The prefill lane's backend grows its own workspaces beside the engine's.
+  const double headroom = double(kKvHeadroomBytes) * (lane_ ? 2.0 : 1.0);
+  const double budget = allowed - double(used) - headroom;
   const double pages = budget > 0 ? std::floor(budget / double(page_bytes)) : 0.0;
   auto gib = [](double b) { return std::to_string(b / double(uint64_t(1) << 30)).substr(0, 6) + " GiB"; };
   if (pages < max_pages_per_seq_) {
     return invalid_argument("gpu_memory_utilization " + std::to_string(config_.gpu_memory_utilization).substr(0, 4) +
                               " of " + gib(double(total)) + " leaves " + gib(std::max(budget, 0.0)) +
                               " for the KV cache after " + gib(double(used)) + " in use and " +
-                              gib(double(kKvHeadroomBytes)) + " of workspace headroom: one sequence of max_model_len " +
+                              gib(headroom) + " of workspace headroom: one sequence of max_model_len " +
                               std::to_string(config_.scheduler.max_model_len) + " needs " +
                               gib(double(max_pages_per_seq_) * double(page_bytes)) +
                               " (raise --gpu-memory-utilization or lower --max-model-len)");
@@ -112,10 +117,25 @@ Result<int> Engine::kv_pages_from_memory(const model::ModelConfig& mc) const {
 
 Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config)
     : config_(config), backend_(backend) {
+  config_.scheduler.prefill_lane = config_.prefill_lane;  // prompts start only on the lane
   const SchedulerLimits& lim = config_.scheduler;
   const int T = lim.max_num_batched_tokens, B = lim.max_num_seqs;
   max_pages_per_seq_ = kv::pages_for_tokens(lim.max_model_len, lim.page_size);
   model_ = std::make_unique<model::Model>(weights, backend, model::ModelLimits{.max_tokens = T, .max_seqs = B});
+  if (config_.prefill_lane) {  // before the KV cache takes what memory is left
+    lane_ = std::make_unique<Lane>();
+    lane_->backend = backend.make_lane(config_.prefill_lane_sm_share);
+    if (!lane_->backend) {
+      init_status_ = invalid_argument("prefill_lane: the " + std::string(device_name(backend.device())) +
+                                      " backend cannot run a second lane");
+      lane_.reset();
+    } else {
+      // The same device weights (tensors already on the device are used in place); the lane's own scratch.
+      lane_->model = std::make_unique<model::Model>(model_->device_weights(), *lane_->backend,
+                                                    model::ModelLimits{.max_tokens = T, .max_seqs = 1});
+      lane_->staging = make_staging(*lane_->backend, T, 1);
+    }
+  }
   adapters_ = std::make_unique<AdapterStore>(backend, lora_shapes(weights.config), config_.max_loras, config_.max_lora_rank,
                                              config_.max_cpu_loras);
   if (config_.num_kv_pages == 0) {
@@ -133,29 +153,38 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   cache_ = model::KvCache::allocate(backend, weights.config, config_.num_kv_pages, lim.page_size);
   scheduler_ = std::make_unique<Scheduler>(lim, config_.num_kv_pages, adapters_.get());
 
-  auto stage = [&](DType dtype, std::initializer_list<int64_t> dims) {
-    Staged s{OwnedTensor::host(dtype, dims), backend.empty(dtype, dims)};
-    return s;
-  };
-  token_ids_ = stage(DType::I32, {T});
-  positions_ = stage(DType::I32, {T});
-  token_slot_ = stage(DType::I32, {T});
-  seq_start_ = stage(DType::I32, {B + 1});
-  block_table_ = stage(DType::I32, {B, max_pages_per_seq_});
-  kv_write_index_ = stage(DType::I32, {T});
-  sample_index_ = stage(DType::I32, {B});
-  temperature_ = stage(DType::F32, {B});
-  top_k_ = stage(DType::I32, {B});
-  top_p_ = stage(DType::F32, {B});
-  uniform_ = stage(DType::F32, {B});
-  sampled_tokens_ = stage(DType::I32, {B});
-  sampled_logprob_ = stage(DType::F32, {B});
-  top_ids_ = stage(DType::I32, {int64_t(B) * ops::kMaxTopLogprobs});
-  top_logprobs_ = stage(DType::F32, {int64_t(B) * ops::kMaxTopLogprobs});
+  main_ = make_staging(backend, T, B);
   buckets_ = decode_graph_buckets(std::min(B, T));
 }
 
-Engine::~Engine() { release_graphs(); }
+Engine::Staging Engine::make_staging(ops::Backend& backend, int max_tokens, int max_seqs) const {
+  const int T = max_tokens, B = max_seqs;
+  auto stage = [&](DType dtype, std::initializer_list<int64_t> dims) {
+    return Staged{OwnedTensor::host(dtype, dims), backend.empty(dtype, dims)};
+  };
+  Staging st;
+  st.token_ids = stage(DType::I32, {T});
+  st.positions = stage(DType::I32, {T});
+  st.token_slot = stage(DType::I32, {T});
+  st.seq_start = stage(DType::I32, {B + 1});
+  st.block_table = stage(DType::I32, {B, max_pages_per_seq_});
+  st.kv_write_index = stage(DType::I32, {T});
+  st.sample_index = stage(DType::I32, {B});
+  st.temperature = stage(DType::F32, {B});
+  st.top_k = stage(DType::I32, {B});
+  st.top_p = stage(DType::F32, {B});
+  st.uniform = stage(DType::F32, {B});
+  st.sampled_tokens = stage(DType::I32, {B});
+  st.sampled_logprob = stage(DType::F32, {B});
+  st.top_ids = stage(DType::I32, {int64_t(B) * ops::kMaxTopLogprobs});
+  st.top_logprobs = stage(DType::F32, {int64_t(B) * ops::kMaxTopLogprobs});
+  return st;
+}
+
+Engine::~Engine() {
+  if (lane_ && lane_->result.valid()) lane_->result.wait();  // the worker reads this engine's state
+  release_graphs();
+}
 
 void Engine::release_graphs() {
   for (auto& [key, graph] : graphs_) backend_.release_graph(graph.id);
@@ -176,10 +205,10 @@ Tensor Engine::run_forward(int bucket) {
   const model::LoraLookup lookup = [&](int layer, ops::LoraTarget target) { return slots.stack(layer, target); };
   // A dump reads activations back on the host mid-forward: never inside a recording.
   if (bucket == 0 || !backend_.supports_graphs() || config_.enforce_eager || model_->has_activation_dump())
-    return model_->forward(batch_, cache_, lookup);
-  batch_.lora_scattered_tokens = -1;  // a recording serves any adapter mix: no path chosen from this one
-  batch_.lora_runs = {};
-  batch_.lora_rest_rows = -1;
+    return model_->forward(main_.batch, cache_, lookup);
+  main_.batch.lora_scattered_tokens = -1;  // a recording serves any adapter mix: no path chosen from this one
+  main_.batch.lora_runs = {};
+  main_.batch.lora_rest_rows = -1;
   if (backend_.memory_epoch() != graphs_epoch_) {  // a workspace moved: every recording points at old memory
     release_graphs();
     graphs_epoch_ = backend_.memory_epoch();
@@ -188,7 +217,7 @@ Tensor Engine::run_forward(int bucket) {
   // so base-only batches take a LoRA-free recording). Slot contents and ranks live in device memory the
   // recording reads, so one recording serves any mix of resident adapters.
   std::string layout;
-  if (batch_.any_lora) {
+  if (main_.batch.any_lora) {
     const int layers = model_->config().num_layers;
     layout.reserve(size_t(layers) * ops::kNumLoraTargets);
     for (int layer = 0; layer < layers; ++layer)
@@ -197,10 +226,10 @@ Tensor Engine::run_forward(int bucket) {
   }
   auto [it, first_sight] = graphs_.try_emplace({bucket, std::move(layout)});
   DecodeGraph& graph = it->second;
-  if (first_sight) return model_->forward(batch_, cache_, lookup);  // sizes workspaces, sets kernel attributes
+  if (first_sight) return model_->forward(main_.batch, cache_, lookup);  // sizes workspaces, sets kernel attributes
   if (graph.id < 0) {
     backend_.begin_capture();
-    graph.logits = model_->forward(batch_, cache_, lookup);
+    graph.logits = model_->forward(main_.batch, cache_, lookup);
     graph.id = backend_.end_capture();
     ++graph_captures_;
   }
@@ -223,6 +252,11 @@ Status Engine::remove_adapter(const std::string& name) {
 
 bool Engine::abort(uint64_t id) {
   if (finished_.erase(id)) return true;
+  if (lane_ && lane_->result.valid() && lane_->job.seq->id == id) {  // the lane writes its pages: let it finish
+    std::vector<StepOutput> ignored;
+    finish_lane(ignored, true);
+    if (finished_.erase(id)) return true;
+  }
   return scheduler_->abort(id) != nullptr;
 }
 
@@ -259,19 +293,19 @@ Result<uint64_t> Engine::add_request(Request request) {
   return id;
 }
 
-void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
+void Engine::build_batch(Staging& st, ops::Backend& backend, const std::vector<ScheduledSeq>& step, int pad_to) {
   const int P = config_.scheduler.page_size;
-  int32_t* token_ids = token_ids_.host.view.ptr<int32_t>();
-  int32_t* positions = positions_.host.view.ptr<int32_t>();
-  int32_t* token_slot = token_slot_.host.view.ptr<int32_t>();
-  int32_t* seq_start = seq_start_.host.view.ptr<int32_t>();
-  int32_t* block_table = block_table_.host.view.ptr<int32_t>();
-  int32_t* kv_write = kv_write_index_.host.view.ptr<int32_t>();
-  int32_t* sample_index = sample_index_.host.view.ptr<int32_t>();
+  int32_t* token_ids = st.token_ids.host.view.ptr<int32_t>();
+  int32_t* positions = st.positions.host.view.ptr<int32_t>();
+  int32_t* token_slot = st.token_slot.host.view.ptr<int32_t>();
+  int32_t* seq_start = st.seq_start.host.view.ptr<int32_t>();
+  int32_t* block_table = st.block_table.host.view.ptr<int32_t>();
+  int32_t* kv_write = st.kv_write_index.host.view.ptr<int32_t>();
+  int32_t* sample_index = st.sample_index.host.view.ptr<int32_t>();
   int t = 0, num_samples = 0;
   bool any_lora = false;
   int64_t scattered = 0;
-  lora_runs_.clear();
+  st.lora_runs.clear();
   // Rows [0, rest_end) hold every adapter token outside the runs, unless one follows a run (the scheduler
   // puts running sequences, decode tokens first, before new prompts, so usually none does).
   int64_t rest_end = 0;
@@ -280,10 +314,10 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
     const Sequence& seq = *step[b].seq;
     seq_start[b] = t;
     if (seq.slot >= 0 && step[b].num_tokens >= ops::kLoraRunTokens) {  // a prompt chunk: one adapter's run
-      lora_runs_.push_back({.first = t, .tokens = step[b].num_tokens, .slot = seq.slot});
+      st.lora_runs.push_back({.first = t, .tokens = step[b].num_tokens, .slot = seq.slot});
     } else if (seq.slot >= 0) {
       rest_end = t + step[b].num_tokens;
-      rest_after_run |= !lora_runs_.empty();
+      rest_after_run |= !st.lora_runs.empty();
     }
     int32_t* row = block_table + b * size_t(max_pages_per_seq_);
     std::fill(row, row + max_pages_per_seq_, 0);
@@ -316,39 +350,39 @@ void Engine::build_batch(const std::vector<ScheduledSeq>& step, int pad_to) {
 
   auto upload = [&](Staged& s, int64_t rows) {
     Tensor dst = s.device.view.rows(0, rows), src = s.host.view.rows(0, rows);
-    backend_.copy(dst, src);
+    backend.copy(dst, src);
     return dst;
   };
-  batch_ = model::BatchView{};
-  batch_.num_tokens = t;
-  batch_.num_seqs = B;
-  batch_.num_samples = num_samples;
-  batch_.token_ids = upload(token_ids_, t);
-  batch_.positions = upload(positions_, t);
-  batch_.token_slot = upload(token_slot_, t);
-  batch_.seq_start = upload(seq_start_, B + 1);
-  batch_.block_table = upload(block_table_, B);
-  batch_.kv_write_index = upload(kv_write_index_, t);
-  batch_.sample_index = upload(sample_index_, num_samples);
-  batch_.any_lora = any_lora;
-  batch_.lora_scattered_tokens = scattered;
-  batch_.lora_runs = lora_runs_;
-  batch_.lora_rest_rows = rest_after_run ? -1 : rest_end;
+  st.batch = model::BatchView{};
+  st.batch.num_tokens = t;
+  st.batch.num_seqs = B;
+  st.batch.num_samples = num_samples;
+  st.batch.token_ids = upload(st.token_ids, t);
+  st.batch.positions = upload(st.positions, t);
+  st.batch.token_slot = upload(st.token_slot, t);
+  st.batch.seq_start = upload(st.seq_start, B + 1);
+  st.batch.block_table = upload(st.block_table, B);
+  st.batch.kv_write_index = upload(st.kv_write_index, t);
+  st.batch.sample_index = upload(st.sample_index, num_samples);
+  st.batch.any_lora = any_lora;
+  st.batch.lora_scattered_tokens = scattered;
+  st.batch.lora_runs = st.lora_runs;
+  st.batch.lora_rest_rows = rest_after_run ? -1 : rest_end;
 }
 
 // One uniform number per sampled row from the request's stream and the index of the token being drawn,
 // so a seeded request samples the same tokens however it is batched.
-std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const Tensor& logits,
-                                    std::vector<std::optional<TokenLogprobs>>* logprobs) {
+std::vector<int32_t> Engine::sample(Staging& st, ops::Backend& backend, const std::vector<ScheduledSeq>& step,
+                                    const Tensor& logits, std::vector<std::optional<TokenLogprobs>>* logprobs) {
   std::vector<int32_t> tokens;
   int S = int(logits.dim(0));
   logprobs->assign(size_t(S), std::nullopt);
   if (S == 0) return tokens;
   int top_n = -1;  // the widest top-logprobs list a row of this step asked for; -1 = no row wants logprobs
-  float* temperature = temperature_.host.view.ptr<float>();
-  int32_t* top_k = top_k_.host.view.ptr<int32_t>();
-  float* top_p = top_p_.host.view.ptr<float>();
-  float* uniform = uniform_.host.view.ptr<float>();
+  float* temperature = st.temperature.host.view.ptr<float>();
+  int32_t* top_k = st.top_k.host.view.ptr<int32_t>();
+  float* top_p = st.top_p.host.view.ptr<float>();
+  float* uniform = st.uniform.host.view.ptr<float>();
   int i = 0;
   for (const ScheduledSeq& s : step) {
     if (!s.sample) continue;
@@ -362,45 +396,45 @@ std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const
     uniform[i] = float(draw >> 40) * (1.0f / 16777216.0f);
     ++i;
   }
-  auto upload = [&](Staged& st) {
-    Tensor dst = st.device.view.rows(0, S);
-    backend_.copy(dst, st.host.view.rows(0, S));
+  auto upload = [&](Staged& staged) {
+    Tensor dst = staged.device.view.rows(0, S);
+    backend.copy(dst, staged.host.view.rows(0, S));
     return dst;
   };
-  Tensor out = sampled_tokens_.device.view.rows(0, S);
+  Tensor out = st.sampled_tokens.device.view.rows(0, S);
   ops::SamplingParams params{.logits = logits,
-                             .temperature = upload(temperature_),
-                             .top_k = upload(top_k_),
-                             .top_p = upload(top_p_),
-                             .uniform = upload(uniform_),
+                             .temperature = upload(st.temperature),
+                             .top_k = upload(st.top_k),
+                             .top_p = upload(st.top_p),
+                             .uniform = upload(st.uniform),
                              .out_tokens = out};
   // Logprobs only when a row asked; every row then gets the widest list and keeps its own prefix of it
   // (never wider than the vocabulary: a tiny model lists all of its tokens).
   top_n = int(std::min<int64_t>(top_n, logits.dim(1)));
-  auto top_view = [&](Staged& st, bool device) {
-    return (device ? st.device : st.host).view.rows(0, int64_t(S) * top_n).reshape({S, top_n});
+  auto top_view = [&](Staged& staged, bool device) {
+    return (device ? staged.device : staged.host).view.rows(0, int64_t(S) * top_n).reshape({S, top_n});
   };
   if (top_n >= 0) {
-    params.out_logprob = sampled_logprob_.device.view.rows(0, S);
+    params.out_logprob = st.sampled_logprob.device.view.rows(0, S);
     if (top_n > 0) {
-      params.out_top_ids = top_view(top_ids_, true);
-      params.out_top_logprobs = top_view(top_logprobs_, true);
+      params.out_top_ids = top_view(st.top_ids, true);
+      params.out_top_logprobs = top_view(st.top_logprobs, true);
     }
   }
-  backend_.sample(params);
-  backend_.time_mark(1);  // the step's last device op before the tokens are read back
-  backend_.copy(sampled_tokens_.host.view.rows(0, S), out);
-  const int32_t* host = sampled_tokens_.host.view.ptr<int32_t>();
+  backend.sample(params);
+  backend.time_mark(1);  // the step's last device op before the tokens are read back
+  backend.copy(st.sampled_tokens.host.view.rows(0, S), out);
+  const int32_t* host = st.sampled_tokens.host.view.ptr<int32_t>();
   tokens.assign(host, host + S);
   if (top_n < 0) return tokens;
-  backend_.copy(sampled_logprob_.host.view.rows(0, S), params.out_logprob);
+  backend.copy(st.sampled_logprob.host.view.rows(0, S), params.out_logprob);
   if (top_n > 0) {
-    backend_.copy(top_view(top_ids_, false), params.out_top_ids);
-    backend_.copy(top_view(top_logprobs_, false), params.out_top_logprobs);
+    backend.copy(top_view(st.top_ids, false), params.out_top_ids);
+    backend.copy(top_view(st.top_logprobs, false), params.out_top_logprobs);
   }
-  const float* logprob = sampled_logprob_.host.view.ptr<float>();         // [S] f32
-  const int32_t* top_ids = top_ids_.host.view.ptr<int32_t>();             // [S, top_n] i32
-  const float* top_logprobs = top_logprobs_.host.view.ptr<float>();       // [S, top_n] f32
+  const float* logprob = st.sampled_logprob.host.view.ptr<float>();         // [S] f32
+  const int32_t* top_ids = st.top_ids.host.view.ptr<int32_t>();             // [S, top_n] i32
+  const float* top_logprobs = st.top_logprobs.host.view.ptr<float>();       // [S, top_n] f32
   i = 0;
   for (const ScheduledSeq& s : step) {
     if (!s.sample) continue;
@@ -419,24 +453,36 @@ std::vector<int32_t> Engine::sample(const std::vector<ScheduledSeq>& step, const
 Engine::StepReport Engine::step() {
   StepReport report;
   std::vector<StepOutput>& outputs = report.outputs;
+  // 0. The prefill lane: a finished run's first tokens join this step's outputs; an idle lane takes the
+  // next prompt (it runs beside the step below).
+  if (lane_) {
+    report.num_tokens += finish_lane(outputs, false);
+    start_lane(report.scheduled);
+  }
   // 1. schedule
   std::vector<ScheduledSeq> step = scheduler_->schedule();
   for (std::unique_ptr<Sequence>& failed : scheduler_->take_failed()) {  // e.g. its adapter could not be read
     outputs.push_back({.id = failed->id, .finished = true, .finish = FinishReason::kAbort, .error = failed->error});
     finished_[failed->id] = std::move(failed);
   }
-  if (step.empty()) return report;
+  if (step.empty()) {
+    // Nothing decodes: wait for the lane, then give it the next prompt.
+    if (lane_) {
+      const int fed = finish_lane(outputs, true);
+      report.num_tokens += fed;
+      if (fed > 0) start_lane(report.scheduled);
+    }
+    return report;
+  }
   // 2. run
   const int bucket = decode_bucket(step);
-  build_batch(step, bucket);
+  build_batch(main_, backend_, step, bucket);
   backend_.time_mark(0);  // the step's inputs are enqueued: device time from here to the sampled tokens
   const auto launch_start = std::chrono::steady_clock::now();
-  report.num_tokens = 0;
   for (const ScheduledSeq& s : step) {
     report.num_tokens += s.num_tokens;
     report.scheduled.push_back(s.seq->id);
   }
-  const model::ModelConfig& mc = model_->config();
   Tensor logits = run_forward(bucket);
   report.launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_start).count();
   int real_samples = 0;
@@ -444,10 +490,24 @@ Engine::StepReport Engine::step() {
   logits = logits.rows(0, real_samples);  // padding rows' logits are not sampled
   // 3. sample
   std::vector<std::optional<TokenLogprobs>> token_logprobs;  // per sampled row
-  std::vector<int32_t> tokens = sample(step, logits, &token_logprobs);
+  std::vector<int32_t> tokens = sample(main_, backend_, step, logits, &token_logprobs);
   report.device_seconds = backend_.marked_seconds();  // sample() has read the tokens back: both marks are done
   scheduler_->commit(step);
   // 4. postprocess
+  postprocess(step, tokens, token_logprobs, logits, backend_, outputs);
+  // A lane run that finished meanwhile: its token goes out now, and the lane takes the next prompt.
+  if (lane_) {
+    const int fed = finish_lane(outputs, false);
+    report.num_tokens += fed;
+    if (fed > 0) start_lane(report.scheduled);
+  }
+  return report;
+}
+
+void Engine::postprocess(const std::vector<ScheduledSeq>& step, const std::vector<int32_t>& tokens,
+                         std::vector<std::optional<TokenLogprobs>>& token_logprobs, const Tensor& logits,
+                         ops::Backend& backend, std::vector<StepOutput>& outputs) {
+  const model::ModelConfig& mc = model_->config();
   OwnedTensor host_logits;
   int i = 0;
   for (const ScheduledSeq& s : step) {
@@ -457,7 +517,7 @@ Engine::StepReport Engine::step() {
     if (seq->request.return_logits) {
       if (!host_logits.view.defined()) {
         host_logits = OwnedTensor::host(DType::F32, {logits.dim(0), logits.dim(1)});
-        backend_.copy(host_logits.view, logits);
+        backend.copy(host_logits.view, logits);
       }
       const float* row = host_logits.view.row(i).ptr<float>();
       seq->logits.emplace_back(row, row + mc.vocab_size);
@@ -479,7 +539,50 @@ Engine::StepReport Engine::step() {
       finished_[done->id] = std::move(done);
     }
   }
-  return report;
+}
+
+// The lane's run: the batch is built here on the engine's thread (host staging, uploads on the lane's
+// stream); forward and sampling run on a worker thread, on the lane's backend and model. The worker reads
+// only the lane's own state, the KV cache tensors (its sequence's pages, which nothing else touches while
+// it is in the lane) and a copy of the slot table's stacks taken now (its slot is held by its sequence).
+void Engine::start_lane(std::vector<uint64_t>& scheduled) {
+  if (!lane_ || lane_->result.valid()) return;
+  std::optional<ScheduledSeq> job = scheduler_->schedule_lane();
+  if (!job) return;
+  Lane& lane = *lane_;
+  lane.job = *job;
+  scheduled.push_back(job->seq->id);
+  const lora::SlotTable& slots = adapters_->slots();
+  const int layers = model_->config().num_layers;
+  lane.stacks.assign(size_t(layers) * ops::kNumLoraTargets, ops::LoraStack{});
+  for (int layer = 0; layer < layers; ++layer)
+    for (int t = 0; t < ops::kNumLoraTargets; ++t)
+      lane.stacks[size_t(layer) * ops::kNumLoraTargets + size_t(t)] = slots.stack(layer, ops::LoraTarget(t));
+  build_batch(lane.staging, *lane.backend, {lane.job});
+  ++lane_runs_;
+  lane.result = std::async(std::launch::async, [this, &lane] {
+    const model::LoraLookup lookup = [&lane](int layer, ops::LoraTarget target) {
+      return lane.stacks[size_t(layer) * ops::kNumLoraTargets + size_t(target)];
+    };
+    LaneResult result;
+    Tensor logits = lane.model->forward(lane.staging.batch, cache_, lookup);
+    result.logits = logits.rows(0, lane.job.sample ? 1 : 0);
+    result.tokens = sample(lane.staging, *lane.backend, {lane.job}, result.logits, &result.logprobs);
+    lane.backend->synchronize();
+    return result;
+  });
+}
+
+int Engine::finish_lane(std::vector<StepOutput>& outputs, bool wait) {
+  if (!lane_ || !lane_->result.valid()) return 0;
+  Lane& lane = *lane_;
+  if (!wait && lane.result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return 0;
+  LaneResult result = lane.result.get();
+  const std::vector<ScheduledSeq> job = {lane.job};
+  scheduler_->commit(job);
+  lane.job.seq->in_lane = false;
+  postprocess(job, result.tokens, result.logprobs, result.logits, *lane.backend, outputs);
+  return job[0].num_tokens;
 }
 
 std::unique_ptr<Sequence> Engine::take_finished(uint64_t id) {

@@ -3,6 +3,7 @@
 // its backend, the KV cache, the adapter store and the scheduler. Single-threaded: the caller drives it
 // (the adapter store reads adapters from disk on its own loader thread, which touches no engine state).
 #pragma once
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,13 @@ struct EngineConfig {
   bool enforce_eager = false;
   // Pad decode-only steps to the graph buckets even without graphs (tests of the padding on the cpu).
   bool pad_decode_batches = false;
+  // The prefill lane (--prefill-lane): each prompt's prefill runs on a second backend of the same device
+  // (ops::Backend::make_lane: its own stream and scratch, the same weights and KV pages) on a worker thread,
+  // beside the decode steps, instead of inside a mixed step that every decoding sequence waits for. One
+  // prompt at a time; its first token joins the step outputs once the lane is done. docs/perf-log.md's plan
+  // (item 5) gives the reason: with many clients TTFT is two mixed steps.
+  bool prefill_lane = false;
+  double prefill_lane_sm_share = 0.75;  // the SMs the lane's persistent kernels may hold (--prefill-lane-sm-share)
 };
 
 // The batch sizes decode graphs are recorded for, up to max_seqs (which is always one): 1, 2, 4, 8, then
@@ -84,6 +92,8 @@ class Engine {
   // Decode steps that replayed a recorded graph, and recordings made.
   uint64_t num_graph_replays() const { return graph_replays_; }
   uint64_t num_graph_captures() const { return graph_captures_; }
+  // Prefill runs on the lane so far (EngineConfig::prefill_lane).
+  uint64_t num_lane_runs() const { return lane_runs_; }
   const model::Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
   model::Model& mutable_model() { return *model_; }
@@ -92,8 +102,22 @@ class Engine {
   Engine(const model::ModelWeights& weights, ops::Backend& backend, const EngineConfig& config);
   // KV pages the memory budget allows (gpu_memory_utilization), or an error naming the shortfall.
   Result<int> kv_pages_from_memory(const model::ModelConfig& mc) const;
+  // Host staging of one flat batch and its device twins (sized from the limits once), and the batch built
+  // from them. The engine has one for its steps and, with the prefill lane, one on the lane's backend.
+  struct Staged {
+    OwnedTensor host, device;
+  };
+  struct Staging {
+    Staged token_ids, positions, token_slot, seq_start, block_table, kv_write_index, sample_index;
+    Staged temperature, top_k, top_p, uniform, sampled_tokens;
+    Staged sampled_logprob;         // [B] f32
+    Staged top_ids, top_logprobs;   // [B * kMaxTopLogprobs] i32 / f32, viewed as [S, N] per step
+    model::BatchView batch;
+    std::vector<ops::LoraRun> lora_runs;  // batch.lora_runs' storage
+  };
+  Staging make_staging(ops::Backend& backend, int max_tokens, int max_seqs) const;
   // `pad_to` > step.size(): rows past the real sequences are padding (base slot, no KV write, not read).
-  void build_batch(const std::vector<ScheduledSeq>& step, int pad_to = 0);
+  void build_batch(Staging& st, ops::Backend& backend, const std::vector<ScheduledSeq>& step, int pad_to = 0);
   // The bucket a decode-only step is padded to, or 0 when the step runs eagerly as it is.
   int decode_bucket(const std::vector<ScheduledSeq>& step) const;
   // The forward pass of the batch just built, through a recorded graph when `bucket` > 0 and the backend
@@ -101,8 +125,18 @@ class Engine {
   // records, later ones replay.
   Tensor run_forward(int bucket);
   // The sampled token of each sampled row; `logprobs` gets one entry per row (set for rows that asked).
-  std::vector<int32_t> sample(const std::vector<ScheduledSeq>& step, const Tensor& logits,
-                              std::vector<std::optional<TokenLogprobs>>* logprobs);
+  std::vector<int32_t> sample(Staging& st, ops::Backend& backend, const std::vector<ScheduledSeq>& step,
+                              const Tensor& logits, std::vector<std::optional<TokenLogprobs>>* logprobs);
+  // Append each sampled row's token to its sequence, check stops, finish sequences; one output per row.
+  // `logits` (the sampled rows', on `backend`) is read back only for requests that keep logits.
+  void postprocess(const std::vector<ScheduledSeq>& step, const std::vector<int32_t>& tokens,
+                   std::vector<std::optional<TokenLogprobs>>& token_logprobs, const Tensor& logits,
+                   ops::Backend& backend, std::vector<StepOutput>& outputs);
+  // The prefill lane (EngineConfig::prefill_lane): start its next run if idle (its sequence's id goes to
+  // `scheduled`), or take a finished run's outputs (wait: block until the run in flight is done); returns the
+  // tokens the finished run fed (0: none finished).
+  void start_lane(std::vector<uint64_t>& scheduled);
+  int finish_lane(std::vector<StepOutput>& outputs, bool wait);
 
   EngineConfig config_;
   ops::Backend& backend_;
@@ -115,16 +149,25 @@ class Engine {
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::unique_ptr<Sequence>> finished_;
 
-  // Host staging of the flat batch and their device twins, sized from the limits once.
-  struct Staged {
-    OwnedTensor host, device;
+  Staging main_;  // the engine's own steps
+
+  // The prefill lane: a second backend and model (the same device weights), its staging, and the run in
+  // flight on a worker thread, which returns the sampled rows' tokens and logprobs.
+  struct LaneResult {
+    std::vector<int32_t> tokens;
+    std::vector<std::optional<TokenLogprobs>> logprobs;
+    Tensor logits;  // the sampled rows' logits on the lane's backend (valid until the next run)
   };
-  Staged token_ids_, positions_, token_slot_, seq_start_, block_table_, kv_write_index_, sample_index_;
-  Staged temperature_, top_k_, top_p_, uniform_, sampled_tokens_;
-  Staged sampled_logprob_;           // [B] f32
-  Staged top_ids_, top_logprobs_;    // [B * kMaxTopLogprobs] i32 / f32, viewed as [S, N] per step
-  model::BatchView batch_;
-  std::vector<ops::LoraRun> lora_runs_;  // batch_.lora_runs' storage
+  struct Lane {
+    std::unique_ptr<ops::Backend> backend;
+    std::unique_ptr<model::Model> model;
+    Staging staging;
+    std::vector<ops::LoraStack> stacks;  // [layer · kNumLoraTargets + target]: the slot table when the run began
+    ScheduledSeq job;
+    std::future<LaneResult> result;
+  };
+  std::unique_ptr<Lane> lane_;
+  uint64_t lane_runs_ = 0;
 
   struct DecodeGraph {
     int id = -1;    // backend recording; -1: seen once (ran eagerly), not yet recorded

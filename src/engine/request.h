@@ -53,6 +53,7 @@ struct Sequence {
   FinishReason finish = FinishReason::kNone;
   int slot = -1;                 // adapter slot while running, -1 = base
   int adapter_wait_steps = 0;    // steps passed over while waiting for an adapter slot
+  bool in_lane = false;          // its prefill runs on the engine's prefill lane now (EngineConfig::prefill_lane)
   // Prefix cache (scheduler-owned): chain hashes of the full pages of `tokens` (grown as pages fill; the
   // tokens never change, so they survive preemption), how many leading pages are published, and how
   // many prompt tokens the last admission found cached.

@@ -94,10 +94,16 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
   bool prompt_in_step = false;  // a prefill chunk is in the step (PrefillPacking::kWhole)
   for (auto it = running_.begin(); it != running_.end() && budget > 0 && int(step.size()) < limits_.max_num_seqs;) {
     Sequence* seq = it->get();
+    // The prefill lane's sequence runs there; with the lane, prefills (more than one pending token) go there too.
+    if (seq->in_lane || (limits_.prefill_lane && seq->num_pending() > 1)) {
+      ++it;
+      continue;
+    }
     int n = std::min(seq->num_pending(), budget);
     bool got = ensure_pages(seq, seq->num_computed + n);
     while (!got) {  // free pages by preempting the newest sequence that is not already in this step
       auto victim = std::prev(running_.end());
+      while (victim != it && (*victim)->in_lane) --victim;  // the lane writes its pages right now
       if (victim == it) break;
       preempt(victim);
       got = ensure_pages(seq, seq->num_computed + n);
@@ -116,66 +122,23 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
 
   // 2. Waiting prompts, FIFO, skipping those whose adapter cannot get a slot right now (or is still being
   // read from disk) — unless one has been skipped too long for a slot: then later adapter requests wait
-  // too, so held slots drain to it.
+  // too, so held slots drain to it. With the prefill lane, prompts start only there (schedule_lane).
   bool starving = false;
   for (auto it = waiting_.begin();
-       it != waiting_.end() && budget > 0 && int(running_.size()) < limits_.max_num_seqs &&
-       int(step.size()) < limits_.max_num_seqs;) {
-    Sequence* seq = it->get();
-    const std::string& adapter = seq->request.adapter;
-    if (!adapter.empty()) {
-      AdapterStore::Readiness ready = adapters_->prepare(adapter);
-      if (ready == AdapterStore::Readiness::kFailed) {  // its adapter could not be read: the request ends
-        std::unique_ptr<Sequence> owned = std::move(*it);
-        it = waiting_.erase(it);
-        release_pages(owned.get());
-        owned->state = SeqState::kFinished;
-        owned->finish = FinishReason::kAbort;
-        owned->error = adapters_->load_error(adapter).message();
-        failed_.push_back(std::move(owned));
-        continue;
-      }
-      if (ready == AdapterStore::Readiness::kLoading) {  // a read is in flight: wait, holding nothing
-        ++it;
-        continue;
-      }
-      if (ready == AdapterStore::Readiness::kSlotsHeld) {
-        if (++seq->adapter_wait_steps >= limits_.max_adapter_wait_steps) starving = true;
-        ++it;
-        continue;
-      }
-    }
-    if (starving && !adapter.empty()) {  // base-model requests hold no slot and may still go
-      ++it;
-      continue;
-    }
-    int n = 0;
+       !limits_.prefill_lane && it != waiting_.end() && budget > 0 &&
+       int(running_.size()) < limits_.max_num_seqs && int(step.size()) < limits_.max_num_seqs;) {
     // kWhole: beside another prompt's chunk, a prompt that a later step can hold whole (next to the
     // running sequences' decode tokens) is not split; it starts there.
     const int whole_below = limits_.prefill_packing == SchedulerLimits::PrefillPacking::kWhole && prompt_in_step
                                 ? limits_.max_num_batched_tokens - int(running_.size())
                                 : 0;
-    if (!admit_pages(seq, budget, whole_below, &n)) break;  // FIFO: later prompts wait for pages (or a step) too
-    if (!adapter.empty()) {
-      Result<int> slot = adapters_->acquire(adapter);  // prepare() said ready; only a refused copy fails
-      if (!slot.ok()) {
-        release_pages(seq);
-        seq->num_computed = 0;
-        seq->state = SeqState::kFinished;
-        seq->finish = FinishReason::kAbort;
-        seq->error = slot.status().message();
-        failed_.push_back(std::move(*it));
-        it = waiting_.erase(it);
-        continue;
-      }
-      seq->slot = slot.value();
-    }
-    seq->state = SeqState::kRunning;
-    step.push_back({seq, n, seq->num_computed + n == int(seq->tokens.size())});
-    budget -= n;
+    ScheduledSeq admitted;
+    const Admission admission = try_admit(it, budget, whole_below, &starving, &admitted);
+    if (admission == Admission::kStop) break;  // FIFO: later prompts wait for pages (or a step) too
+    if (admission == Admission::kSkipped) continue;
+    step.push_back(admitted);
+    budget -= admitted.num_tokens;
     prompt_in_step = true;
-    running_.push_back(std::move(*it));
-    it = waiting_.erase(it);
   }
 
   // 3. Requests queued behind a full batch: start reading their adapters now (host room permitting), so
@@ -184,6 +147,86 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
   for (auto it = waiting_.begin(); it != waiting_.end() && looked < limits_.max_num_seqs; ++it, ++looked)
     if (!(*it)->request.adapter.empty()) adapters_->prefetch((*it)->request.adapter);
   return step;
+}
+
+Scheduler::Admission Scheduler::try_admit(std::deque<std::unique_ptr<Sequence>>::iterator& it, int budget,
+                                          int whole_below, bool* starving, ScheduledSeq* out) {
+  Sequence* seq = it->get();
+  const std::string& adapter = seq->request.adapter;
+  if (!adapter.empty()) {
+    AdapterStore::Readiness ready = adapters_->prepare(adapter);
+    if (ready == AdapterStore::Readiness::kFailed) {  // its adapter could not be read: the request ends
+      std::unique_ptr<Sequence> owned = std::move(*it);
+      it = waiting_.erase(it);
+      release_pages(owned.get());
+      owned->state = SeqState::kFinished;
+      owned->finish = FinishReason::kAbort;
+      owned->error = adapters_->load_error(adapter).message();
+      failed_.push_back(std::move(owned));
+      return Admission::kSkipped;
+    }
+    if (ready == AdapterStore::Readiness::kLoading) {  // a read is in flight: wait, holding nothing
+      ++it;
+      return Admission::kSkipped;
+    }
+    if (ready == AdapterStore::Readiness::kSlotsHeld) {
+      if (++seq->adapter_wait_steps >= limits_.max_adapter_wait_steps) *starving = true;
+      ++it;
+      return Admission::kSkipped;
+    }
+  }
+  if (*starving && !adapter.empty()) {  // base-model requests hold no slot and may still go
+    ++it;
+    return Admission::kSkipped;
+  }
+  int n = 0;
+  if (!admit_pages(seq, budget, whole_below, &n)) return Admission::kStop;
+  if (!adapter.empty()) {
+    Result<int> slot = adapters_->acquire(adapter);  // prepare() said ready; only a refused copy fails
+    if (!slot.ok()) {
+      release_pages(seq);
+      seq->num_computed = 0;
+      seq->state = SeqState::kFinished;
+      seq->finish = FinishReason::kAbort;
+      seq->error = slot.status().message();
+      failed_.push_back(std::move(*it));
+      it = waiting_.erase(it);
+      return Admission::kSkipped;
+    }
+    seq->slot = slot.value();
+  }
+  seq->state = SeqState::kRunning;
+  *out = {seq, n, seq->num_computed + n == int(seq->tokens.size())};
+  running_.push_back(std::move(*it));
+  it = waiting_.erase(it);
+  return Admission::kAdmitted;
+}
+
+std::optional<ScheduledSeq> Scheduler::schedule_lane() {
+  LMX_CHECK(limits_.prefill_lane);
+  adapters_->collect_loads();
+  const int budget = limits_.max_num_batched_tokens;
+  // A prefill the lane has started (a prompt longer than one run's budget) continues first.
+  for (const std::unique_ptr<Sequence>& owned : running_) {
+    Sequence* seq = owned.get();
+    LMX_CHECK(!seq->in_lane);
+    if (seq->num_pending() <= 1) continue;
+    const int n = std::min(seq->num_pending(), budget);
+    if (!ensure_pages(seq, seq->num_computed + n)) return std::nullopt;  // pages free up as others finish
+    seq->in_lane = true;
+    return ScheduledSeq{seq, n, seq->num_computed + n == int(seq->tokens.size())};
+  }
+  if (int(running_.size()) >= limits_.max_num_seqs) return std::nullopt;
+  bool starving = false;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    ScheduledSeq admitted;
+    const Admission admission = try_admit(it, budget, 0, &starving, &admitted);
+    if (admission == Admission::kStop) return std::nullopt;
+    if (admission == Admission::kSkipped) continue;
+    admitted.seq->in_lane = true;
+    return admitted;
+  }
+  return std::nullopt;
 }
 
 // Mark the fed tokens computed and publish the pages they filled.

@@ -8,6 +8,7 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <optional>
 
 #include "engine/adapter_store.h"
 #include "engine/request.h"
@@ -35,6 +36,10 @@ struct SchedulerLimits {
   // step's budget, the last prompt taking what is left (vLLM's chunked prefill).
   enum class PrefillPacking { kWhole, kFill };
   PrefillPacking prefill_packing = PrefillPacking::kWhole;
+  // The engine's prefill lane (EngineConfig::prefill_lane): prompts are admitted only by schedule_lane(), one
+  // at a time, and schedule() plans decode tokens only (running sequences with one pending token, not in
+  // the lane). A sequence in the lane is never preempted.
+  bool prefill_lane = false;
 };
 
 struct ScheduledSeq {
@@ -51,6 +56,11 @@ class Scheduler {
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   // Plan one step; empty when nothing can run (e.g. waiting prompts that do not fit the KV cache at all).
   std::vector<ScheduledSeq> schedule();
+  // With limits().prefill_lane: the lane's next run, or nothing. First a running sequence whose prefill is
+  // not done (a prompt longer than the token budget: its next chunk), else the first waiting prompt that can
+  // be admitted (FIFO, the adapter and page rules of schedule()), its first chunk. The sequence is marked
+  // in_lane until the caller clears it after commit(). PRECOND: no sequence is in the lane.
+  std::optional<ScheduledSeq> schedule_lane();
   // After the step ran: mark the fed tokens computed (call before appending sampled tokens).
   void commit(const std::vector<ScheduledSeq>& step);
   // Finish a running sequence: free its pages and adapter slot; returns ownership to the caller.
@@ -86,6 +96,13 @@ class Scheduler {
   // `whole_below` (it fits a later step whole: PrefillPacking::kWhole; 0 = never). *num_tokens: the chunk
   // fed this step.
   bool admit_pages(Sequence* seq, int budget, int whole_below, int* num_tokens);
+  // One waiting sequence at `it` through schedule()'s admission: its adapter's readiness (a failed read ends
+  // it; a read in flight or held slots pass it over, counting toward `starving`), then pages and slot.
+  // kAdmitted: *out is its first chunk, it moved to running_ and `it` points past it; kSkipped: try the
+  // next (`it` advanced); kStop: FIFO, nothing later is admitted this time.
+  enum class Admission { kAdmitted, kSkipped, kStop };
+  Admission try_admit(std::deque<std::unique_ptr<Sequence>>::iterator& it, int budget, int whole_below,
+                      bool* starving, ScheduledSeq* out);
   void release_pages(Sequence* seq);
 
   SchedulerLimits limits_;

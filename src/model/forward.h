@@ -60,6 +60,9 @@ class Model {
   Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimits& limits);
   const ModelConfig& config() const { return config_; }
   const ModelLimits& limits() const { return limits_; }
+  // The weights as this model uses them (on its backend's device): another Model on a second backend of the
+  // same device (the engine's prefill lane) is built from these and uploads nothing.
+  const ModelWeights& device_weights() const { return device_weights_; }
 
   // Runs the batch and returns logits [S, V] (f32, a view of an internal buffer valid until the next call).
   Tensor forward(const BatchView& batch, KvCache& cache, const LoraLookup& lora);

@@ -4,7 +4,7 @@
 // windows 0/4/128 (also with the pages behind the window freed), GPT-OSS sinks, head dims 16/64/128, long
 // prefills, chunks against cached pages, decode at contexts 1..4096, sequences with no token this step.
 // Cache rows no query may read hold NaN, so a kernel that reads past its keys fails; outputs and the
-// split-KV workspace start poisoned.
+// split-KV workspace start poisoned. CudaAttentionWgmma: the prefill tiles by warpgroup MMAs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -311,6 +311,93 @@ TEST_F(CudaAttention, SplitKvCapturesInGraph) {
   EXPECT_TRUE(all_close(cuda::download(d_out), batch.want, kTolBf16Out));
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+// flash_wgmma_kernel (set_attention_wgmma): the 128-row tiles by warpgroup MMAs, against the oracle on every
+// D 64 shape above and Qwen3's D 128 — prefill, chunks against cached pages, decode rows (a tile of 8 real rows: its
+// second warpgroup all padding), windows with freed pages, sinks, GQA 1/2/8, pages 4/16 — pinned (one split)
+// and with the key split over CTAs (its partial triples), and through the launcher's own choice. Its own
+// suite, so a device run can take it apart from the others (scripts/device-run TESTS_LATE).
+class CudaAttentionWgmma : public CudaAttention {
+ protected:
+  void TearDown() override {
+    cuda::set_attention_wgmma(true);
+    CudaAttention::TearDown();
+  }
+  // Both forms of the 128-row tiles: warpgroup MMAs (the default) and mma.sync (the knob off).
+  void expect_wgmma_matches(const Case& c) {
+    const Batch batch = make_batch(c);
+    for (bool wgmma : {true, false}) {
+      SCOPED_TRACE(describe(c) + (wgmma ? ", 128-row tiles by wgmma" : ", 128-row tiles by mma.sync"));
+      cuda::set_attention_wgmma(wgmma);
+      expect_matches(c, batch, AttentionKernel::kFlash, false, 128);
+      expect_matches(c, batch, AttentionKernel::kSplitKv, true, 128);
+      expect_matches(c, batch, AttentionKernel::kAuto, true);
+    }
+    cuda::set_attention_wgmma(true);
+  }
+};
+
+TEST_F(CudaAttentionWgmma, MatchesCpu) {
+  const std::vector<Case> cases = {
+      {{{37, 37}, {101, 1}, {70, 20}}, 8, 2, 64, 16, 0, true},
+      {{{37, 37}, {101, 1}, {70, 20}}, 8, 2, 64, 16, 8, true},
+      {{{300, 300}}, 16, 2, 64, 16, 0, false},
+      {{{1000, 1000}}, 8, 1, 64, 16, 0, true},
+      {{{1000, 1000}}, 16, 2, 64, 16, 128, true, true},
+      {{{1000, 100}}, 8, 1, 64, 16, 0, true},
+      {{{530, 64}, {200, 7}, {4096, 33}}, 64, 8, 64, 16, 128, true, true},
+      {{{700, 300}, {70, 1}}, 8, 4, 64, 4, 4, true},
+      {{{1600, 1600}}, 64, 8, 64, 16, 0, true},    // the yardstick's prompt, full layer
+      {{{1600, 1600}}, 64, 8, 64, 16, 128, true},  // and sliding layer
+      {{{2000, 1}, {1500, 1}, {64, 1}, {777, 1}}, 64, 8, 64, 16, 0, true},
+      {{{1600, 1600}}, 32, 4, 128, 16, 0, false},                       // Qwen3-30B-A3B's prompt (D 128)
+      {{{530, 64}, {200, 7}, {4096, 33}}, 32, 4, 128, 16, 0, false},    // Qwen3 chunks against cached pages
+      {{{1000, 1000}}, 8, 1, 128, 16, 128, true},                       // D 128 with a window and sinks
+      {{{1, 1}, {2, 2}, {129, 3}}, 4, 4, 128, 16, 0, false},            // MHA, tiny sequences
+  };
+  for (const Case& c : cases) expect_wgmma_matches(c);
+}
+
+TEST_F(CudaAttentionWgmma, ShapeSweep) {
+  for (int head_dim : {64, 128}) {
+    for (int group : {1, 2, 8}) {
+      for (int page_size : {4, 16}) {
+        for (int window : {0, 4, 128}) {
+          for (bool sinks : {false, true}) {
+            expect_wgmma_matches(
+                {{{37, 37}, {150, 1}, {50, 0}, {90, 21}}, 2 * group, 2, head_dim, page_size, window, sinks});
+          }
+        }
+      }
+    }
+  }
+}
+
+// The knob switches kernels and nothing else: off, the mma.sync kernel gives the same batch bit for bit before
+// and after a run by wgmma; both meet the oracle.
+TEST_F(CudaAttentionWgmma, KnobSwitchesKernels) {
+  const Case c{{{300, 300}, {70, 20}}, 16, 2, 64, 16, 0, true};
+  SCOPED_TRACE(describe(c));
+  const Batch batch = make_batch(c);
+  auto run = [&] {
+    OwnedTensor d_out = poisoned(DType::BF16, {batch.tokens, c.q_heads, c.head_dim});
+    cuda::attention({.q = batch.d_q, .k_cache = batch.d_k, .v_cache = batch.d_v, .block_table = batch.d_table,
+                     .seq_start = batch.d_start, .positions = batch.d_positions, .sinks = batch.d_sinks,
+                     .sliding_window = c.window, .softmax_scale = 0.125f, .out = d_out},
+                    stream_, {.kernel = AttentionKernel::kFlash, .flash_rows = 128});
+    sync();
+    return cuda::download(d_out);
+  };
+  cuda::set_attention_wgmma(false);
+  const OwnedTensor before = run();
+  cuda::set_attention_wgmma(true);
+  const OwnedTensor wgmma = run();
+  cuda::set_attention_wgmma(false);
+  const OwnedTensor after = run();
+  EXPECT_TRUE(bitwise_equal(before, after));
+  EXPECT_TRUE(all_close(before, batch.want, kTolBf16Out));
+  EXPECT_TRUE(all_close(wgmma, batch.want, kTolBf16Out));
 }
 
 }  // namespace

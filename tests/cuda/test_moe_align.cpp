@@ -1,7 +1,7 @@
 // Parity of the CUDA MoE sort/align (backends/cuda/moe_align.cuh) with a CPU reference written here from
 // the contract: groups by expert or by (slot, expert), pairs in increasing t*K + k inside a group, groups
-// padded to BLOCK_M with the sentinel T*K, tile -> group, offsets, tile count. Both paths (one block, radix
-// sort) on every case up to kMoeAlignSmallPairs = 16384 pairs (each of the one-block path's 1 / 4 / 16
+// padded to BLOCK_M with the sentinel T*K, tile -> group, offsets, tile count. Every path (tiny up to 256
+// pairs, one block, chunked, radix sort) on every case up to kMoeAlignSmallPairs = 16384 pairs (each of the one-block path's 1 / 4 / 16
 // items-per-thread buckets and their edges), the sort path above; up to E = 512 × S = 64 (32768 groups).
 // Also order_by_slot: tiles by expert, an expert's pairs by slot (-1 first) then t*K + k, each slot group
 // starting at a multiple of slot_group_rows where set and the expert's tiles have room. Exact.
@@ -92,7 +92,11 @@ TEST_F(CudaMoeAlign, MatchesReference) {
       // of the yardstick (T 1615: experts with and without room), group rows equal to BLOCK_M, many groups
       // per expert.
       {1615, 4, 32, 8, 128, true, true, 16}, {3, 2, 8, 4, 16, true, true, 16}, {4097, 4, 32, 8, 128, true, true, 16},
-      {1024, 8, 512, 64, 64, true, true, 16}, {256, 4, 32, 8, 64, true, true, 64}, {0, 4, 32, 8, 128, true, true, 16}};
+      {1024, 8, 512, 64, 64, true, true, 16}, {256, 4, 32, 8, 64, true, true, 64}, {0, 4, 32, 8, 128, true, true, 16},
+      // the tiny path's edges: 256 pairs, GPT-OSS-20B's decode batch ordered by slot (and 256 pairs of it), 256
+      // pairs over more groups than its shared memory holds (auto takes the one-block path), group rows
+      {64, 4, 32, 8, 16, true}, {16, 4, 32, 8, 16, true, true}, {64, 4, 32, 8, 16, true, true},
+      {32, 8, 512, 64, 16, true}, {64, 4, 32, 8, 16, true, true, 16}};
   for (const Case& c : cases) {
     const int64_t pairs = c.tokens * c.top_k;
     const int64_t groups = c.order_by_slot ? c.experts * (c.slots + 1) : c.by_slot ? c.slots * c.experts : c.experts;
@@ -106,8 +110,9 @@ TEST_F(CudaMoeAlign, MatchesReference) {
         align_reference(topk_ids, c.by_slot ? &token_slot.view : nullptr, c.experts, c.slots, c.block_m, c.order_by_slot,
                         c.group_rows);
     const int64_t capacity = cuda::moe_align_capacity(pairs, c.order_by_slot ? c.experts : groups, c.block_m);
-    for (int path : {0, 1, 2}) {
+    for (int path : {0, 1, 2, 3}) {
       if ((path == 0 || path == 2) && pairs > cuda::kMoeAlignSmallPairs) continue;
+      if (path == 3 && (pairs > cuda::kMoeAlignTinyPairs || groups > cuda::kMoeAlignTinyGroups)) continue;
       SCOPED_TRACE("T " + std::to_string(c.tokens) + " K " + std::to_string(c.top_k) + " E " +
                    std::to_string(c.experts) + " S " + std::to_string(c.slots) + " BLOCK_M " +
                    std::to_string(c.block_m) + (c.order_by_slot ? " ordered by slot" : c.by_slot ? " by slot" : " by expert") +

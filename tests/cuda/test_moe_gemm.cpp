@@ -302,6 +302,10 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";
     cuda::set_moe_gemm_compact_epilogue(true);
+    // gate_up's a written in tile order for down (the default) or by pair and gathered again: the same bits.
+    cuda::set_moe_block_a_in_tile_order(false);
+    EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "a by pair and gathered vs in tile order";
+    cuda::set_moe_block_a_in_tile_order(true);
     // The MoE-LoRA in the persistent GEMMs' accumulators (MoeGemmLora) at both down widths. Its d rounds
     // to bf16 once (acc + LoRA + bias) where the reference rounds acc + bias and then the expand's sum:
     // the two differ by one ulp of d in a share of the elements, and |d| reaches 16 where the output is
@@ -320,6 +324,12 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
         const OwnedTensor got = run_block(c, b, true, stream_);
         EXPECT_TRUE(close_to_oracle(got, widen(mma))) << "vs the expand path";
         EXPECT_TRUE(close_to_oracle(every_nth_row(got.view, 64), want)) << "vs the CPU oracle";
+        cuda::set_moe_block_a_in_tile_order(false);  // the down shrink reads a by pair instead of via pair_rows
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), got)) << "a by pair vs in tile order";
+        cuda::set_moe_block_a_in_tile_order(true);
+        cuda::set_moe_lora_l1_prefetch(false);  // hints only
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), got)) << "without vs with the L1 prefetch";
+        cuda::set_moe_lora_l1_prefetch(true);
       }
       cuda::set_moe_block_down_block_n(0);
       cuda::set_moe_gemm_large_block_n(0);
@@ -416,6 +426,19 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 1600, -1, kLarge));
   EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kAlways, 1615, 15, kLarge));
   EXPECT_FALSE(cuda::moe_lora_warp_groups_for(MoeLoraInGemm::kLongRuns, 256, 10, kPrefill));
+  // The tiled shrink in runs of a group's tiles: long runs dominate and hold >= 64 pairs a group (GPT-OSS-20B:
+  // K 4, E 32, so >= 512 long-run tokens; Qwen3-30B-A3B: K 8, E 128, >= 1024).
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(1600, 0, 4, 32));
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(1615, 15, 4, 32));  // the yardstick's mixed step
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(512, 0, 4, 32));
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(511, 0, 4, 32));
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 800, 4, 32));  // half the adapter tokens scattered
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, -1, 4, 32));   // unknown
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1023, 0, 8, 128));
+  EXPECT_TRUE(cuda::moe_lora_shrink_runs_for(1024, 0, 8, 128));
+  cuda::set_moe_lora_shrink_runs_hint(false);
+  EXPECT_FALSE(cuda::moe_lora_shrink_runs_for(1600, 0, 4, 32));
+  cuda::set_moe_lora_shrink_runs_hint(true);
 }
 
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output
@@ -581,6 +604,12 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
         // Scratch of the gathered A rows (warp-specialized kernel), poisoned: every row the GEMM reads must
         // have been written by the gather.
         const int64_t capacity = tiles.view.sorted_pairs.dim(0);
+        // The persistent kernel runs here (a in tile order: MoeGateUpParams::pair_rows, a_in_tile_order).
+        const bool persistent = sorted && block_m != cuda::kMoeGemmBlockMDecode && (kernel == kAuto || kernel == kWs);
+        sync();
+        const OwnedTensor sorted_host = cuda::download(tiles.sorted), count_host = cuda::download(tiles.count);
+        const int64_t tile_rows = int64_t(count_host.view.ptr<int32_t>()[0]) * block_m;
+        const int32_t* sorted_pairs = sorted_host.view.ptr<int32_t>();
         OwnedTensor sorted_x = poisoned(DType::BF16, {sorted ? capacity : 1, H});
         OwnedTensor sorted_a = poisoned(DType::BF16, {sorted ? capacity : 1, I});
         const Tensor sorted_x_view = sorted ? sorted_x.view : Tensor(), sorted_a_view = sorted ? sorted_a.view : Tensor();
@@ -627,6 +656,29 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
             EXPECT_TRUE(all_close(got_unfused, want_from_h, kTolBf16Out)) << "moe_activation";
             EXPECT_TRUE(all_close(got_fused, want_a, kTolActivated)) << "fused a";
             EXPECT_TRUE(bitwise_equal(got_fused, got_unfused)) << "fused a vs h + moe_activation";
+            if (persistent && layout == kInterleaved) {
+              // a in tile order: each pair's bits at the tile row the gather records in pair_rows
+              OwnedTensor a_rows = poisoned(DType::BF16, {capacity, I}), pair_rows = poisoned(DType::I32, {pairs});
+              cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .bias = gu_bias, .top_k = c.top_k,
+                                 .tiles = tiles.view, .activation = activation, .layout = layout,
+                                 .swiglu_alpha = 1.702f, .swiglu_limit = 7.0f, .a = a_rows, .cta_group = cta_group,
+                                 .block_n = block_n, .sorted_rows = sorted_x_view, .pair_rows = pair_rows},
+                                stream_);
+              sync();
+              const OwnedTensor got_rows = cuda::download(a_rows), got_pair_rows = cuda::download(pair_rows);
+              int64_t wrong_rows = 0, wrong_values = 0;
+              for (int64_t row = 0; row < tile_rows; ++row) {
+                const int32_t pair = sorted_pairs[row];
+                if (pair >= pairs) continue;
+                wrong_rows += got_pair_rows.view.ptr<int32_t>()[pair] != row ? 1 : 0;
+                wrong_values += std::memcmp(got_rows.view.ptr<bf16>() + row * I, got_fused.view.ptr<bf16>() + pair * I,
+                                            size_t(I) * sizeof(bf16)) != 0
+                                    ? 1
+                                    : 0;
+              }
+              EXPECT_EQ(wrong_rows, 0) << "pair_rows vs the tiles' sorted pairs";
+              EXPECT_EQ(wrong_values, 0) << "a in tile order vs a by pair (rows differing)";
+            }
           }
         }
         // down
@@ -636,7 +688,22 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
                         .routing_before_wait = pdl, .sorted_rows = sorted_a_view},
                        stream_);
         sync();
-        EXPECT_TRUE(all_close(cuda::download(d), want_d, kTolBf16Out)) << "d";
+        const OwnedTensor got_d = cuda::download(d);
+        EXPECT_TRUE(all_close(got_d, want_d, kTolBf16Out)) << "d";
+        if (persistent) {  // down from a in tile order (padding rows NaN: never read into a real row)
+          OwnedTensor a_tiles = OwnedTensor::host(DType::BF16, {capacity, I});
+          std::fill(a_tiles.view.ptr<bf16>(), a_tiles.view.ptr<bf16>() + capacity * I, kNan);
+          for (int64_t row = 0; row < tile_rows; ++row) {
+            const int32_t pair = sorted_pairs[row];
+            if (pair < pairs) std::memcpy(a_tiles.view.ptr<bf16>() + row * I, a_in.view.ptr<bf16>() + pair * I, size_t(I) * 2);
+          }
+          OwnedTensor d_a_tiles = cuda::upload(a_tiles), d_rows = poisoned(DType::BF16, {pairs, H});
+          cuda::moe_down({.a = d_a_tiles, .weight = d_down, .bias = dn_bias, .tiles = tiles.view, .d = d_rows,
+                          .block_n = block_n, .cta_group = cta_group, .a_in_tile_order = true},
+                         stream_);
+          sync();
+          EXPECT_TRUE(bitwise_equal(cuda::download(d_rows), got_d)) << "d from a in tile order vs a gathered";
+        }
       }
       cuda::set_moe_gemm_kernel(kAuto);  // the defaults, for the tests after this one
       cuda::set_moe_gemm_multicast(false);

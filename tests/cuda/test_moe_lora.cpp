@@ -9,8 +9,10 @@
 // BLOCK_N, expand chunks per CTA: one, several, auto, all of `out`; shrink tiles per CTA: one, a run of up to 4 of one
 // group, auto; PDL) and both z modes (self-cleaning with tile counters: z and the counters all zero after each expand,
 // across calls; legacy: z poisoned, then holds the shrink). z is checked against a direct double loop.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -254,6 +256,42 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
     EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
     EXPECT_TRUE(all_close(cuda::download(d_y2), want_y, kTolBf16Out)) << "y, second call";
     EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+  }
+  {  // x's rows looked up through x_rows (moe_block's a in tile order): the same z bit for bit, per-tile and run
+     // mode, without split (atomics would reorder the sums). x_rows points into a larger x whose other rows
+     // hold NaN, so a wrong lookup shows.
+    SCOPED_TRACE("x through x_rows");
+    const int64_t spread_rows = pairs + 3;
+    std::vector<int32_t> order(static_cast<size_t>(spread_rows));
+    for (int64_t i = 0; i < spread_rows; ++i) order[size_t(i)] = int32_t(i);
+    for (int64_t i = spread_rows - 1; i > 0; --i) {
+      std::swap(order[size_t(i)], order[size_t(rng().next_u64() % uint64_t(i + 1))]);
+    }
+    OwnedTensor spread = OwnedTensor::host(DType::BF16, {spread_rows, c.in});
+    std::fill(spread.view.ptr<bf16>(), spread.view.ptr<bf16>() + spread_rows * c.in, nan);
+    OwnedTensor rows = OwnedTensor::host(DType::I32, {pairs});
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      const int32_t row = order[size_t(pair)];
+      rows.view.ptr<int32_t>()[pair] = row;
+      const int64_t source = c.x_per_pair ? pair : pair / c.top_k;
+      std::copy(x.view.ptr<bf16>() + source * c.in, x.view.ptr<bf16>() + (source + 1) * c.in,
+                spread.view.ptr<bf16>() + row * c.in);
+    }
+    OwnedTensor d_spread = cuda::upload(spread), d_rows = cuda::upload(rows);
+    for (int tiles_per_cta : {1, 4}) {
+      const Knobs k{1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 0, tiles_per_cta};
+      OwnedTensor z_plain = poisoned(DType::F32, {pairs, R}), z_rows = poisoned(DType::F32, {pairs, R});
+      OwnedTensor d_y = cuda::upload(y0);
+      cuda::moe_lora_shrink(params_for(k, z_plain, d_y, false), stream_);
+      cuda::MoeLoraParams by_rows = params_for(k, z_rows, d_y, false);
+      by_rows.x = d_spread;
+      by_rows.x_rows = d_rows;
+      cuda::moe_lora_shrink(by_rows, stream_);
+      sync();
+      const OwnedTensor got = cuda::download(z_rows);
+      EXPECT_TRUE(z_matches(got, want_z)) << "z, tiles per CTA " << tiles_per_cta;
+      EXPECT_TRUE(bitwise_equal(got, cuda::download(z_plain))) << "z via x_rows vs by pair, tiles per CTA " << tiles_per_cta;
+    }
   }
   for (int split : {1, 0}) {  // legacy mode (no tile counters): z poisoned, written by the shrink, kept
     SCOPED_TRACE("no tile counters, split " + std::to_string(split));

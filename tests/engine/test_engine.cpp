@@ -318,6 +318,74 @@ TEST(Engine, ChunkedPrefillPreemptionAndSlotEvictionKeepResults) {
   EXPECT_GT(e->scheduler().num_preemptions(), 0u);
 }
 
+// EngineConfig::prefill_lane: every prompt's prefill on a second backend (here another CpuBackend on a
+// worker thread) beside the decode steps gives each request the tokens and logits it gets alone: mixed
+// adapters and base requests, seeded sampling, logprobs, a prompt longer than the token budget (the lane
+// runs it in chunks), and the tight limits of the test above (one slot, preemption of decoding sequences:
+// never of the lane's). Every prompt went through the lane.
+TEST(Engine, PrefillLaneKeepsResults) {
+  auto f = make_fixture(3);
+  EngineConfig roomy;
+  roomy.max_loras = 4;
+  std::vector<Request> rs = mixed_requests(3, 10);
+  for (size_t i = 0; i < rs.size(); i += 3) {
+    rs[i].sampling.temperature = 0.8f;
+    rs[i].sampling.seed = 99 + i;
+    rs[i].sampling.logprobs = 2;
+  }
+  std::vector<RunResult> reference = run_alone(*f, rs, roomy);
+
+  EngineConfig lane = roomy;
+  lane.prefill_lane = true;
+  auto e = make_engine(*f, lane);
+  expect_same(run_all(*e, rs), reference);
+  EXPECT_EQ(e->num_lane_runs(), rs.size());
+
+  EngineConfig chunked = lane;
+  chunked.scheduler.max_num_batched_tokens = 7;  // prompts of up to 19 tokens: up to three lane runs each
+  auto c = make_engine(*f, chunked);
+  expect_same(run_all(*c, rs), reference);
+  EXPECT_GT(c->num_lane_runs(), rs.size());
+
+  EngineConfig tight = chunked;
+  tight.max_loras = 1;
+  tight.scheduler.max_num_seqs = 4;
+  tight.scheduler.page_size = 4;
+  tight.scheduler.max_model_len = 32;
+  tight.num_kv_pages = 12;
+  auto t = make_engine(*f, tight);
+  expect_same(run_all(*t, rs), reference);
+}
+
+// A request aborted while its prefill runs on the lane: the engine waits for the run, then frees it; the
+// others finish as they would alone.
+TEST(Engine, PrefillLaneAbortWaitsForTheRun) {
+  auto f = make_fixture(2);
+  EngineConfig config;
+  config.max_loras = 3;
+  config.prefill_lane = true;
+  std::vector<Request> rs = mixed_requests(2, 4);
+  auto e = make_engine(*f, config);
+  std::vector<uint64_t> ids;
+  for (const Request& r : rs) {
+    Result<uint64_t> id = e->add_request(r);
+    ASSERT_TRUE(id.ok()) << id.status().message();
+    ids.push_back(id.value());
+  }
+  e->step();  // the lane has taken the first prompt
+  EXPECT_TRUE(e->abort(ids[0]));
+  int guard = 0;
+  while (e->has_work() && ++guard < 1000) e->step();
+  EXPECT_EQ(e->take_finished(ids[0]), nullptr);
+  std::vector<RunResult> alone = run_alone(*f, {rs[1], rs[2], rs[3]}, config);
+  for (size_t i = 1; i < ids.size(); ++i) {
+    std::unique_ptr<Sequence> seq = e->take_finished(ids[i]);
+    ASSERT_NE(seq, nullptr);
+    EXPECT_EQ(std::vector<int32_t>(seq->tokens.begin() + seq->prompt_len, seq->tokens.end()), alone[i - 1].tokens);
+  }
+  EXPECT_EQ(e->scheduler().pages().num_free(), e->config().num_kv_pages);
+}
+
 TEST(Engine, SeededSamplingDoesNotDependOnBatching) {
   auto f = make_fixture(2);
   EngineConfig config;

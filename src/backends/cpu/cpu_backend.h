@@ -3,6 +3,8 @@
 // the small-model tests, so it favours clarity and a fixed summation order over speed; loops over rows are
 // split across the backend's own threads without changing any result. Who calls: model, engine, tests.
 #pragma once
+#include <memory>
+
 #include "backends/cpu/thread_pool.h"
 #include "ops/backend.h"
 
@@ -22,6 +24,8 @@ class CpuBackend : public ops::Backend {
   void copy(const Tensor& dst, const Tensor& src) override;
   void fill_zero(const Tensor& dst) override;
   void synchronize() override {}
+  // The prefill lane's backend: another pool of as many threads (work of both runs at once).
+  std::unique_ptr<ops::Backend> make_lane(double /*sm_share*/) override { return std::make_unique<CpuBackend>(num_threads()); }
   uint64_t available_bytes() const override;
   void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
 

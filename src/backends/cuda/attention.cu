@@ -18,10 +18,21 @@
 #include "backends/cuda/check.h"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "ops/backend.h"
 
 namespace lmx::cuda {
 namespace {
+
+using detail::fence_operands;
+using detail::fence_proxy_async;
+using detail::sw128_descriptor;
+using detail::wgmma_commit;
+using detail::wgmma_fence;
+using detail::wgmma_m64n64k16_bf16;
+using detail::wgmma_m64n128k16_f16_rs;
+using detail::wgmma_m64n64k16_f16_rs;
+using detail::wgmma_wait;
 
 // ---- device helpers -----------------------------------------------------------------------------------
 
@@ -270,6 +281,206 @@ constexpr size_t flash_shared_bytes() {
   return size_t(kRows + 2 * kStages * kFlashBlockN) * (D + kFlashRowPad) * sizeof(__nv_bfloat16);
 }
 
+// The (sequence, row tile) of a flash CTA and its rows, in shared memory (both flash kernels).
+// row_pos -1: a padding row, every key masked. [kv_lo, kv_hi]: the tile's keys (min window start, max
+// position); min_pos / max_lo decide which K/V tiles need per-element masks.
+template <int kBlockM>
+struct FlashTile {
+  int row_token[kBlockM], row_head[kBlockM], row_pos[kBlockM], row_lo[kBlockM];
+  int seq, first_row, rows;
+  int kv_lo, kv_hi, min_pos, max_lo;
+};
+
+// Row tiles are numbered sequence by sequence; within a sequence the last (longest-context) tile comes first.
+// Row r of a tile is pair first_row + r of the sequence's (token, group member) pairs, group member fastest:
+// q head kv_head·G + g. Fills `t` for CTA blockIdx.x (seq -1: past the last tile).
+// PRECOND: every thread of the CTA calls it (it holds two CTA barriers); blockDim.x >= kBlockM.
+template <int kBlockM>
+__device__ __forceinline__ void flash_tile_setup(const FlashKernelParams& p, int kv_head, FlashTile<kBlockM>& t) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // 1. Which (sequence, row tile): warp 0 scans the sequences' tile counts 32 at a time.
+  if (warp == 0) {
+    int target = blockIdx.x, seq = -1, rows_of_seq = 0, tile = 0;
+    for (int base = 0; base < p.seqs; base += 32) {
+      const int b = base + lane;
+      const int rows = b < p.seqs ? (p.seq_start[b + 1] - p.seq_start[b]) * p.group : 0;
+      const int tiles = (rows + kBlockM - 1) / kBlockM;
+      int inclusive = tiles;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += other;
+      }
+      const int total = __shfl_sync(0xffffffffu, inclusive, 31);
+      if (target < total) {  // uniform across the warp
+        const int hit = __ffs(__ballot_sync(0xffffffffu, target < inclusive)) - 1;
+        const int before = __shfl_sync(0xffffffffu, inclusive - tiles, hit);
+        const int hit_tiles = __shfl_sync(0xffffffffu, tiles, hit);
+        seq = base + hit;
+        rows_of_seq = __shfl_sync(0xffffffffu, rows, hit);
+        tile = hit_tiles - 1 - (target - before);  // longest context first
+        break;
+      }
+      target -= total;
+    }
+    if (lane == 0) {
+      t.seq = seq;
+      t.first_row = tile * kBlockM;
+      t.rows = seq < 0 ? 0 : min(kBlockM, rows_of_seq - tile * kBlockM);
+      t.kv_lo = INT_MAX;
+      t.kv_hi = -1;
+      t.min_pos = INT_MAX;
+      t.max_lo = -1;
+    }
+  }
+  __syncthreads();
+  if (t.seq < 0) return;  // uniform over the CTA
+
+  // 2. The rows' tokens, heads, positions and window starts; the tile's key range.
+  if (threadIdx.x < kBlockM) {
+    const int r = threadIdx.x;
+    int token = -1, head = -1, position = -1, lo = 0;
+    if (r < t.rows) {
+      const int pair = t.first_row + r;
+      token = p.seq_start[t.seq] + pair / p.group;
+      head = kv_head * p.group + pair % p.group;
+      position = p.positions[token];
+      lo = p.sliding_window > 0 ? max(0, position - p.sliding_window + 1) : 0;
+      atomicMin(&t.kv_lo, lo);
+      atomicMax(&t.kv_hi, position);
+      atomicMin(&t.min_pos, position);
+      atomicMax(&t.max_lo, lo);
+    }
+    t.row_token[r] = token;
+    t.row_head[r] = head;
+    t.row_pos[r] = position;
+    t.row_lo[r] = lo;
+  }
+  __syncthreads();
+}
+
+// Cache offset (elements) of 16-byte chunk `chunk` of `key`'s row of kv_head, or -1 past key_end or in a
+// freed page (block-table entry < 0). The page lookup was a third of the flash loop's instructions (run 51),
+// so callers compute it once per K/V tile for the K and the V copy both.
+template <int D>
+__device__ __forceinline__ int64_t kv_chunk_offset(const FlashKernelParams& p, const int32_t* pages, int key,
+                                                   int key_end, int kv_head, int chunk) {
+  if (key > key_end) return -1;
+  const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+  const int physical = pages[page];
+  if (physical < 0) return -1;
+  return (int64_t(physical) * p.page_size + (key - page * p.page_size)) * (int64_t(p.kv_heads) * D) +
+         int64_t(kv_head) * D + chunk * 8;
+}
+
+// The online softmax state of the thread's two rows (rows r[0], r[1] of the tile) before the first key: empty,
+// or where `with_sink` (split 0, once per row) the sink as a key with no value: max = sink, sum = 1 (sums
+// stay split over the quad until the end, so lane 0 of the quad holds it).
+template <int kBlockM>
+__device__ __forceinline__ void start_softmax(const FlashKernelParams& p, const FlashTile<kBlockM>& t,
+                                              const int (&r)[2], bool with_sink, float (&running_max)[2],
+                                              float (&sum)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    running_max[i] = -INFINITY;
+    sum[i] = 0.0f;
+    const int head = t.row_head[r[i]];
+    if (p.sinks != nullptr && with_sink && head >= 0) {
+      running_max[i] = __bfloat162float(p.sinks[head]) * kLog2e;
+      sum[i] = threadIdx.x % 4 == 0 ? 1.0f : 0.0f;
+    }
+  }
+}
+
+// One K/V tile's scores of the thread's two rows (row0 in score[n][0..1], row1 in [2..3]; key of score[n][e]
+// = key_base + 8n + 2(lane % 4) + e % 2) folded into the online softmax: masked to -inf above a row's
+// position or below its window start (needs_mask: the tile crosses some row's bound), the tile's max of the
+// raw scores, the running max and sum; then score = 2^(score·scale_log2 - max) and correction = 2^(old max -
+// new max), by which the caller scales its accumulator. The base-2 scale is applied per row to the max and
+// inside each exponent's FMA (one instruction per score instead of a multiply and a subtract).
+template <int kKeyTiles>
+__device__ __forceinline__ void online_softmax(float (&score)[kKeyTiles][4], bool needs_mask, int key_base,
+                                               const int (&pos)[2], const int (&lo)[2], float scale_log2,
+                                               float (&running_max)[2], float (&sum)[2], float (&correction)[2]) {
+  const int lane = threadIdx.x % 32;
+  float raw_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2, key = key_base + n * 8 + (lane % 4) * 2 + e % 2;
+      if (needs_mask && (key > pos[i] || key < lo[i])) score[n][e] = -INFINITY;
+      raw_max[i] = fmaxf(raw_max[i], score[n][e]);
+    }
+  }
+  float reference[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    raw_max[i] = fmaxf(raw_max[i], __shfl_xor_sync(0xffffffffu, raw_max[i], 1));
+    raw_max[i] = fmaxf(raw_max[i], __shfl_xor_sync(0xffffffffu, raw_max[i], 2));
+    const float tile_max = fmaxf(running_max[i], raw_max[i] == -INFINITY ? -INFINITY : raw_max[i] * scale_log2);
+    reference[i] = tile_max == -INFINITY ? 0.0f : tile_max;  // no key yet: avoid inf - inf
+    correction[i] = exp2_ftz(running_max[i] - reference[i]);
+    running_max[i] = tile_max;
+    sum[i] *= correction[i];
+  }
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      score[n][e] = exp2_ftz(fmaf(score[n][e], scale_log2, -reference[e / 2]));
+      sum[e / 2] += score[n][e];
+    }
+  }
+}
+
+// An accumulator's two rows (row0 in [n][0..1], row1 in [n][2..3]) times the softmax's correction of each.
+template <int kTiles>
+__device__ __forceinline__ void scale_rows(float (&acc)[kTiles][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    acc[n][0] *= correction[0];
+    acc[n][1] *= correction[0];
+    acc[n][2] *= correction[1];
+    acc[n][3] *= correction[1];
+  }
+}
+
+// The flash kernels' epilogue for the thread's two rows (rows r[0], r[1] of the tile; sum already summed over
+// the quad): out (one split), or this split's unnormalised partial triple.
+template <int D, int kBlockM>
+__device__ __forceinline__ void store_flash_rows(const FlashKernelParams& p, const FlashTile<kBlockM>& t,
+                                                 const int (&r)[2], const float (&acc)[D / 8][4],
+                                                 const float (&running_max)[2], const float (&sum)[2], int split) {
+  const int lane = threadIdx.x % 32;
+  const int64_t rows_total = int64_t(p.tokens) * p.q_heads;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (r[i] >= t.rows) continue;
+    const int64_t row = int64_t(t.row_token[r[i]]) * p.q_heads + t.row_head[r[i]];  // token * Hq + head
+    if (p.splits == 1) {
+      const float inv = 1.0f / sum[i];
+      __nv_bfloat16* out_row = p.out + row * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(out_row + n * 8 + (lane % 4) * 2) =
+            __floats2bfloat162_rn(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
+      }
+    } else {
+      const int64_t partial_row = int64_t(split) * rows_total + row;
+      float* acc_row = p.partial_acc + partial_row * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<float2*>(acc_row + n * 8 + (lane % 4) * 2) = make_float2(acc[n][2 * i], acc[n][2 * i + 1]);
+      }
+      if (lane % 4 == 0) {
+        p.partial_max[partial_row] = running_max[i];
+        p.partial_sum[partial_row] = sum[i];
+      }
+    }
+  }
+}
+
 // Grid: x = row tiles of kBlockM rows (an upper bound; CTAs past the last tile exit), y = Hkv, z = splits.
 // Row tiles are numbered sequence by sequence; within a sequence the last (longest-context) tile comes
 // first. Row r of a tile is pair first_row + r of the sequence's (token, group member) pairs, group member
@@ -304,85 +515,23 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>(flash_smem);  // [kBlockM, kStride] bf16
   auto* k_smem = q_smem + kBlockM * kStride;                     // [kStages, kFlashBlockN, kStride] bf16
   auto* v_smem = k_smem + kStages * kFlashBlockN * kStride;      // [kStages, kFlashBlockN, kStride] bf16
-  __shared__ int row_token[kBlockM], row_head[kBlockM], row_pos[kBlockM], row_lo[kBlockM];
-  __shared__ int tile_seq, tile_first_row, tile_rows;
-  __shared__ int kv_lo, kv_hi, min_pos, max_lo;
+  __shared__ FlashTile<kBlockM> tile;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_head = blockIdx.y, split = blockIdx.z;
-
-  // 1. Which (sequence, row tile): warp 0 scans the sequences' tile counts 32 at a time.
-  if (warp == 0) {
-    int target = blockIdx.x, seq = -1, rows_of_seq = 0, tile = 0;
-    for (int base = 0; base < p.seqs; base += 32) {
-      const int b = base + lane;
-      const int rows = b < p.seqs ? (p.seq_start[b + 1] - p.seq_start[b]) * p.group : 0;
-      const int tiles = (rows + kBlockM - 1) / kBlockM;
-      int inclusive = tiles;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset *= 2) {
-        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) inclusive += other;
-      }
-      const int total = __shfl_sync(0xffffffffu, inclusive, 31);
-      if (target < total) {  // uniform across the warp
-        const int hit = __ffs(__ballot_sync(0xffffffffu, target < inclusive)) - 1;
-        const int before = __shfl_sync(0xffffffffu, inclusive - tiles, hit);
-        const int hit_tiles = __shfl_sync(0xffffffffu, tiles, hit);
-        seq = base + hit;
-        rows_of_seq = __shfl_sync(0xffffffffu, rows, hit);
-        tile = hit_tiles - 1 - (target - before);  // longest context first
-        break;
-      }
-      target -= total;
-    }
-    if (lane == 0) {
-      tile_seq = seq;
-      tile_first_row = tile * kBlockM;
-      tile_rows = seq < 0 ? 0 : min(kBlockM, rows_of_seq - tile * kBlockM);
-      kv_lo = INT_MAX;
-      kv_hi = -1;
-      min_pos = INT_MAX;
-      max_lo = -1;
-    }
-  }
-  __syncthreads();
-  const int seq = tile_seq;
+  flash_tile_setup(p, kv_head, tile);
+  const int seq = tile.seq;
   if (seq < 0) return;  // past the last tile (uniform over the CTA)
-  const int valid_rows = tile_rows;
-
-  // 2. The rows' tokens, heads, positions and window starts; the tile's key range.
-  if (threadIdx.x < kBlockM) {
-    const int r = threadIdx.x;
-    int token = -1, head = -1, position = -1, lo = 0;
-    if (r < valid_rows) {
-      const int pair = tile_first_row + r;
-      token = p.seq_start[seq] + pair / p.group;
-      head = kv_head * p.group + pair % p.group;
-      position = p.positions[token];
-      lo = p.sliding_window > 0 ? max(0, position - p.sliding_window + 1) : 0;
-      atomicMin(&kv_lo, lo);
-      atomicMax(&kv_hi, position);
-      atomicMin(&min_pos, position);
-      atomicMax(&max_lo, lo);
-    }
-    row_token[r] = token;
-    row_head[r] = head;
-    row_pos[r] = position;  // -1: a padding row, every key masked
-    row_lo[r] = lo;
-  }
-  __syncthreads();
-  const int key_begin = kv_lo, key_end = kv_hi;  // inclusive
+  const int valid_rows = tile.rows;
+  const int key_begin = tile.kv_lo, key_end = tile.kv_hi;  // inclusive
   const int total_key_tiles = (key_end - key_begin + kFlashBlockN) / kFlashBlockN;
   const int tiles_per_split = (total_key_tiles + p.splits - 1) / p.splits;
   const int first_key_tile = min(total_key_tiles, split * tiles_per_split);
   const int key_tiles = min(total_key_tiles, first_key_tile + tiles_per_split) - first_key_tile;
   const int32_t* pages = p.block_table + int64_t(seq) * p.max_pages;
-  const int64_t kv_row_stride = int64_t(p.kv_heads) * D;
 
   // A K/V tile is kFlashBlockN keys × kChunksPerRow 16-byte chunks; thread i copies chunks i + j·kThreads.
-  // kv_offsets finds those chunks' cache offsets (-1: past the range or a freed page) once per tile, for
-  // the K and the V copy both (the page lookup was a third of the loop's instructions, run 51).
+  // kv_offsets finds those chunks' cache offsets (-1: past the range or a freed page) once per tile.
   constexpr int kChunksPerThread = kFlashBlockN * kChunksPerRow / kThreads;
   static_assert(kFlashBlockN * kChunksPerRow % kThreads == 0);
   auto kv_offsets = [&](int key_tile, int64_t (&offset)[kChunksPerThread]) {
@@ -390,16 +539,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
       const int c = threadIdx.x + j * kThreads;
-      const int key = key0 + c / kChunksPerRow;
-      offset[j] = -1;
-      if (key <= key_end) {
-        const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
-        const int physical = pages[page];
-        if (physical >= 0) {
-          offset[j] = (int64_t(physical) * p.page_size + (key - page * p.page_size)) * kv_row_stride +
-                      int64_t(kv_head) * D + (c % kChunksPerRow) * 8;
-        }
-      }
+      offset[j] = kv_chunk_offset<D>(p, pages, key0 + c / kChunksPerRow, key_end, kv_head, c % kChunksPerRow);
     }
   };
   auto load_kv_tile = [&](const int64_t (&offset)[kChunksPerThread], int stage, bool values) {
@@ -434,7 +574,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
       const __nv_bfloat16* src = p.q;
       int bytes = 0;
       if (r < valid_rows) {
-        src = p.q + (int64_t(row_token[r]) * p.q_heads + row_head[r]) * D + chunk * 8;
+        src = p.q + (int64_t(tile.row_token[r]) * p.q_heads + tile.row_head[r]) * D + chunk * 8;
         bytes = 16;
       }
       cp_async16(q_smem + r * kStride + chunk * 8, src, bytes);
@@ -449,19 +589,9 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   const int warp_key0 = kKeySplit ? warp * kWarpKeys : 0;  // ... and its own share of each K/V tile's keys
   const int row0 = warp_row0 + lane / 4, row1 = row0 + 8;
   const bool warp_has_rows = kKeySplit || warp * 16 < valid_rows;  // warps of padding rows only load
-  float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-  // The sink joins the softmax once, as a key with no value (key split: in warp 0's state).
-  if (p.sinks != nullptr && split == 0 && (!kKeySplit || warp == 0)) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int head = row_head[i == 0 ? row0 : row1];
-      if (head >= 0) {
-        running_max[i] = __bfloat162float(p.sinks[head]) * kLog2e;
-        sum[i] = lane % 4 == 0 ? 1.0f : 0.0f;  // sums stay split over the quad until the end
-      }
-    }
-  }
-  const int pos[2] = {row_pos[row0], row_pos[row1]}, lo[2] = {row_lo[row0], row_lo[row1]};
+  float running_max[2], sum[2];  // the sink (split 0) joins once: with the key split, in warp 0's state
+  start_softmax(p, tile, {row0, row1}, split == 0 && (!kKeySplit || warp == 0), running_max, sum);
+  const int pos[2] = {tile.row_pos[row0], tile.row_pos[row1]}, lo[2] = {tile.row_lo[row0], tile.row_lo[row1]};
   float acc[kDimTiles][4];
 #pragma unroll
   for (int n = 0; n < kDimTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -521,46 +651,10 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
           mma_bf16(score[2 * np + 1], q_frag[kd], k_frag[2], k_frag[3]);
         }
       }
-      // Mask, take the tile's max of the raw scores, and fold into the running max / sum / accumulator;
-      // the base-2 scale is applied per row to the max and inside each exponent's FMA (one instruction
-      // per score instead of a multiply and a subtract).
-      const bool needs_mask = key0 + kFlashBlockN - 1 > min_pos || key0 < max_lo;
-      float raw_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e / 2, key = key0 + warp_key0 + n * 8 + (lane % 4) * 2 + e % 2;
-          if (needs_mask && (key > pos[i] || key < lo[i])) score[n][e] = -INFINITY;
-          raw_max[i] = fmaxf(raw_max[i], score[n][e]);
-        }
-      }
-      float tile_max[2], reference[2], correction[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        raw_max[i] = fmaxf(raw_max[i], __shfl_xor_sync(0xffffffffu, raw_max[i], 1));
-        raw_max[i] = fmaxf(raw_max[i], __shfl_xor_sync(0xffffffffu, raw_max[i], 2));
-        tile_max[i] = fmaxf(running_max[i], raw_max[i] == -INFINITY ? -INFINITY : raw_max[i] * p.scale_log2);
-        reference[i] = tile_max[i] == -INFINITY ? 0.0f : tile_max[i];  // no key yet: avoid inf - inf
-        correction[i] = exp2_ftz(running_max[i] - reference[i]);
-        running_max[i] = tile_max[i];
-        sum[i] *= correction[i];
-      }
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          score[n][e] = exp2_ftz(fmaf(score[n][e], p.scale_log2, -reference[e / 2]));
-          sum[e / 2] += score[n][e];
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        acc[n][0] *= correction[0];
-        acc[n][1] *= correction[0];
-        acc[n][2] *= correction[1];
-        acc[n][3] *= correction[1];
-      }
+      float correction[2];
+      online_softmax(score, key0 + kFlashBlockN - 1 > tile.min_pos || key0 < tile.max_lo, key0 + warp_key0, pos, lo,
+                     p.scale_log2, running_max, sum, correction);
+      scale_rows(acc, correction);
     }
     if (!p.one_barrier) {
       cp_async_wait<2 * kStages - 2>();  // V of this tile landed; the tiles ahead may be in flight
@@ -645,7 +739,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) o[j] += weight[w] * merge_acc[(w * 16 + r) * D + d0 + j];
     }
-    const int64_t row = int64_t(row_token[r]) * p.q_heads + row_head[r];  // token * Hq + head
+    const int64_t row = int64_t(tile.row_token[r]) * p.q_heads + tile.row_head[r];  // token * Hq + head
     if (p.splits == 1) {
       const float inv = 1.0f / total;
 #pragma unroll
@@ -665,32 +759,212 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
     }
     return;
   }
+  store_flash_rows<D>(p, tile, {row0, row1}, acc, running_max, sum, split);
+}
+
+// ---- flash attention by warpgroup MMAs (sm_90a): prefill's 128-row tiles at D 64 and 128 ----
+// flash_attention_kernel at 128 rows is bound by its instruction stream (ncu, perf-log run 103: mma.sync issues
+// one instruction per 4 K FLOP, the tensor pipe is busy a fifth of the time, 1.1 eligible warps of 3.8 per
+// scheduler), and a wgmma Q·Kᵀ alone was level (run 104: each warpgroup waited for its S right after issuing
+// it, with nothing to overlap). Here both products are warpgroup MMAs (FlashAttention-3's shape, without its
+// producer warps: the K/V rows are gathered through the block table by every thread's cp.async, as before):
+//  - S = Q·Kᵀ from the 128-byte-swizzled Q and K tiles (K-major descriptors; 4 wgmma m64n64k16 per
+//    warpgroup and K/V tile), one warpgroup per 64 rows;
+//  - O += P·V with P in registers: S's accumulator layout is the A fragment layout, so P goes to fp16 in
+//    place (no shared-memory round trip), and the fp16 V tile is the N-major B operand (imm-trans-b; its
+//    rows of 64 D values per key are the same swizzled 128-byte rows as K's).
+//  - P·V is not waited for: it retires behind the next tile's copies, barrier and Q·Kᵀ (whose wait covers
+//    it before the accumulator is rescaled), so a warpgroup's MMAs overlap its own loop overhead, and the
+//    SM's other three warpgroups (two CTAs of two) issue their softmax while the tensor pipe runs this one's.
+// FlashAttention-3's intra-warpgroup order (S of the next tile and P·V of this one issued together, the next
+// softmax while P·V runs) was built and measured slower at D 64: T 1600 causal 136.6 against 125.7 µs
+// (perf-log run 116); removed.
+// Ring: tiles are requested kStages - 2 ahead, so the stage refilled at iteration it held tile it - 2,
+// whose P·V retired at iteration it - 1's wait; one commit group per K/V tile (Q joins tile 0's).
+// Tile setup, masks, softmax, sinks, splits and the epilogue are flash_attention_kernel's (same helpers), so
+// the two differ only in the MMAs' accumulation order inside each 16-deep step.
+// D 128 (Qwen3): every tile in two blocks of 64 columns (128-byte rows), S over 8 steps of 16 head dims, P·V
+// as m64n128k16 with V's second block as the leading offset; one CTA per SM (154–158 registers).
+// PRECOND: as flash_attention_kernel; blockDim.x == 256; dynamic shared memory =
+// flash_wgmma_shared_bytes<D, kStages>(); built for sm_90a. D 64: 116 registers, no spills.
+constexpr int kFlashWgmmaStages = 4;  // two CTAs a SM: tiles requested 2 ahead
+bool flash_wgmma = true;              // set_attention_wgmma
+
+template <int D, int kStages>
+constexpr size_t flash_wgmma_shared_bytes() {
+  return size_t(128 + 2 * kStages * kFlashBlockN) * D * sizeof(__nv_bfloat16) + 1024;  // + the 1024-byte round-up
+}
+
+template <int D, int kStages>
+__global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kernel(const __grid_constant__ FlashKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  static_assert(kStages >= 3 && (D == 64 || D == 128));
+  constexpr int kBlockM = 128, kThreads = 256;
+  constexpr int kChunksPerRow = D / 8, kKeyTiles = kFlashBlockN / 8, kDimTiles = D / 8;
+  constexpr int kTileElems = kFlashBlockN * D;  // one K or V stage: 64 keys × D (D / 64 blocks of 128-byte rows)
+  constexpr int kChunksPerThread = kFlashBlockN * kChunksPerRow / kThreads;
+  static_assert(kFlashBlockN * kChunksPerRow % kThreads == 0 && kBlockM * kChunksPerRow % kThreads == 0);
+  extern __shared__ __align__(16) unsigned char flash_wgmma_smem[];
+  // 1024-byte aligned: every tile below starts on a swizzle atom.
+  auto* q_smem = reinterpret_cast<__nv_bfloat16*>((reinterpret_cast<uintptr_t>(flash_wgmma_smem) + 1023) &
+                                                  ~uintptr_t(1023));  // [D / 64][128 rows][64] bf16, swizzled
+  __nv_bfloat16* k_smem = q_smem + kBlockM * D;           // [kStages][D / 64][64 keys][64] bf16, swizzled
+  __nv_bfloat16* v_smem = k_smem + kStages * kTileElems;  // the same for V, fp16 once converted
+  __shared__ FlashTile<kBlockM> tile;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
+  flash_tile_setup(p, kv_head, tile);
+  if (tile.seq < 0) return;  // past the last tile (uniform over the CTA)
+  const int key_begin = tile.kv_lo, key_end = tile.kv_hi;  // inclusive
+  const int total_key_tiles = (key_end - key_begin + kFlashBlockN) / kFlashBlockN;
+  const int tiles_per_split = (total_key_tiles + p.splits - 1) / p.splits;
+  const int first_key_tile = min(total_key_tiles, split * tiles_per_split);
+  const int key_tiles = min(total_key_tiles, first_key_tile + tiles_per_split) - first_key_tile;
+  const int32_t* pages = p.block_table + int64_t(tile.seq) * p.max_pages;
+
+  // Element offset of 16-byte chunk `chunk` (of D / 8) of row `row` of a tile of `rows` rows in wgmma's
+  // 128-byte swizzle: columns in blocks of 64 (128-byte rows), each block all the tile's rows.
+  auto swizzled = [](int rows, int row, int chunk) {
+    return (chunk / 8) * rows * 64 + row * 64 + (((chunk % 8) ^ (row & 7)) * 8);
+  };
+  // Tile `index` of the CTA's keys into stage index % kStages (K and V, one commit group; empty past the last).
+  auto issue_kv = [&](int index) {
+    if (index < key_tiles) {
+      const int key0 = key_begin + (first_key_tile + index) * kFlashBlockN;
+      const int stage_offset = (index % kStages) * kTileElems;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = i == 0 ? row0 : row1;
-    if (r >= valid_rows) continue;
-    const int64_t row = int64_t(row_token[r]) * p.q_heads + row_head[r];  // token * Hq + head
-    if (p.splits == 1) {
-      const float inv = 1.0f / sum[i];
-      __nv_bfloat16* out_row = p.out + row * D;
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        *reinterpret_cast<__nv_bfloat162*>(out_row + n * 8 + (lane % 4) * 2) =
-            __floats2bfloat162_rn(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
-      }
-    } else {
-      const int64_t partial_row = int64_t(split) * rows_total + row;
-      float* acc_row = p.partial_acc + partial_row * D;
-#pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        *reinterpret_cast<float2*>(acc_row + n * 8 + (lane % 4) * 2) = make_float2(acc[n][2 * i], acc[n][2 * i + 1]);
-      }
-      if (lane % 4 == 0) {
-        p.partial_max[partial_row] = running_max[i];
-        p.partial_sum[partial_row] = sum[i];
+      for (int j = 0; j < kChunksPerThread; ++j) {
+        const int c = threadIdx.x + j * kThreads, row = c / kChunksPerRow, chunk = c % kChunksPerRow;
+        const int64_t offset = kv_chunk_offset<D>(p, pages, key0 + row, key_end, kv_head, chunk);
+        const int bytes = offset >= 0 ? 16 : 0;
+        const int at = stage_offset + swizzled(kFlashBlockN, row, chunk);
+        cp_async16(k_smem + at, p.k_cache + max(offset, int64_t(0)), bytes);
+        cp_async16(v_smem + at, p.v_cache + max(offset, int64_t(0)), bytes);
       }
     }
+    cp_async_commit();
+  };
+  // This thread's V chunks of a stage to fp16 (its own copies: visible to it after its wait).
+  auto convert_v = [&](int stage) {
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int c = threadIdx.x + j * kThreads;
+      uint4* chunk = reinterpret_cast<uint4*>(v_smem + stage * kTileElems +
+                                              swizzled(kFlashBlockN, c / kChunksPerRow, c % kChunksPerRow));
+      uint4 v = *chunk;
+      v.x = bf16x2_to_f16x2(v.x);
+      v.y = bf16x2_to_f16x2(v.y);
+      v.z = bf16x2_to_f16x2(v.z);
+      v.w = bf16x2_to_f16x2(v.w);
+      *chunk = v;
+    }
+  };
+
+  if (key_tiles > 0) {
+#pragma unroll
+    for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += kThreads) {
+      const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      const bool real = r < tile.rows;
+      const __nv_bfloat16* src =
+          real ? p.q + (int64_t(tile.row_token[r]) * p.q_heads + tile.row_head[r]) * D + chunk * 8 : p.q;
+      cp_async16(q_smem + swizzled(kBlockM, r, chunk), src, real ? 16 : 0);
+    }
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s) issue_kv(s);  // groups: Q + tile 0, tile 1, ...
   }
+
+  // The thread's two rows: the wgmma accumulator layout is mma.sync's per 16-row warp slab.
+  const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
+  float running_max[2], sum[2];
+  start_softmax(p, tile, {row0, row1}, split == 0, running_max, sum);
+  const int pos[2] = {tile.row_pos[row0], tile.row_pos[row1]}, lo[2] = {tile.row_lo[row0], tile.row_lo[row1]};
+  float acc[kDimTiles][4] = {};
+  auto& acc_flat = reinterpret_cast<float(&)[4 * kDimTiles]>(acc);
+  // P of the last K/V tile, read by its P·V wgmmas until the next wait retires them: kept live until then.
+  unsigned p_frag[kFlashBlockN / 16][4] = {};
+  auto& p_flat = reinterpret_cast<unsigned(&)[kFlashBlockN / 4]>(p_frag);
+  const __nv_bfloat16* q_tile = q_smem + warpgroup * 64 * 64;  // this warpgroup's rows of the first column block
+
+  // S = Q·Kᵀ of the K tile in `stage` into `score`, issued as one committed group (every warpgroup runs the
+  // MMAs, a last tile's padding rows included: their keys are all masked, so they add zeros; wgmma in a
+  // branch the compiler cannot prove warpgroup-uniform is serialized, ptxas C7518).
+  auto issue_s = [&](int stage, float (&score_flat)[4 * kKeyTiles]) {
+    const __nv_bfloat16* k_tile = k_smem + stage * kTileElems;
+    wgmma_fence();
+#pragma unroll
+    for (int kd = 0; kd < D / 16; ++kd) {  // 16 head dims a step: column block kd / 4, 32 bytes into its rows
+      const int block = kd / 4, step = kd % 4;
+      wgmma_m64n64k16_bf16(score_flat, sw128_descriptor(q_tile + block * kBlockM * 64 + step * 16),
+                           sw128_descriptor(k_tile + block * kFlashBlockN * 64 + step * 16), kd > 0);
+    }
+    wgmma_commit();
+  };
+  // The accumulator rescaled by the softmax's correction; P of `score` to fp16 in registers (key tiles 2kk,
+  // 2kk + 1 of S are the A fragment of keys [16kk, 16kk + 16)); O += P·V of the V tile in `stage`, issued as
+  // one committed group. PRECOND of the first two: the previous P·V retired (acc and p_frag are free).
+  auto rescale = [&](const float (&correction)[2]) { scale_rows(acc, correction); };
+  auto pack_p = [&](const float (&score)[kKeyTiles][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
+      p_frag[kk][0] = pack_f16(score[2 * kk][0], score[2 * kk][1]);
+      p_frag[kk][1] = pack_f16(score[2 * kk][2], score[2 * kk][3]);
+      p_frag[kk][2] = pack_f16(score[2 * kk + 1][0], score[2 * kk + 1][1]);
+      p_frag[kk][3] = pack_f16(score[2 * kk + 1][2], score[2 * kk + 1][3]);
+    }
+  };
+  auto issue_pv = [&](int stage) {
+    const __nv_bfloat16* v_tile = v_smem + stage * kTileElems;
+    fence_operands(acc_flat);
+    fence_operands(p_flat);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {  // 16 keys a step: 2048 bytes into each column block
+      if constexpr (D == 64) {
+        wgmma_m64n64k16_f16_rs(acc_flat, p_frag[kk], sw128_descriptor(v_tile + kk * 16 * 64));
+      } else {  // n 128: the second 64 head dims one column block (64 keys × 128 bytes) further
+        wgmma_m64n128k16_f16_rs(acc_flat, p_frag[kk],
+                                sw128_descriptor(v_tile + kk * 16 * 64, kFlashBlockN * 64 * sizeof(__nv_bfloat16)));
+      }
+    }
+    wgmma_commit();
+  };
+  auto needs_mask = [&](int key0) { return key0 + kFlashBlockN - 1 > tile.min_pos || key0 < tile.max_lo; };
+
+  for (int it = 0; it < key_tiles; ++it) {
+    const int stage = it % kStages;
+    const int key0 = key_begin + (first_key_tile + it) * kFlashBlockN;
+    cp_async_wait<kStages - 3>();  // tile it (and Q) landed for this thread: kStages - 3 tiles ahead may be in flight
+    convert_v(stage);
+    fence_proxy_async();  // the copies and the conversion, made visible to the MMAs' async proxy ...
+    __syncthreads();      // ... for every thread's chunks
+    issue_kv(it + kStages - 2);
+    float score[kKeyTiles][4];
+    auto& score_flat = reinterpret_cast<float(&)[4 * kKeyTiles]>(score);
+    issue_s(stage, score_flat);
+    wgmma_wait<0>();  // S, and the previous tile's P·V: acc and p_frag are free again
+    fence_operands(score_flat);
+    fence_operands(acc_flat);
+    fence_operands(p_flat);
+    float correction[2];
+    online_softmax(score, needs_mask(key0), key0, pos, lo, p.scale_log2, running_max, sum, correction);
+    rescale(correction);
+    pack_p(score);
+    issue_pv(stage);
+  }
+  cp_async_wait<0>();
+  wgmma_wait<0>();
+  fence_operands(acc_flat);
+  fence_operands(p_flat);
+  if (warpgroup * 64 >= tile.rows) return;  // padding rows only
+
+  // Epilogue: the quad's partial sums, then out (one split) or the partial triple (several).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+  }
+  store_flash_rows<D>(p, tile, {row0, row1}, acc, running_max, sum, split);
 }
 
 struct CombineKernelParams {
@@ -789,6 +1063,22 @@ void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStrea
   LMX_CUDA_CHECK_LAUNCH();
 }
 
+// flash_wgmma_kernel: its shared-memory attribute set once (the first 128-row D 64 call with the knob on,
+// eager like every first call of a shape), then the launch.
+template <int D, int kStages>
+void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
+  constexpr size_t shared_bytes = flash_wgmma_shared_bytes<D, kStages>();
+  static const bool prepared = [] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kStages>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    return true;
+  }();
+  (void)prepared;
+  const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
+  detail::launch(flash_wgmma_kernel<D, kStages>, grid, dim3(256), shared_bytes, stream, params);
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
 void launch_simple(const ops::AttentionParams& p, cudaStream_t stream) {
   const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), head_dim = p.q.dim(2);
   LMX_CHECK(tokens * q_heads < 0x7fffffffLL * kAttentionWarps);
@@ -876,6 +1166,7 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 // launch.kernel / flash_rows pin a path (tests, bench); pinning flash/split-KV on a shape they cannot run is
 // an error.
 void set_attention_one_barrier(bool on) { one_barrier = on; }
+void set_attention_wgmma(bool on) { flash_wgmma = on; }
 
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
@@ -1026,10 +1317,13 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64) {
-    launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
+    if (flash_wgmma) launch_flash_wgmma<64, kFlashWgmmaStages>(params, unsigned(row_tiles), stream);
+    else launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
   } else if (warps == 4) {
     if (stages == 3) launch_flash<128, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2>(params, unsigned(row_tiles), stream);
+  } else if (flash_wgmma) {
+    launch_flash_wgmma<128, kFlashWgmmaStages>(params, unsigned(row_tiles), stream);
   } else {
     launch_flash<128, 8, 2>(params, unsigned(row_tiles), stream);
   }

@@ -48,4 +48,10 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
 // key split (16-row tiles) always takes two. Process-wide.
 void set_attention_one_barrier(bool on);
 
+// The 128-row flash tiles (prefill; D 64 and 128) by warpgroup MMAs (flash_wgmma_kernel: both products on wgmma,
+// P from registers; on, the default since perf-log run 116: GPT-OSS-20B T 1600 causal 164.8 → 125.7 µs, window
+// 128 39.9 → 33.7, prefill 29.0 → 26.8 ms) or by mma.sync (off: the bench's before row). Two CTAs per SM at
+// D 64, one at D 128. Other row tiles (decode, short chunks) are unchanged. Process-wide.
+void set_attention_wgmma(bool on);
+
 }  // namespace lmx::cuda

@@ -4,7 +4,9 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <span>
 
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/basic.cuh"
@@ -59,6 +61,27 @@ CudaBackend::~CudaBackend() {
   }
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
+}
+
+void CudaBackend::set_stream_priority(int priority) {
+  LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LMX_CUDA_CHECK(cudaStreamSynchronize(side_stream_));
+  LMX_CUDA_CHECK(cudaStreamDestroy(stream_));
+  LMX_CUDA_CHECK(cudaStreamDestroy(side_stream_));
+  LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, priority));
+}
+
+std::unique_ptr<ops::Backend> CudaBackend::make_lane(double sm_share) {
+  int least = 0, greatest = 0, device = 0, sms = 0;
+  LMX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  LMX_CUDA_CHECK(cudaGetDevice(&device));
+  LMX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  auto lane = std::make_unique<CudaBackend>(kernel_configs_);
+  lane->set_stream_priority(least);
+  lane->moe_max_sms_ = std::clamp(int(std::lround(sm_share * sms)), 1, sms);
+  set_stream_priority(greatest);
+  return lane;
 }
 
 Buffer CudaBackend::allocate(size_t bytes) { return cuda::allocate(bytes); }
@@ -234,6 +257,7 @@ void CudaBackend::moe(const ops::MoeParams& p) {
                                                  lora_rank);
     apply_moe_lora_knobs(kernel_configs_.find(kMoeLoraOp, shape, p.x.dim(0)), &config);
   }
+  config.max_sms = moe_max_sms_;
   moe_block(p, MoeWorkspace{.shape = moe_->shape, .memory = moe_->memory.view}, stream_, config);
 }
 
@@ -330,8 +354,8 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
 // T 1600 (perf-log run 80); a 1600-token prompt with an adapter takes ~2 ms less (run 89). The caller runs
 // the grouped kernels on rows [0, rest_rows) after it; over the whole batch with the runs masked out they
 // cost more than the dense products saved (run 89). Eager steps only (the engine gives no runs to
-// recordings); false, with nothing enqueued, where it does not apply: switched off, inside a capture, a
-// stack without host ranks, rest_rows -1.
+// recordings); false where it does not apply: switched off, inside a capture, a stack without host ranks,
+// rest_rows -1.
 bool CudaBackend::dense_runs(const ops::LinearLoraParams& p) {
   if (!dense_lora_runs_ || p.runs.empty() || p.rest_rows < 0 || p.linear.out.dtype != DType::BF16) return false;
   for (const ops::LoraStack& w : p.lora) {
@@ -340,7 +364,6 @@ bool CudaBackend::dense_runs(const ops::LinearLoraParams& p) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LMX_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) return false;
-  const bool split = p.parts[0].defined();
   int64_t longest = 0, max_rank = 0;
   for (const ops::LoraRun& run : p.runs) longest = std::max(longest, run.tokens);
   for (const ops::LoraStack& w : p.lora) {
@@ -351,6 +374,7 @@ bool CudaBackend::dense_runs(const ops::LinearLoraParams& p) {
     LMX_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
     run_z_ = cuda::empty(DType::BF16, {longest * max_rank});
   }
+  const bool split = p.parts[0].defined();
   for (size_t i = 0; i < p.lora.size(); ++i) {
     const ops::LoraStack& w = p.lora[i];
     if (!w.defined()) continue;

@@ -61,6 +61,10 @@ class CudaBackend final : public ops::Backend {
   void replay(int graph) override;
   void release_graph(int graph) override;
   uint64_t memory_epoch() const override { return memory_epoch_ + linear_.memory_epoch(); }
+  // The prefill lane's backend: the same kernel configs, its own streams at the lowest priority, while this
+  // backend's streams move to the highest (decode kernels get SMs first when both have work).
+  // sm_share: the share of the SMs the lane's persistent MoE GEMMs may fill (MoeBlockConfig::max_sms).
+  std::unique_ptr<ops::Backend> make_lane(double sm_share) override;
   void time_mark(int which) override;  // CUDA events on the stream
   double marked_seconds() override;
   // false: attention never splits a row's keys over CTAs (no workspace; the plain flash kernel). For
@@ -119,6 +123,10 @@ class CudaBackend final : public ops::Backend {
   std::unique_ptr<LoraDenseScratch> lora_;
   const LoraDenseScratch& lora_scratch(const ops::LoraParams& p);
   bool dense_lora_runs_ = true;
+  int moe_max_sms_ = 0;  // MoeBlockConfig::max_sms of this backend's MoE layers (a prefill lane's: make_lane)
+  // Replaces stream_ and side_stream_ by streams of `priority` (cudaDeviceGetStreamPriorityRange; lower is
+  // higher). Only before any recording: graphs and events hold the old streams.
+  void set_stream_priority(int priority);
   OwnedTensor run_z_;      // [longest run · R] bf16: dense_runs' z
   bool dense_runs(const ops::LinearLoraParams& p);
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)

@@ -60,6 +60,17 @@ __device__ __forceinline__ float block_sum(float value) {
   return value;
 }
 
+// Prefetch [bytes_begin, bytes_begin + bytes) into L2 with bulk prefetches (cp.async.bulk.prefetch.L2, no
+// registers, no completion to wait for): thread i of the block takes the i-th 16 KB, so one call covers at
+// most blockDim.x · 16 KB. PRECOND: address and bytes multiples of 16.
+constexpr int64_t kPrefetchBytesPerThread = 16 << 10;
+__device__ __forceinline__ void prefetch_l2(const void* bytes_begin, int64_t bytes) {
+  const int64_t offset = int64_t(threadIdx.x) * kPrefetchBytesPerThread;
+  if (offset >= bytes) return;
+  const unsigned size = unsigned(min(kPrefetchBytesPerThread, bytes - offset));
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(bytes_begin) + offset),
+               "r"(size) : "memory");
+}
 
 // Copy one row of `units` Units (uint4 = 16 bytes, or a 2-byte scalar) with the block's threads: this thread
 // takes units first, first + stride, ... (a 2-D grid splits a long row over blocks). kCopyUnroll loads are

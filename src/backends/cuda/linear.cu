@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backends/cuda/check.h"
+#include "backends/cuda/device.cuh"
 #include "backends/cuda/launch.cuh"
 #include "ops/backend.h"
 
@@ -129,12 +130,7 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const 
     const int64_t bytes = int64_t(rows) * p.in * int64_t(sizeof(__nv_bfloat16));  // a multiple of 16
     const int64_t share = kSplit > 1 ? int64_t(blockIdx.y) : 0;
     const int64_t begin = (bytes / 16 * share / kSplit) * 16, end = (bytes / 16 * (share + 1) / kSplit) * 16;
-    constexpr int64_t kPrefetchBytes = 16 << 10;  // per instruction; one per thread, 32 KB..92 KB per CTA
-    const int64_t offset = begin + int64_t(threadIdx.x) * kPrefetchBytes;
-    if (offset < end) {
-      const unsigned size = unsigned(min(kPrefetchBytes, end - offset));
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first + offset), "r"(size) : "memory");
-    }
+    detail::prefetch_l2(first + begin, end - begin);  // 16 KB a thread: 32 KB..92 KB per CTA
   }
   detail::pdl_enter();  // then the PDL entry of launch.cuh: x is read and y written only after it
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;

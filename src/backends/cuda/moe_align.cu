@@ -1,4 +1,6 @@
-// MoE sort/align kernels (moe_align.cuh) and their launcher. Three paths with one result:
+// MoE sort/align kernels (moe_align.cuh) and their launcher. Four paths with one result:
+//  - tiny (up to kMoeAlignTinyPairs = 256 pairs, decode): one block of 256 threads, a pair each; its place
+//    in its group by counting earlier pairs of its key in shared memory; the shared scan; one launch.
 //  - one block (up to 4096 pairs by default, kMoeAlignSmallPairs = 16384 when forced): key every pair, a
 //    stable block radix sort of (key, pair) in shared memory (cub::BlockRadixSort, 1024 threads × 1, 4 or
 //    16 items), run heads/tails of equal keys give each group's start and count, the block scan pads the
@@ -25,7 +27,8 @@ namespace {
 
 constexpr int kScanThreads = 1024;
 constexpr int kKeyThreads = 256;
-using ScanInt = cub::BlockScan<int, kScanThreads>;
+constexpr int kTinyThreads = 256;  // the tiny path's block: one pair per thread
+static_assert(kTinyThreads == kMoeAlignTinyPairs);
 
 struct AlignKernelParams {
   const int32_t* topk_ids;    // [T, K] i32, or null: every pair is expert 0 (single_expert)
@@ -70,12 +73,14 @@ __device__ __forceinline__ int group_of(const AlignKernelParams& p, int pair) {
 // Groups are padded to whole tiles in runs of run_groups (a run's groups back to back, its tiles' group the
 // run's index); with group_rows > 1 each group of a run starts at a multiple of group_rows wherever that
 // fits in the run's tiles (the tile padding's rows move between its groups; the run never grows).
-// PRECOND: blockDim.x == kScanThreads; counts complete and visible to the block.
+// PRECOND: blockDim.x == kThreads; counts complete and visible to the block.
+template <int kThreads = kScanThreads>
 __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
+  using ScanInt = cub::BlockScan<int, kThreads>;
   __shared__ typename ScanInt::TempStorage scan_storage;
   __shared__ int total_tiles;
   const int runs = p.groups / p.run_groups;
-  const int per_thread = (runs + kScanThreads - 1) / kScanThreads;
+  const int per_thread = (runs + kThreads - 1) / kThreads;
   const int first = threadIdx.x * per_thread, last = min(first + per_thread, runs);
   auto round_to = [](int n, int m) { return (n + m - 1) / m * m; };
   auto run_count = [&](int run) {
@@ -122,7 +127,7 @@ __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
     *p.num_tiles = total_tiles;
   }
   __syncthreads();
-  for (int tile = total_tiles + threadIdx.x; tile < p.max_tiles; tile += kScanThreads) p.tile_group[tile] = -1;
+  for (int tile = total_tiles + threadIdx.x; tile < p.max_tiles; tile += kThreads) p.tile_group[tile] = -1;
 }
 
 // The one-block path's stable sort of (key, pair) and its shared memory: CUB's storage, then (after the
@@ -213,6 +218,34 @@ __global__ static void align_scatter_kernel(const __grid_constant__ AlignKernelP
   const int key = p.sorted_keys[i];
   if (key >= p.groups) return;
   p.sorted_pairs[p.group_offsets[key] + i - p.unpadded_offsets[key]] = p.sorted_values[i];
+}
+
+// Tiny path (decode batches: up to kMoeAlignTinyPairs pairs), one block of kTinyThreads, one pair per
+// thread: the keys go to shared memory, each pair's place in its group is the number of earlier pairs with
+// its key (at most 255 compares), the counts are shared-memory atomics copied out for the shared scan, then
+// each pair is written at its group's offset + its place. The one-block sort's 1024-thread radix sort of a
+// mostly padding block and its ~30 barriers took ~7.3 µs at 64 pairs (perf-log run 114).
+// PRECOND: blockDim.x == kTinyThreads; pairs <= kTinyThreads; dynamic shared memory = groups ints.
+__global__ static void __launch_bounds__(kTinyThreads) align_tiny_kernel(const __grid_constant__ AlignKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  extern __shared__ int tiny_counts[];  // [groups]
+  __shared__ int keys[kTinyThreads];
+  for (int g = threadIdx.x; g < p.groups; g += kTinyThreads) tiny_counts[g] = 0;
+  const int pair = threadIdx.x;
+  const int key = pair < p.pairs ? group_of(p, pair) : p.groups;
+  keys[pair] = key;
+  __syncthreads();
+  int place = 0;
+  if (key < p.groups) {
+    for (int q = 0; q < pair; ++q) place += keys[q] == key ? 1 : 0;
+    atomicAdd(&tiny_counts[key], 1);
+  }
+  __syncthreads();
+  for (int g = threadIdx.x; g < p.groups; g += kTinyThreads) p.counts[g] = tiny_counts[g];
+  __syncthreads();  // counts visible to the block
+  scan_groups<kTinyThreads>(p, false);
+  __syncthreads();
+  if (key < p.groups) p.sorted_pairs[p.group_offsets[key] + place] = pair;
 }
 
 // Chunked path (a few thousand to kMoeAlignSmallPairs pairs): the one-block sort's cost grows with its items
@@ -420,8 +453,17 @@ void moe_align(const MoeAlignParams& p, cudaStream_t stream) {
                                  .chunk_counts = chunk_counts,
                                  .chunk_starts = chunk_starts,
                                  .chunks = int(chunks)};
-  // The one dispatch on batch size: one block up to 4 items per thread, chunks up to kMoeAlignSmallPairs,
-  // the device radix sort above.
+  // The one dispatch on batch size: the tiny path up to kMoeAlignTinyPairs (its group counters fit its
+  // shared memory), one block up to 4 items per thread, chunks up to kMoeAlignSmallPairs, the device radix
+  // sort above.
+  const bool tiny_fits = pairs <= kMoeAlignTinyPairs && groups <= kMoeAlignTinyGroups;
+  if (p.force_path == 3 || (p.force_path < 0 && tiny_fits)) {
+    LMX_CHECK(tiny_fits, "moe_align: tiny path forced with %lld pairs, %lld groups (at most %lld, %lld)",
+              (long long)pairs, (long long)groups, (long long)kMoeAlignTinyPairs, (long long)kMoeAlignTinyGroups);
+    detail::launch(align_tiny_kernel, dim3(1), dim3(kTinyThreads), size_t(groups) * 4, stream, params);
+    LMX_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const bool chunked =
       p.force_path == 2 || (p.force_path < 0 && pairs > kMaxOneBlockPairs && pairs <= kMoeAlignSmallPairs);
   if (chunked) {

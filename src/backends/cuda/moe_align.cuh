@@ -27,9 +27,10 @@ struct MoeAlignParams {
   Tensor group_offsets;  // [G + 1] i32: first padded position of each group; [G] = tiles * block_m
   Tensor num_tiles;      // [1] i32
   Tensor workspace;      // [moe_align_workspace_bytes] U8, device scratch
-  // Test/tuning knob: -1 picks by size (one block up to 4096 pairs, chunks of 1024 pairs sorted in parallel
-  // up to kMoeAlignSmallPairs, the device radix sort above); 0 forces the one-block path, 1 the radix-sort
-  // path, 2 the chunked path (both at most kMoeAlignSmallPairs pairs).
+  // Test/tuning knob: -1 picks by size (the tiny path up to kMoeAlignTinyPairs pairs and kMoeAlignTinyGroups
+  // groups, one block up to 4096 pairs, chunks of 1024 pairs sorted in parallel up to kMoeAlignSmallPairs, the
+  // device radix sort above); 0 forces the one-block path, 1 the radix-sort path, 2 the chunked path (both at most
+  // kMoeAlignSmallPairs pairs), 3 the tiny path (within its limits).
   int force_path = -1;
   // Dense LoRA (lora_dense): every token is one pair of the single expert 0 (E = 1, K = 1), T comes from
   // token_slot, topk_ids is not read. Requires slots > 0 and experts == 1.
@@ -49,6 +50,9 @@ struct MoeAlignParams {
   int slot_group_rows = 1;
 };
 
+// The tiny path's limits (decode batches: one thread a pair; its group counters in 32 KB of shared memory).
+constexpr int64_t kMoeAlignTinyPairs = 256;
+constexpr int64_t kMoeAlignTinyGroups = 8192;
 // The one-block and chunked paths' limit (16 sorted items per thread of 1024; 16 chunks); larger batches take
 // the radix-sort path.
 constexpr int64_t kMoeAlignSmallPairs = 16384;

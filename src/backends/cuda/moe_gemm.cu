@@ -40,10 +40,18 @@
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_lora.cuh"
 #include "backends/cuda/moe_lora_small.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "ops/backend.h"
 
 namespace lmx::cuda {
 namespace {
+
+using detail::fence_operands;
+using detail::fence_proxy_async;
+using detail::sw128_descriptor;
+using detail::wgmma_commit;
+using detail::wgmma_fence;
+using detail::wgmma_wait;
 
 constexpr int kBlockK = 64;  // one shared row = 64 bf16 = 128 bytes = 8 chunks
 constexpr int kChunksPerRow = kBlockK / 8;
@@ -74,9 +82,12 @@ struct GemmKernelParams {
   int work_tiles;               // persistent kernel: tiles (max_tiles) × work_column_blocks work items
   int work_column_blocks;
   bool compact_epilogue;        // persistent kernel: the epilogue form chosen once per work item (Epilogue)
+  bool out_by_row;              // persistent kernel: output row = tile row (tile order), not the pair
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
+  bool lora_l1_prefetch;        // persistent kernel: each warp's z rows and first slot's B slice into L1 during
+                                // the item's k-loop (LoraL1Prefetch)
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -161,9 +172,10 @@ __device__ __forceinline__ void mma_bf16(float& c0, float& c1, float& c2, float&
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) * 8); }
 
 // Both kernels' epilogue for one accumulator pair: row `pair`, columns `column` (even) and column + 1, plus
-// the bias, then either the fused activation (one output) or the two bf16 values. Columns past n are dropped.
+// the bias, then either the fused activation (one output) or the two bf16 values, stored in output row
+// `out_row` (the pair, or its tile row with out_by_row). Columns past n are dropped.
 __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int expert, int pair, int column, float v0,
-                                              float v1) {
+                                              float v1, int out_row) {
   if (column >= p.n) return;
   const int64_t inter = p.n / 2;
   const bool has_second = column + 1 < p.n;
@@ -186,13 +198,13 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
     // bit-identical results whether moe_block took the fused or the LoRA path.
     const float gate = __bfloat162float(__float2bfloat16_rn(v0));
     const float up = __bfloat162float(__float2bfloat16_rn(v1));
-    p.out[int64_t(pair) * inter + column / 2] =
+    p.out[int64_t(out_row) * inter + column / 2] =
         __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
   } else if (has_second && p.n % 2 == 0) {
-    *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(pair) * p.n + column) = __floats2bfloat162_rn(v0, v1);
+    *reinterpret_cast<__nv_bfloat162*>(p.out + int64_t(out_row) * p.n + column) = __floats2bfloat162_rn(v0, v1);
   } else {
-    p.out[int64_t(pair) * p.n + column] = __float2bfloat16_rn(v0);
-    if (has_second) p.out[int64_t(pair) * p.n + column + 1] = __float2bfloat16_rn(v1);
+    p.out[int64_t(out_row) * p.n + column] = __float2bfloat16_rn(v0);
+    if (has_second) p.out[int64_t(out_row) * p.n + column + 1] = __float2bfloat16_rn(v1);
   }
 }
 
@@ -252,9 +264,10 @@ __device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0,
 // store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
 // (>= p.pairs on padding, not stored); column0: the thread's first column; bias[j]: the biases of columns
 // column0 + 8j and + 1 (zeros without a bias); delta[half][j] (kFusedDelta): lora_h of those columns, added
-// where has_delta[half] (the row's token has a slot).
+// where has_delta[half] (the row's token has a slot); out_row[half]: the rows' output rows (pair, or tile row).
 template <Epilogue kCase, int kBlockN, int kDelta>
-__device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], int column0,
+__device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], const int (&out_row)[2],
+                                           int column0,
                                            const __nv_bfloat162 (&bias)[kBlockN / 8],
                                            const __nv_bfloat162 (&delta)[2][kDelta], const bool (&has_delta)[2],
                                            const float (&acc)[kBlockN / 2]) {
@@ -266,7 +279,7 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
     // Padding rows are computed too (the fused form's shuffles need the whole warp) but never stored; the
     // four lanes of a row share its pair, so they skip together.
     const bool store = pair[half] < p.pairs;
-    __nv_bfloat16* out = p.out + int64_t(store ? pair[half] : 0) * out_stride;
+    __nv_bfloat16* out = p.out + int64_t(store ? out_row[half] : 0) * out_stride;
     float activated[kBlockN / 8];  // kActivated: the thread's outputs, column (column0 + 8j) / 2
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -354,6 +367,75 @@ __device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
   return k + 1 < rank ? 0xffffffffu : (k < rank ? 0x0000ffffu : 0u);
 }
 
+// The lane's two B words of one n-tile and rank step of add_lora_terms: ranks k0 + 2t, + 1 (w0) and k0 + 2t + 8,
+// + 9 (w1) of output column `column` (logical; the halves layout maps it to its weight row) of the slot's
+// [n, R] slice `b`. Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1); what they fetch past
+// the slot's rank or past n is masked to zero by the caller.
+__device__ __forceinline__ void load_lora_b_words(const GemmKernelParams& p, const __nv_bfloat16* b, int column, int k0,
+                                                  int t, unsigned& w0, unsigned& w1) {
+  column = min(column, p.n - 1);
+  const int weight_row = p.halves ? (column % 2 == 0 ? column / 2 : p.n / 2 + column / 2) : column;
+  const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(weight_row) * p.lora_r);
+  w0 = __ldg(row + min(k0 + 2 * t, p.lora_r - 2) / 2);
+  w1 = __ldg(row + min(k0 + 2 * t + 8, p.lora_r - 2) / 2);
+}
+
+// What add_lora_terms reads before z: the slots of the lane's two rows and whether each still needs a pass
+// (slot >= 0 of nonzero rank). Reading the first pass's B words before the decode GEMM's k-loop as well
+// measured level (perf-log run 115) and was removed. PRECOND: warp converged.
+struct LoraRows {
+  int slot[2];
+  bool pending[2];
+
+  __device__ __forceinline__ LoraRows(const GemmKernelParams& p, const int (&pair)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
+      pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
+    }
+  }
+};
+
+// The persistent kernel's MoE-LoRA inputs of one work item pulled into L1 while its k-loop runs: add_lora_terms
+// after the loop reads them with a chain of dependent L2 round trips (the rows' slots and ranks, then per rank
+// step z and two batches of B words, ~0.5 µs each), which its ~28 µs per GEMM at T 1600 are made of (perf-log
+// run 61). start() (before the k-loop) loads the lane's two pairs' slots; issue() (a few k-tiles in, when
+// those have landed) prefetches the rows' z lines and the B slice [BLOCK_N, R] of the warp's smallest pending
+// slot — the slot of its first pass — into L1 (12 KB at BLOCK_N 192, R 32; the warps of a tile mostly share
+// it). Hints only: no result changes. Ranks are not read here (a rank-0 slot's slice is fetched for nothing).
+struct LoraL1Prefetch {
+  int pair[2], slot[2];
+  int expert;
+
+  __device__ __forceinline__ void start(const GemmKernelParams& p, int2 work, int tile_row0, int lane) {
+    expert = p.tile_group[work.x];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      pair[half] = p.sorted_pairs[tile_row0 + lane / 4 + 8 * half];
+      slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
+    }
+  }
+  template <int kBlockN>
+  __device__ __forceinline__ void issue(const GemmKernelParams& p, int first_column, int lane) const {
+    int mine = INT_MAX;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (slot[half] >= 0) {
+        mine = min(mine, slot[half]);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p.lora_z + int64_t(pair[half]) * p.lora_r));
+      }
+    }
+    const int s = __reduce_min_sync(0xffffffffu, mine);
+    if (s == INT_MAX) return;  // warp-uniform
+    const auto* slice = reinterpret_cast<const char*>(
+        p.lora_b + ((int64_t(s) * p.weight_rows + int64_t(expert) * p.n + first_column) * p.lora_r));
+    const int64_t bytes = int64_t(min(p.n - first_column, kBlockN)) * p.lora_r * int64_t(sizeof(__nv_bfloat16));
+    for (int64_t offset = int64_t(lane) * 128; offset < bytes; offset += 32 * 128) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(slice + offset));
+    }
+  }
+};
+
 // kLora (MoeGemmLora): the MoE-LoRA of one work item added into its fp32 accumulators before the epilogue,
 // acc[row] += z[pair]·B[slot, expert][columns]ᵀ for every row whose token has a slot of nonzero rank, by
 // mma.sync m16n8k16 on the warp's 16 rows: the wgmma accumulator layout is mma's C fragment layout
@@ -361,36 +443,30 @@ __device__ __forceinline__ unsigned rank_pair_mask(int k, int rank) {
 // a 16-row warp tile of grouped_gemm_kernel (BLOCK_M 16: acc[0][j][0..3] is acc[4j .. 4j + 3]). With the
 // halves layout (decode only) logical column 2i reads B row i and 2i + 1 row n/2 + i, as the weight. No pass over
 // h, no expand kernel: per slot of the warp's rows, R/16 steps of 2 · BLOCK_N / 8 small MMAs, B's fragments
-// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16
-// significant bits), B as it is. Rows of several slots: one pass per distinct slot, smallest first, z masked
-// to that slot's rows, so the other rows get exact zeros added (a warp whose rows have no slot adds
-// nothing: a base token's result is bit-identical to the GEMM without LoRA unless its accumulator is
-// exactly -0 and shares a warp with an adapter's rows, where it becomes +0).
+// read as 4-byte words from L2 (a tile's slice is BLOCK_N · R · 2 bytes). z goes in as bf16 hi + lo (16 significant bits), B as it is. Rows of several
+// slots: one pass per distinct slot, smallest first, z masked to that slot's rows, so the other rows get
+// exact zeros added (a warp whose rows have no slot adds nothing: a base token's result is bit-identical to
+// the GEMM without LoRA unless its accumulator is exactly -0 and shares a warp with an adapter's rows, where
+// it becomes +0).
 // kBatch: n-tiles whose B words are loaded before their MMAs (registers: 2 per n-tile).
 template <int kBlockN, int kBatch>
 __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int expert, int first_column,
-                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2]) {
+                                               const int (&pair)[2], int lane, float (&acc)[kBlockN / 2],
+                                               LoraRows rows) {
   const int g = lane / 4, t = lane % 4;
-  int slot[2];
-  bool pending[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    slot[half] = pair[half] < p.pairs ? __ldg(p.lora_slot + pair[half] / p.lora_top_k) : -1;
-    pending[half] = slot[half] >= 0 && __ldg(p.lora_rank + slot[half]) > 0;
-  }
   while (true) {
     int mine = INT_MAX;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      if (pending[half]) mine = min(mine, slot[half]);
+      if (rows.pending[half]) mine = min(mine, rows.slot[half]);
     }
     const int s = __reduce_min_sync(0xffffffffu, mine);  // warp-uniform from here to the loop's end
     if (s == INT_MAX) return;
     bool use[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      use[half] = pending[half] && slot[half] == s;
-      pending[half] = pending[half] && !use[half];
+      use[half] = rows.pending[half] && rows.slot[half] == s;
+      rows.pending[half] = rows.pending[half] && !use[half];
     }
     const int rank = __ldg(p.lora_rank + s);
     const float* z_row[2] = {p.lora_z + int64_t(use[0] ? pair[0] : 0) * p.lora_r,
@@ -399,8 +475,7 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
     for (int k0 = 0; k0 < rank; k0 += 16) {
       // Every load of the k-step is issued before the first MMA that needs one (16 n-tiles of B words at a
       // time): issued between the MMAs, each L2 round trip was paid in sequence (perf-log run 60: ~11 µs
-      // per pass of a 128-column item). Addresses stay in bounds (ranks clamped to R - 2, columns to n - 1);
-      // what they fetch past the slot's rank or past n is masked to zero afterwards.
+      // per pass of a 128-column item).
       // A registers: (row g, ranks k0 + 2t, + 1), (row g + 8, same), (row g, + 8), (row g + 8, + 8).
       // z by __ldca (a plain coherent load, cached in L1): with wait_before_epilogue (decode) the shrink
       // writes z while this grid runs, which the read-only path's contract (__ldg: no writes during the
@@ -421,11 +496,7 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
         unsigned b0[kBatch], b1[kBatch];
 #pragma unroll
         for (int jj = 0; jj < kBatch; ++jj) {
-          const int column = min(first_column + 8 * (j0 + jj) + g, p.n - 1);
-          const int weight_row = p.halves ? (column % 2 == 0 ? column / 2 : p.n / 2 + column / 2) : column;
-          const auto* row = reinterpret_cast<const unsigned*>(b + int64_t(weight_row) * p.lora_r);
-          b0[jj] = __ldg(row + min(k_lo, p.lora_r - 2) / 2);
-          b1[jj] = __ldg(row + min(k_hi, p.lora_r - 2) / 2);
+          load_lora_b_words(p, b, first_column + 8 * (j0 + jj) + g, k0, t, b0[jj], b1[jj]);
         }
         if (j0 == 0) {
 #pragma unroll
@@ -557,7 +628,8 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   if constexpr (kMi == 1) {
     if (p.lora_z != nullptr) {
       const int pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
-      add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]));
+      add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]),
+                                  LoraRows(p, pair));
     }
   }
   // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
@@ -570,7 +642,7 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
 #pragma unroll
       for (int nj = 0; nj < kNi; ++nj) {
         const int column = n0 + warp_n0 + nj * 8 + 2 * (lane % 4);  // even
-        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1], pair);
       }
     }
   }
@@ -584,21 +656,6 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
 // (4 warps) issues m64n128k16 wgmmas on its 64 rows of the A tile and the whole 128-column B tile, both
 // read from shared memory through matrix descriptors, accumulating 64 fp32 per thread in registers.
 
-// Matrix descriptor of a K-major SWIZZLE_128B tile starting at `shared` (1024-byte aligned atoms; advancing
-// the start by 32 bytes steps k by 16 inside the atom, the hardware applies the swizzle to the address).
-// Fields: start address >> 4 (bits 0-13), leading byte offset >> 4 (16-29; unused for swizzled K-major, 1),
-// stride byte offset >> 4 (32-45; 8 rows of 128 bytes), swizzle mode (62-63; 1 = 128 bytes).
-__device__ __forceinline__ uint64_t sw128_descriptor(const void* shared) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  return uint64_t((address & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
 // d[128] += A(64×16)·B(256×16)ᵀ: the same with a 256-column B tile (twice the FLOPs per byte of A and B read
 // from L2 per CTA as n128 at BLOCK_M 128).
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
@@ -663,16 +720,6 @@ __device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t a, uin
   __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
 #endif
 }
-
-// Pins the accumulators in program order around the asynchronous MMAs (the asm statements that issue and
-// wait do not name them, so without this the compiler could move their uses across a wait).
-template <int kCount>
-__device__ __forceinline__ void fence_operands(float (&d)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // d[64] += A(64×16, descriptor)·B(128×16, descriptor)ᵀ, bf16 in, fp32 accumulate (scale-d = 1).
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
@@ -784,7 +831,8 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
     if (pair >= p.pairs) continue;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1],
+                    pair);
     }
   }
 }
@@ -1000,7 +1048,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     if (pair >= p.pairs) continue;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      store_columns(p, expert, pair, n0 + 8 * j + 2 * (lane % 4), acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1],
+                    pair);
     }
   }
 }
@@ -1013,7 +1062,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
 template <int kBlockM, int kBlockN>
 struct EpilogueInputs {
   int expert, column0;
-  int pair[2];  // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
+  int pair[2];     // rows row0 + lane / 4 and + 8 (>= p.pairs on padding)
+  int out_row[2];  // their output rows: the pairs, or with out_by_row the tile rows
   Epilogue how;
   __nv_bfloat162 bias[kBlockN / 8];  // kFused / kStore: the thread's column pairs' biases (zeros without)
   static constexpr bool kDeltaForm = kBlockM == 128 && kBlockN == 128;
@@ -1025,7 +1075,11 @@ struct EpilogueInputs {
     expert = p.tile_group[work.x];
     column0 = work.y + 2 * (lane % 4);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) pair[half] = p.sorted_pairs[work.x * kBlockM + row0 + lane / 4 + 8 * half];
+    for (int half = 0; half < 2; ++half) {
+      const int tile_row = work.x * kBlockM + row0 + lane / 4 + 8 * half;
+      pair[half] = p.sorted_pairs[tile_row];
+      out_row[half] = p.out_by_row ? tile_row : pair[half];
+    }
     how = p.compact_epilogue ? epilogue_case(p, work.y, kBlockN, kDeltaForm) : Epilogue::kGeneral;
     const bool load_bias = how != Epilogue::kGeneral && p.bias != nullptr;
     const __nv_bfloat16* bias_row = p.bias + (load_bias ? int64_t(expert) * p.n + column0 : 0);
@@ -1057,12 +1111,15 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
                                                     const float (&acc)[kBlockN / 2]) {
   using In = EpilogueInputs<kBlockM, kBlockN>;
   if (in.how == Epilogue::kFused) {
-    store_tile<Epilogue::kFused, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+    store_tile<Epilogue::kFused, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                      in.has_delta, acc);
   } else if (in.how == Epilogue::kStore) {
-    store_tile<Epilogue::kStore, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+    store_tile<Epilogue::kStore, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                      in.has_delta, acc);
   } else if (In::kDeltaForm && in.how == Epilogue::kFusedDelta) {
     if constexpr (In::kDeltaForm) {
-      store_tile<Epilogue::kFusedDelta, kBlockN, In::kDelta>(p, in.pair, in.column0, in.bias, in.delta, in.has_delta, acc);
+      store_tile<Epilogue::kFusedDelta, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                             in.has_delta, acc);
     }
   } else {
 #pragma unroll
@@ -1070,7 +1127,8 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
       if (in.pair[half] >= p.pairs) continue;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
-        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        store_columns(p, in.expert, in.pair[half], in.column0 + 8 * j, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1],
+                      in.out_row[half]);
       }
     }
   }
@@ -1109,6 +1167,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // add_lora_terms' B words in flight: 16 n-tiles where the accumulators leave the registers (no spills,
   // ptxas -v), 8 with 128 accumulators (BLOCK_N 256) or at two CTAs per SM (BLOCK_M 64 × 128)
   constexpr int kLoraBatch = kConsumers == 2 && kBlockN == 128 ? 16 : 8;
+  constexpr int kLoraPrefetchAt = 4;  // the k-tile after whose wgmmas LoraL1Prefetch issues (~2 µs into the item)
+  // LoraL1Prefetch's few registers only where they do not add spills (ptxas: BLOCK_M 64 and BLOCK_N 256 spill
+  // in their LoRA section already)
+  constexpr bool kLoraL1 = kLora && kConsumers == 2 && kBlockN <= 192;
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
@@ -1200,23 +1262,35 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+      // kLora with lora_l1_prefetch: the item's LoRA inputs into L1 from k-tile kLoraPrefetchAt on (the slots
+      // loaded before the loop have landed by then)
+      LoraL1Prefetch lora_l1;
+      const bool l1_prefetch = kLoraL1 && p.lora_l1_prefetch;
+      if (l1_prefetch) lora_l1.start(p, work, work.x * kBlockM + row0, lane);
+      auto k_loop = [&]() {
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          issue(acc);
+          if (l1_prefetch && kt == min(kLoraPrefetchAt, k_tiles - 1)) lora_l1.issue<kBlockN>(p, work.y, lane);
+          retire(acc, kt);
+        }
+      };
       if constexpr (kBlockN == 128 && kConsumers == 2) {
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          issue(acc);
-          retire(acc, kt);
-        }
+        k_loop();
         finish(acc);
-        if constexpr (kLora) add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc);
+        if constexpr (kLora) {
+          add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
+                                              LoraRows(p, in.pair));
+        }
         persistent_epilogue(p, in, acc);
       } else {
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          issue(acc);
-          retire(acc, kt);
-        }
+        k_loop();
         finish(acc);
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
-        if constexpr (kLora) add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc);
+        if constexpr (kLora) {
+          add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
+                                              LoraRows(p, in.pair));
+        }
         persistent_epilogue(p, in, acc);
       }
     }
@@ -1229,6 +1303,7 @@ struct GatherRowsKernelParams {
   const int32_t* sorted_pairs;  // [capacity] i32
   const int32_t* num_tiles;     // [1] i32
   __nv_bfloat16* out;           // [capacity, in] bf16: row r = the x row of tile row r, zeros on padding
+  int32_t* pair_rows;           // [pairs] i32 or null: pair_rows[pair] = its tile row
   int pairs, row_div, in, block_m;
 };
 
@@ -1240,6 +1315,7 @@ __global__ static void gather_rows_kernel(const __grid_constant__ GatherRowsKern
   const int chunk = blockIdx.y * blockDim.x + threadIdx.x;
   if (chunk >= p.in / 8) return;
   const int pair = p.sorted_pairs[row];
+  if (p.pair_rows != nullptr && blockIdx.y == 0 && threadIdx.x == 0 && pair < p.pairs) p.pair_rows[pair] = row;
   uint4 value = make_uint4(0, 0, 0, 0);
   if (pair < p.pairs) value = reinterpret_cast<const uint4*>(p.x + int64_t(pair / p.row_div) * p.in)[chunk];
   reinterpret_cast<uint4*>(p.out + int64_t(row) * p.in)[chunk] = value;
@@ -1395,6 +1471,9 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
+bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
+bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
+bool shrink_runs_split = true;                      // set_moe_lora_shrink_runs_split
 int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
@@ -1410,6 +1489,7 @@ int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : ot
 // it is off unless a bench or test asks for it.
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
+bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -1429,6 +1509,13 @@ void check_sorted_rows(const char* op, const Tensor& sorted_rows, const MoeExper
     detail::contract_failure(op, "sorted_rows", sorted_rows,
                              (dims({capacity, in}) + " BF16 on cuda (capacity of the tiles), 16-byte aligned").c_str());
   }
+}
+
+// Whether launch_gemm runs the persistent kernel: BLOCK_M 64/128, the A rows gathered (or given) in tile order,
+// the weight one TMA box (not the fused halves layout), and kAuto or the warp-specialized kernel.
+bool runs_persistent(int block_m, bool gathered, bool halves) {
+  return block_m != kMoeGemmBlockMDecode && gathered && !halves &&
+         kernel_for(block_m, gathered, halves) == MoeGemmKernel::kWgmmaWarpSpecialized;
 }
 
 void check_decode_stages(const char* op, int decode_stages) {
@@ -1637,8 +1724,11 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 //    201 KB); BLOCK_M 128: BLOCK_N 128 (default; 6 stages, 193 KB), 192 (5 stages, 201 KB; 96 accumulators)
 //    or 256 (4 stages, 193 KB; 128 accumulators per consumer thread, which setmaxnreg gives 224 registers).
 // Defaults are first guesses until the H200 bench (bench_moe_gemm) decides; tuned configs become data.
+// sorted_rows: the A rows in tile order for the warp-specialized kernel, gathered here first unless
+// `rows_ready` (moe_gate_up wrote them so: MoeDownParams::a_in_tile_order); pair_rows (or null): the gather
+// records each pair's tile row there (MoeGateUpParams::pair_rows).
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
-                 const Tensor& sorted_rows, cudaStream_t stream) {
+                 const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, int max_sms, cudaStream_t stream) {
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
@@ -1692,14 +1782,17 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     CUtensorMap half_tile_map{};  // the gathered rows in boxes of 64: the multicast kernel's A halves
     if (with_maps.a_by_tma) {  // the tiles' rows gathered into tile order first, then one box per stage
       auto* sorted = static_cast<__nv_bfloat16*>(sorted_rows.data);
-      const GatherRowsKernelParams gather{.x = params.x, .sorted_pairs = params.sorted_pairs,
-                                          .num_tiles = params.num_tiles, .out = sorted, .pairs = params.pairs,
-                                          .row_div = params.row_div, .in = params.in, .block_m = block_m};
-      constexpr int kGatherThreads = 128;
       const int64_t capacity = sorted_rows.dim(0);
-      const unsigned chunk_blocks = unsigned((params.in / 8 + kGatherThreads - 1) / kGatherThreads);
-      gather_rows_kernel<<<dim3(unsigned(max_tiles * block_m), chunk_blocks), kGatherThreads, 0, stream>>>(gather);
-      LMX_CUDA_CHECK_LAUNCH();
+      if (!rows_ready) {
+        const GatherRowsKernelParams gather{.x = params.x, .sorted_pairs = params.sorted_pairs,
+                                            .num_tiles = params.num_tiles, .out = sorted, .pair_rows = pair_rows,
+                                            .pairs = params.pairs, .row_div = params.row_div, .in = params.in,
+                                            .block_m = block_m};
+        constexpr int kGatherThreads = 128;
+        const unsigned chunk_blocks = unsigned((params.in / 8 + kGatherThreads - 1) / kGatherThreads);
+        gather_rows_kernel<<<dim3(unsigned(max_tiles * block_m), chunk_blocks), kGatherThreads, 0, stream>>>(gather);
+        LMX_CUDA_CHECK_LAUNCH();
+      }
       with_maps.a_map = tensor_map_2d(sorted, capacity, params.in, block_m, "the gathered rows");
       if (block_m == kMoeGemmBlockMLarge) half_tile_map = tensor_map_2d(sorted, capacity, params.in, 64, "the gathered rows");
     }
@@ -1729,12 +1822,15 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
         return;
       }
       const int64_t items = max_tiles * column_blocks;
-      const unsigned ctas = unsigned(std::min<int64_t>(items, int64_t(multiprocessors()) * pk.ctas_per_sm));
+      const int64_t sms = max_sms > 0 ? std::min(max_sms, multiprocessors()) : multiprocessors();
+      const unsigned ctas = unsigned(std::min<int64_t>(items, sms * pk.ctas_per_sm));
       pk.kernel.kernel<<<ctas, pk.kernel.threads, pk.kernel.shared_bytes, stream>>>(with_maps);
     } else {
+      LMX_CHECK(!params.out_by_row && !rows_ready);  // the persistent kernel's forms (callers check)
       k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(with_maps);
     }
   } else if (params.pdl && pdl_kernel) {
+    LMX_CHECK(!params.out_by_row && !rows_ready);
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -1747,6 +1843,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     config.numAttrs = 1;
     LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, k.kernel, params));
   } else {
+    LMX_CHECK(!params.out_by_row && !rows_ready);
     GemmKernelParams plain = params;
     plain.pdl = false;
     k.kernel<<<grid, k.threads, k.shared_bytes, stream>>>(plain);
@@ -1766,6 +1863,17 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
+void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
+void set_moe_lora_shrink_runs_hint(bool on) { shrink_runs_hint = on; }
+void set_moe_lora_shrink_runs_split(bool on) { shrink_runs_split = on; }
+bool moe_lora_shrink_runs_for(int64_t tokens, int64_t scattered, int64_t top_k, int64_t experts) {
+  // Most adapter pairs in long same-adapter runs (a prompt's chunk), and those runs' tokens alone enough for
+  // kRunTiles tiles per (slot, expert) group if one adapter held them: the tiled shrink's own rule counts every
+  // S·E group as touched (T 1600 with one adapter: 6400 pairs < 64 · 256, so a tile per CTA re-reading its
+  // group's A for every 16 pairs, where the prompt's 32 groups hold ~13 tiles each).
+  return shrink_runs_hint && scattered >= 0 && scattered < tokens / 2 &&
+         (tokens - scattered) * top_k >= int64_t(moe_lora_run_tiles()) * kMoeLoraBlockM * experts;
+}
 void set_moe_block_down_block_n(int block_n) {
   if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
     throw std::invalid_argument("set_moe_block_down_block_n: block_n = " + std::to_string(block_n) +
@@ -1784,6 +1892,7 @@ void set_moe_gemm_large_block_n(int block_n) {
 int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
+void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
   // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):
@@ -1861,6 +1970,7 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_slot = static_cast<const int32_t*>(lora.token_slot.data);
   params.lora_r = int(rank_cap);
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
+  params.lora_l1_prefetch = lora_l1_prefetch;
 }
 
 }  // namespace
@@ -1881,13 +1991,28 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   }
   const Tensor& out = p.h.defined() ? p.h : p.a;
   const int64_t out_cols = p.h.defined() ? rows2 : inter;
-  if (!is_bf16_matrix(out, pairs, out_cols) || (reinterpret_cast<uintptr_t>(out.data) & 3u) != 0) {
+  const int64_t max_tiles = check_tiles(op, p.tiles);
+  const bool fuse = p.a.defined(), by_row = p.pair_rows.defined();
+  if (by_row) {  // a in tile order: [capacity of the tiles, I], the pairs' rows recorded in pair_rows
+    if (!fuse || !runs_persistent(int(p.tiles.block_m), p.sorted_rows.defined(),
+                                  p.layout == ops::GateUpLayout::kHalves)) {
+      fail(op, "pair_rows (a written in tile order) needs the persistent TMA kernel: a (the fused activation), "
+               "sorted_rows, BLOCK_M 64 or 128 (got " + std::to_string(p.tiles.block_m) +
+               "), the interleaved layout and the kAuto or warp-specialized kernel");
+    }
+    if (p.pair_rows.dtype != DType::I32 || p.pair_rows.ndim != 1 || p.pair_rows.dim(0) != pairs) {
+      detail::contract_failure(op, "pair_rows", p.pair_rows, ("[" + std::to_string(pairs) + "] I32 (T*K)").c_str());
+    }
+    detail::require_cuda(op, {{"pair_rows", &p.pair_rows}});
+  }
+  const int64_t out_rows = by_row ? p.tiles.sorted_pairs.dim(0) : pairs;
+  if (!is_bf16_matrix(out, out_rows, out_cols) || (reinterpret_cast<uintptr_t>(out.data) & 3u) != 0) {
     detail::contract_failure(op, p.h.defined() ? "h" : "a", out,
-                             (dims({pairs, out_cols}) + " BF16 (T*K rows), 4-byte aligned").c_str());
+                             (dims({out_rows, out_cols}) +
+                              (by_row ? " BF16 (the tiles' capacity: a in tile order)" : " BF16 (T*K rows)") +
+                              ", 4-byte aligned").c_str());
   }
   detail::require_cuda(op, {{"x", &p.x}, {p.h.defined() ? "h" : "a", &out}});
-  const int64_t max_tiles = check_tiles(op, p.tiles);
-  const bool fuse = p.a.defined();
   if (p.lora_h.defined()) {
     if (!fuse) fail(op, "lora_h is added before the fused activation: it needs a, not h");
     if (!is_bf16_matrix(p.lora_h, pairs, rows2) || (reinterpret_cast<uintptr_t>(p.lora_h.data) & 3u) != 0) {
@@ -1932,12 +2057,13 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .a_map = {},
                           .lora_h = p.lora_h.defined() ? static_cast<const __nv_bfloat16*>(p.lora_h.data) : nullptr,
                           .token_slot = p.lora_h.defined() ? static_cast<const int32_t*>(p.token_slot.data) : nullptr};
+  params.out_by_row = by_row;
   check_sorted_rows(op, p.sorted_rows, p.tiles, hidden);
   if (p.lora.defined() && p.lora_h.defined()) fail(op, "lora (in the accumulators) and lora_h are exclusive");
   pack_gemm_lora(op, p.lora, tokens, pairs, p.weight.dim(0), rows2, int(p.tiles.block_m), p.sorted_rows.defined(),
                  params.halves, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
-              stream);
+              false, by_row ? static_cast<int32_t*>(p.pair_rows.data) : nullptr, p.max_sms, stream);
 }
 
 void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
@@ -1969,9 +2095,12 @@ void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
 void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   const char* op = "moe_down";
   if (p.a.dtype != DType::BF16 || p.a.ndim != 2 || p.a.dim(1) % 8 != 0 || !detail::aligned16(p.a.data)) {
-    detail::contract_failure(op, "a", p.a, "[T*K, I] BF16, I % 8 == 0, 16-byte aligned");
+    detail::contract_failure(op, "a", p.a,
+                             p.a_in_tile_order ? "[capacity of the tiles, I] BF16 (tile order), I % 8 == 0, 16-byte aligned"
+                                               : "[T*K, I] BF16, I % 8 == 0, 16-byte aligned");
   }
-  const int64_t pairs = p.a.dim(0), inter = p.a.dim(1);
+  if (p.d.ndim != 2) detail::contract_failure(op, "d", p.d, "[T*K, H] BF16");
+  const int64_t pairs = p.a_in_tile_order ? p.d.dim(0) : p.a.dim(0), inter = p.a.dim(1);
   if (p.weight.ndim != 3) detail::contract_failure(op, "weight", p.weight, "[E, H, I]");
   const int64_t hidden = p.weight.dim(1);
   check_weight(op, "weight", p.weight, "bias", p.bias, hidden, inter);
@@ -1980,7 +2109,20 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   }
   detail::require_cuda(op, {{"a", &p.a}, {"d", &p.d}});
   const int64_t max_tiles = check_tiles(op, p.tiles);
-  check_block_n(op, p.block_n, p.tiles.block_m, kernel_for(p.tiles.block_m, p.sorted_rows.defined(), false));
+  if (p.a_in_tile_order) {
+    if (p.sorted_rows.defined()) fail(op, "a_in_tile_order: a is the A rows in tile order; sorted_rows must be undefined");
+    if (!runs_persistent(int(p.tiles.block_m), true, false)) {
+      fail(op, "a_in_tile_order needs the persistent TMA kernel: BLOCK_M 64 or 128 (got " +
+                   std::to_string(p.tiles.block_m) + ") and the kAuto or warp-specialized kernel");
+    }
+    if (p.a.dim(0) != p.tiles.sorted_pairs.dim(0)) {
+      detail::contract_failure(op, "a", p.a, (dims({p.tiles.sorted_pairs.dim(0), inter}) +
+                                              " BF16: a_in_tile_order, one row per tile row (the tiles' capacity)").c_str());
+    }
+  }
+  const Tensor& a_rows = p.a_in_tile_order ? p.a : p.sorted_rows;  // the A rows in tile order, if any
+  check_block_n(op, p.block_n, p.tiles.block_m,
+                kernel_for(p.tiles.block_m, p.sorted_rows.defined() || p.a_in_tile_order, false));
   check_decode_stages(op, p.decode_stages);
   LMX_CHECK(pairs < 0x7fffffff && hidden < 0x7fffffff && inter < 0x7fffffff);
   GemmKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.a.data),
@@ -2016,10 +2158,10 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
   if (p.lora.defined()) {
     if (p.top_k < 1 || pairs % p.top_k != 0) fail(op, "top_k = " + std::to_string(p.top_k) + " does not divide T*K = " + std::to_string(pairs));
     pack_gemm_lora(op, p.lora, pairs / p.top_k, pairs, p.weight.dim(0), hidden, int(p.tiles.block_m),
-                   p.sorted_rows.defined(), false, params);
+                   a_rows.defined(), false, params);
   }
-  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
-              stream);
+  launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, a_rows,
+              p.a_in_tile_order, nullptr, p.max_sms, stream);
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
@@ -2082,6 +2224,7 @@ struct WorkspaceLayout {
   size_t lora_sorted = 0, lora_tiles = 0, lora_offsets = 0, lora_count = 0, lora_scratch = 0;
   size_t h = 0, a = 0, d = 0;
   size_t sorted_x = 0, sorted_a = 0;  // BLOCK_M 64/128: the warp-specialized kernel's gathered A rows
+  size_t pair_rows = 0;               // BLOCK_M 64/128: each pair's row in sorted_a (a in tile order)
   size_t total = 0;
 };
 
@@ -2119,6 +2262,7 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
   if (block_m != kMoeGemmBlockMDecode) {
     l.sorted_x = take(size_t(l.expert_capacity) * s.hidden * 2);
     l.sorted_a = take(size_t(l.expert_capacity) * s.inter * 2);
+    l.pair_rows = take(size_t(pairs) * 4);
   }
   if (lora) {
     l.lora_capacity = moe_align_capacity(pairs, lora_groups, kMoeLoraBlockM);
@@ -2250,9 +2394,17 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                .workspace = view(l.lora_scratch, DType::U8, {lora_scratch})},
               stream);
   }
+  // The tiled shrink's tiles per CTA: runs of one group's tiles where long same-adapter runs dominate
+  // (moe_lora_shrink_runs_for), unless the tuned config fixes it.
+  MoeLoraConfig lora_config = config.lora;
+  if (lora_config.shrink_tiles_per_cta == 0 && moe_lora_shrink_runs_for(tokens, p.lora_scattered_tokens, top_k, experts)) {
+    lora_config.shrink_tiles_per_cta = moe_lora_run_tiles();
+    if (shrink_runs_split) lora_config.split_k = moe_lora_run_split(pairs, experts);
+  }
   // y += B·(A·x) for every pair with a slot, by the path chosen above.
   // overwrite (tiled path only): y = B·(A·x) on those pairs instead of +=.
-  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, bool overwrite = false) {
+  auto apply_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, bool overwrite = false,
+                        const Tensor& x_rows = Tensor()) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
     if (small) {
       const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w, .z = z,
@@ -2262,9 +2414,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
       moe_lora_small_expand(sp, stream);
       return;
     }
-    const MoeLoraParams lp{.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+    const MoeLoraParams lp{.x = x, .x_rows = x_rows, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted,
+                           .tile_group = lora_tiles,
                            .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
-                           .config = config.lora, .tile_counters = tile_counters, .overwrite = overwrite};
+                           .config = lora_config, .tile_counters = tile_counters, .overwrite = overwrite};
     moe_lora_shrink(lp, stream);
     moe_lora_expand(lp, stream);
   };
@@ -2281,16 +2434,18 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
+  gate_up.max_sms = config.max_sms;
   // With set_moe_lora_in_epilogue(true) the tiled MoE-LoRA of gate_up folds into the fused activation: its
   // expand writes the delta into h (overwrite: every pair with a slot), and the gate_up epilogue adds it before
   // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
   // (the default; see lora_in_epilogue), so kept as a bench row. The small path always adds into h.
   // y: the GEMM's output as the shrink's contract wants it (the shrink does not touch it).
-  auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+  auto gemm_lora = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, const Tensor& x_rows = Tensor()) {
     const Tensor z = view(l.z, DType::F32, {pairs, w.b.dim(-1)});
-    moe_lora_shrink({.x = x, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,
+    moe_lora_shrink({.x = x, .x_rows = x_rows, .w = w, .top_k = top_k, .sorted_pairs = lora_sorted,
+                     .tile_group = lora_tiles,
                      .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
-                     .config = config.lora, .tile_counters = tile_counters},
+                     .config = lora_config, .tile_counters = tile_counters},
                     stream);
     return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot};
   };
@@ -2314,6 +2469,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
+  // Where gate_up's fused output runs on the persistent kernel it writes a straight into down's A rows in tile
+  // order (MoeGateUpParams::pair_rows), so down needs no gather of a; the down MoE-LoRA's shrink then reads a
+  // through pair_rows. Not with the direct per-pair LoRA path, which reads a by pair.
+  const bool a_by_row = a_in_tile_order && fused && !fused_halves && gate_up.sorted_rows.defined() && !small;
+  const Tensor a_rows = a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : a;
+  const Tensor pair_rows = a_by_row ? view(l.pair_rows, DType::I32, {pairs}) : Tensor();
+  if (a_by_row) gate_up.pair_rows = pair_rows;
   const Tensor h = view(l.h, DType::BF16, {pairs, 2 * inter});  // [T*K, 2I] bf16
   // With config.decode_lora_overlap each decode GEMM runs its whole k-loop alongside the shrink launched
   // just before it (wait_before_epilogue: tiles and x are two launches back, the shrink touches neither them
@@ -2333,13 +2495,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     }
     moe_gate_up(gate_up, stream);
   } else if (gemm_lora_gu) {
-    gate_up.a = a;
+    gate_up.a = a_rows;
     gate_up.lora = gemm_lora(p.lora_gate_up, p.x, view(l.h, DType::BF16, {pairs, 2 * inter}));
     moe_gate_up(gate_up, stream);
     zero_z(gate_up.lora);
   } else if (fold_lora) {
     apply_lora(p.lora_gate_up, p.x, h, true);
-    gate_up.a = a;
+    gate_up.a = a_rows;
     gate_up.lora_h = h;
     gate_up.token_slot = p.token_slot;
     moe_gate_up(gate_up, stream);
@@ -2351,26 +2513,27 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                     .swiglu_limit = p.swiglu_limit, .a = a},
                    stream);
   } else {
-    gate_up.a = a;
+    gate_up.a = a_rows;
     moe_gate_up(gate_up, stream);
   }
 
   // 4. down (+ LoRA into d), 5. combine.
-  const MoeGemmLora down_lora = gemm_lora_down                 ? gemm_lora(p.lora_down, a, d)
+  const MoeGemmLora down_lora = gemm_lora_down                 ? gemm_lora(p.lora_down, a_rows, d, pair_rows)
                                 : decode_gemm_lora && lora_down ? decode_lora(p.lora_down, a, d, pairs * rank_gu, false)
                                                                 : MoeGemmLora{};
-  moe_down({.a = a, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
+  moe_down({.a = a_rows, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows
                            ? (block_down_block_n != 0 ? block_down_block_n : large_block_n_for(p.down.dim(1), 256))
                            : 0,
             .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
-            .sorted_rows = gather_rows ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : Tensor(),
-            .lora = down_lora, .top_k = top_k},
+            .sorted_rows = gather_rows && !a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter})
+                                                    : Tensor(),
+            .max_sms = config.max_sms, .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
-  else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a, d);
+  else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);
   const Tensor clear = decode_gemm_lora ? view(l.z, DType::F32, {pairs * (rank_gu + rank_down)}) : Tensor();
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out, .clear = clear}, stream);
 }

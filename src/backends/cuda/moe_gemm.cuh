@@ -42,6 +42,21 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
+// moe_block's tiled MoE-LoRA shrink as runs of one (slot, expert) group's tiles per CTA (each staged A chunk
+// serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
+// (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
+void set_moe_lora_shrink_runs_hint(bool on);
+// With that hint, the shrink's split_k from moe_lora_run_split (on, the default) instead of the tuned config's or
+// the per-tile auto rule's (off: the bench's before row; the tuned configs were swept in per-tile mode).
+void set_moe_lora_shrink_runs_split(bool on);
+// Most adapter tokens of a batch of `tokens` in long same-adapter runs (MoeParams::lora_scattered_tokens =
+// `scattered` known and below T / 2), and enough of them that one adapter's run would give each of its E
+// groups four 16-pair tiles: (T − scattered)·K ≥ 64·E.
+bool moe_lora_shrink_runs_for(int64_t tokens, int64_t scattered, int64_t top_k, int64_t experts);
+// moe_block where gate_up's fused activation runs on the persistent kernel: a written in tile order straight
+// into down's A rows (MoeGateUpParams::pair_rows; on, the default), or by pair and gathered again for down
+// (the bench's before row and the tests' second pass).
+void set_moe_block_a_in_tile_order(bool on);
 // The default BLOCK_N of BLOCK_M 128 tiles on the wgmma kernels (block_n = 0): 0 (the default: by width, 192
 // where it divides the GEMM's n on the warp-specialized kernels, else 128), 128, 192 (the warp-specialized
 // kernels only; the ring keeps 128) or 256 (twice the FLOPs per byte staged from L2 per CTA); mma.sync keeps
@@ -68,6 +83,11 @@ enum class MoeLoraInGemm {
 };
 // Process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_gemm(MoeLoraInGemm mode);
+// The persistent kernel's MoE-LoRA: during each item's k-loop every warp prefetches its rows' z and its
+// first slot's B slice into L1, so add_lora_terms after the loop reads from L1 (on), or from L2 with its
+// round trips in sequence (the bench's before row). Hints only: the same result bit for bit.
+// GemmKernelParams carries it: record graphs again after changing it.
+void set_moe_lora_l1_prefetch(bool on);
 // The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
 // tiles of `block_m` rows. kLongRuns: 16-row tiles (decode: the direct shrink writes z, the decode GEMMs
 // add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known (-1 in recordings); in between T / 256
@@ -153,6 +173,10 @@ struct MoeGateUpParams {
   // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
   // kernels. Undefined: the warp-specialized kernel gathers them by cp.async, kAuto runs the ring.
   Tensor sorted_rows;
+  // The persistent kernel's grid: at most this many SMs' worth of CTAs (0: every SM). The engine's prefill
+  // lane leaves the other SMs to the decode kernels running beside it (a persistent grid holds its SMs to
+  // its end, whatever the stream priorities).
+  int max_sms = 0;
   // The MoE-LoRA folded into the fused activation (moe_block's tiled LoRA path): lora_h [T*K, 2I] bf16 in the
   // weight's row layout holds the LoRA's delta of h for every pair whose token has a slot (token_slot [T]
   // i32 >= 0; moe_lora_expand with overwrite writes exactly those rows); the epilogue adds it to h before
@@ -160,6 +184,12 @@ struct MoeGateUpParams {
   Tensor lora_h;
   Tensor token_slot;
   MoeGemmLora lora;  // the LoRA in the accumulators instead (not with lora_h)
+  // Optional [T*K] I32: `a` is written in tile order instead — a [capacity of tiles.sorted_pairs, I], row r =
+  // the pair of tile row r (padding rows not written) — and pair_rows[pair] = that row (written by the gather
+  // of x's rows). moe_down then takes a as its A tiles as they are (MoeDownParams::a_in_tile_order: no gather
+  // of a) and the down MoE-LoRA's shrink reads it through MoeLoraParams::x_rows. Needs the persistent kernel:
+  // a (fused), sorted_rows, BLOCK_M 64/128, the interleaved layout, kAuto or the warp-specialized kernel.
+  Tensor pair_rows;
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -188,8 +218,13 @@ struct MoeDownParams {
   bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
   bool wait_before_epilogue = false;  // as MoeGateUpParams::wait_before_epilogue (x is a)
   Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
+  int max_sms = 0;     // as MoeGateUpParams::max_sms
   MoeGemmLora lora;    // as MoeGateUpParams::lora (b [S, E, H, R])
   int64_t top_k = 1;   // K, with lora only: token of pair = pair / K
+  // a is [capacity of the tiles, I] in tile order (moe_gate_up with pair_rows wrote it): its boxes are the A
+  // tiles as they are, with no gather; T*K comes from d. Needs the persistent kernel (BLOCK_M 64/128, kAuto
+  // or warp-specialized); sorted_rows undefined.
+  bool a_in_tile_order = false;
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 
@@ -234,6 +269,7 @@ struct MoeBlockConfig {
   // The decode MoE-LoRA in the GEMM accumulators: from 32 pairs each GEMM's k-loop runs alongside the shrink
   // before it (MoeGateUpParams::wait_before_epilogue); false = the GEMM waits for the shrink first (the before row).
   bool decode_lora_overlap = true;
+  int max_sms = 0;  // MoeGateUpParams::max_sms of both GEMMs (the prefill lane's backend sets it)
 };
 
 // Zero the workspace's self-cleaning MoE-LoRA scratch (z and its counters): once after allocating (or

@@ -23,6 +23,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device.cuh"
@@ -97,6 +100,7 @@ struct LoraKernelParams {
   int pairs;                    // T*K, the sentinel
   int top_k;                    // K
   bool x_per_pair;              // x has T*K rows
+  const int32_t* x_rows;        // [T*K] i32 or null: x's row of each pair (then x_per_pair is ignored)
   bool y_vector;                // out % 8 == 0 and y 16-byte aligned: 16-byte y accesses
   int experts;                  // E
   int in;                       // in
@@ -119,6 +123,11 @@ __device__ __forceinline__ void cta_coords(const LoraKernelParams& p, int& tile,
     tile = linear % p.max_tiles;
     piece = linear / p.max_tiles;
   }
+}
+
+// x's row of a real pair.
+__device__ __forceinline__ int64_t x_row_of(const LoraKernelParams& p, int pair) {
+  return p.x_rows != nullptr ? p.x_rows[pair] : p.x_per_pair ? pair : pair / p.top_k;
 }
 
 // The tile's pairs into shared memory; returns how many are real (sentinels sit at the end of a group).
@@ -188,7 +197,7 @@ __global__ static void __launch_bounds__(kThreads) shrink_kernel(const __grid_co
   const int x_row = threadIdx.x / 8, x_vec = threadIdx.x % 8;
   const bool x_valid = x_row < valid;
   const int x_pair = x_valid ? pairs[x_row] : 0;
-  const __nv_bfloat16* x_src = p.x + int64_t(p.x_per_pair ? x_pair : x_pair / p.top_k) * p.in + x_vec * 8;
+  const __nv_bfloat16* x_src = p.x + (x_valid ? x_row_of(p, x_pair) : 0) * p.in + x_vec * 8;
 
   auto load_chunk = [&](int chunk, int stage) {
     const int k0 = chunk * kChunk;
@@ -272,6 +281,7 @@ struct ShrinkRunStage {
   __nv_bfloat16 a[kRankCap][kRowBf16];             // [rank rows, 64 inputs] bf16 (+8 pad)
 };
 
+// The cp.async ring is kStages deep, as the tiled shrink's: 6 stages measured slower (perf-log run 115).
 // PRECOND: as shrink_kernel, with R <= kRankCap (a multiple of 16) and dynamic shared memory =
 // kStages · sizeof(ShrinkRunStage<kRankCap>).
 template <bool kEvenK, int kRankCap>
@@ -294,10 +304,13 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
   extern __shared__ __align__(16) unsigned char shrink_shared[];
   auto* stages = reinterpret_cast<ShrinkRunStage<kRankCap>*>(shrink_shared);  // [kStages]
   __shared__ int pairs[kRunTiles * kBlockM];  // the run's pairs; the sentinel past the run and on padding
+  __shared__ int64_t x_offsets[kRunTiles * kBlockM];  // their x rows' element offsets (-1: none)
   if (threadIdx.x < kRunTiles * kBlockM) {
     const int member = tile + int(threadIdx.x) / kBlockM;  // tiles of one group are contiguous
     const bool in_run = member <= (tile | (kRunTiles - 1)) && member < tiles && p.tile_group[member] == group;
-    pairs[threadIdx.x] = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
+    const int pair = in_run ? p.sorted_pairs[tile * kBlockM + threadIdx.x] : p.pairs;
+    pairs[threadIdx.x] = pair;
+    x_offsets[threadIdx.x] = pair != p.pairs ? x_row_of(p, pair) * p.in : -1;
   }
   __syncthreads();
   const int rank16 = (rank + 15) / 16 * 16;  // A rows staged (zero-filled past the true rank)
@@ -308,10 +321,9 @@ __global__ static void __launch_bounds__(kThreads) shrink_run_kernel(const __gri
     ShrinkRunStage<kRankCap>& s = stages[stage];
     for (int i = threadIdx.x; i < kRunTiles * kBlockM * 8; i += kThreads) {
       const int m = i / 8, v = i % 8;
-      const int pair = pairs[m];
-      const bool in_range = pair != p.pairs && (kEvenK || k0 + v * 8 < p.in);
-      const __nv_bfloat16* src =
-          in_range ? p.x + int64_t(p.x_per_pair ? pair : pair / p.top_k) * p.in + k0 + v * 8 : p.x;
+      const int64_t offset = x_offsets[m];
+      const bool in_range = offset >= 0 && (kEvenK || k0 + v * 8 < p.in);
+      const __nv_bfloat16* src = in_range ? p.x + offset + k0 + v * 8 : p.x;
       cp_async16(&s.x[m][v * 8], src, in_range ? 16 : 0);
     }
     for (int i = threadIdx.x; i < rank16 * 8; i += kThreads) {
@@ -615,9 +627,18 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
     detail::contract_failure(op, "z", p.z, "[T*K, R] F32");
   }
   const int64_t pairs = p.z.dim(0), tokens = pairs / p.top_k;
-  if (p.x.dtype != DType::BF16 || p.x.ndim != 2 || p.x.dim(1) != in || (p.x.dim(0) != tokens && p.x.dim(0) != pairs) ||
-      !detail::aligned16(p.x.data)) {
-    detail::contract_failure(op, "x", p.x, "[T, in] or [T*K, in] BF16, 16-byte aligned, in = w.a.dim(3)");
+  const bool by_rows = p.x_rows.defined();
+  if (p.x.dtype != DType::BF16 || p.x.ndim != 2 || p.x.dim(1) != in ||
+      (!by_rows && p.x.dim(0) != tokens && p.x.dim(0) != pairs) || !detail::aligned16(p.x.data)) {
+    detail::contract_failure(op, "x", p.x,
+                             by_rows ? "[rows, in] BF16 (rows picked by x_rows), 16-byte aligned, in = w.a.dim(3)"
+                                     : "[T, in] or [T*K, in] BF16, 16-byte aligned, in = w.a.dim(3)");
+  }
+  if (by_rows) {
+    detail::require_cuda(op, {{"x_rows", &p.x_rows}});
+    if (p.x_rows.dtype != DType::I32 || p.x_rows.ndim != 1 || p.x_rows.dim(0) != pairs) {
+      detail::contract_failure(op, "x_rows", p.x_rows, ("[" + std::to_string(pairs) + "] I32 (T*K)").c_str());
+    }
   }
   if (p.y.dtype != DType::BF16 || p.y.ndim != 2 || p.y.dim(0) != pairs || p.y.dim(1) != out ||
       (reinterpret_cast<uintptr_t>(p.y.data) & 3u) != 0) {
@@ -669,6 +690,7 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
       .pairs = int(pairs),
       .top_k = int(p.top_k),
       .x_per_pair = p.x.dim(0) == pairs,
+      .x_rows = by_rows ? static_cast<const int32_t*>(p.x_rows.data) : nullptr,
       .y_vector = out % 8 == 0 && detail::aligned16(p.y.data),
       .experts = int(experts),
       .in = int(in),
@@ -712,6 +734,13 @@ int auto_split_for(int64_t pairs, int64_t groups, int64_t in, int tiles_per_cta)
 }
 
 }  // namespace
+
+int moe_lora_run_tiles() { return kRunTiles; }
+
+int moe_lora_run_split(int64_t pairs, int64_t experts) {
+  const int64_t ctas = std::max<int64_t>(1, pairs / (kBlockM * kRunTiles) + experts);
+  return int(std::clamp<int64_t>((4 * kSms + ctas - 1) / ctas, 1, 16));  // moe_lora_shrink clamps to the chunks
+}
 
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in) {
   return auto_split_for(pairs, groups, in, auto_shrink_tiles(pairs, groups));
@@ -765,24 +794,21 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
     return;
   }
   auto run = [&](auto kernel, size_t stage_bytes) {
-    const size_t shared_bytes = kStages * stage_bytes;
+    const size_t shared_bytes = size_t(kStages) * stage_bytes;
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     kernel<<<grid_of(c), kThreads, shared_bytes, stream>>>(c.params);
   };
   // Run mode: the one dispatch on EVEN_K × rank tier (capacity R rounded up to 16 / 32 / 64 / 128).
-  if (rank_cap <= 16) {
-    if (even_k) run(shrink_run_kernel<true, 16>, sizeof(ShrinkRunStage<16>));
-    else run(shrink_run_kernel<false, 16>, sizeof(ShrinkRunStage<16>));
-  } else if (rank_cap <= 32) {
-    if (even_k) run(shrink_run_kernel<true, 32>, sizeof(ShrinkRunStage<32>));
-    else run(shrink_run_kernel<false, 32>, sizeof(ShrinkRunStage<32>));
-  } else if (rank_cap <= 64) {
-    if (even_k) run(shrink_run_kernel<true, 64>, sizeof(ShrinkRunStage<64>));
-    else run(shrink_run_kernel<false, 64>, sizeof(ShrinkRunStage<64>));
-  } else {
-    if (even_k) run(shrink_run_kernel<true, 128>, sizeof(ShrinkRunStage<128>));
-    else run(shrink_run_kernel<false, 128>, sizeof(ShrinkRunStage<128>));
-  }
+  auto tier = [&](auto cap) {
+    constexpr int kCap = decltype(cap)::value;
+    constexpr size_t kStageBytes = sizeof(ShrinkRunStage<kCap>);
+    if (even_k) run(shrink_run_kernel<true, kCap>, kStageBytes);
+    else run(shrink_run_kernel<false, kCap>, kStageBytes);
+  };
+  if (rank_cap <= 16) tier(std::integral_constant<int, 16>{});
+  else if (rank_cap <= 32) tier(std::integral_constant<int, 32>{});
+  else if (rank_cap <= 64) tier(std::integral_constant<int, 64>{});
+  else tier(std::integral_constant<int, 128>{});
   LMX_CUDA_CHECK_LAUNCH();
 }
 

@@ -36,7 +36,9 @@ struct MoeLoraConfig {
 // keeps the same invariant, so both can share one z. Without tile_counters (an older caller), the shrink
 // memsets z itself when it splits, and z holds the shrink result after the expand.
 struct MoeLoraParams {
-  Tensor x;             // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16
+  Tensor x;             // [T, in] (row = pair / K) or [T*K, in] (row = pair) bf16; with x_rows any rows
+  Tensor x_rows;        // optional [T*K] I32: x's row of each pair (moe_block's a in tile order,
+                        // MoeGateUpParams::pair_rows); only pairs in the tiles are looked up
   ops::LoraStack w;     // a [S, E, R, in] bf16, b [S, E, out, R] bf16 (scale folded), rank [S] i32;
                         // R a multiple of 8 in [8, 128] (128: a merged MoE gate_up at --max-lora-rank 64)
   int64_t top_k = 1;    // K
@@ -61,6 +63,14 @@ constexpr int kMoeLoraBlockM = 16;
 void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream);
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream);
 
+// Tiles of one (slot, expert) group per run-mode shrink CTA (MoeLoraConfig::shrink_tiles_per_cta's other value).
+int moe_lora_run_tiles();
+
+// The split_k for run mode where long runs dominate (moe_block's hint): about as many working CTAs as one run per
+// kRunTiles tiles plus one partial run per expert, split until ~4 CTAs per SM stream `in` in parallel. A run CTA
+// streams every chunk of its piece through a 3-stage ring; unsplit, the ~130 runs of a 1600-token prompt each
+// walked 45 chunks with two in flight: 52 µs a shrink for ~55 MB (perf-log run 116).
+int moe_lora_run_split(int64_t pairs, int64_t experts);
 // The split_k that split_k = 0 resolves to (with shrink_tiles_per_cta = 0), for benchmarks and logs.
 int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in);
 // The expand_chunks that 0 resolves to, for max_tiles = capacity / BLOCK_M and chunks = ceil(out / BLOCK_N).
