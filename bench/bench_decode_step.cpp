@@ -642,10 +642,10 @@ int main(int argc, char** argv) {
       row("same, dense LoRA by the grouped kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
-      cuda::set_moe_lora_shrink_runs_split(false);  // before: the runs at the tuned config's split (1 at T 1600)
-      row("same, run-mode MoE-LoRA shrink at the config's split", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+      cuda::set_moe_lora_shrink_runs_split(true);  // after: the runs at their own split (default: the config's)
+      row("same, run-mode MoE-LoRA shrink at its own split", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
-      cuda::set_moe_lora_shrink_runs_split(true);
+      cuda::set_moe_lora_shrink_runs_split(false);
       cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
       row("same, MoE-LoRA shrink by its own size rule", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
@@ -677,10 +677,10 @@ int main(int argc, char** argv) {
       cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
       row("same, MoE-LoRA shrink by its own size rule", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_shrink_runs_hint(true);
-      cuda::set_moe_lora_shrink_runs_split(false);
-      row("same, run-mode MoE-LoRA shrink at the config's split", time_mixed(**engine, o, vocab, rng, spread),
-          prefill_floor);
       cuda::set_moe_lora_shrink_runs_split(true);
+      row("same, run-mode MoE-LoRA shrink at its own split", time_mixed(**engine, o, vocab, rng, spread),
+          prefill_floor);
+      cuda::set_moe_lora_shrink_runs_split(false);
       cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
       row("same, MoE-LoRA inputs not prefetched into L1", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_l1_prefetch(true);

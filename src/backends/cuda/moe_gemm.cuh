@@ -46,8 +46,9 @@ void set_moe_gemm_compact_epilogue(bool on);
 // serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
 // (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
 void set_moe_lora_shrink_runs_hint(bool on);
-// With that hint, the shrink's split_k from moe_lora_run_split (on, the default) instead of the tuned config's or
-// the per-tile auto rule's (off: the bench's before row; the tuned configs were swept in per-tile mode).
+// With that hint, the shrink's split_k from moe_lora_run_split (on) instead of the tuned config's or the
+// per-tile auto rule's (off, the default until the H200 measures it; the tuned configs were swept in per-tile
+// mode). Process-wide.
 void set_moe_lora_shrink_runs_split(bool on);
 // Most adapter tokens of a batch of `tokens` in long same-adapter runs (MoeParams::lora_scattered_tokens =
 // `scattered` known and below T / 2), and enough of them that one adapter's run would give each of its E
