@@ -315,6 +315,9 @@ std::function<int()> add_generate_command(CLI::App& app) {
                   "With --prefill-lane: the share of the GPU's SMs its persistent MoE GEMMs may hold")
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
+  cmd->add_flag("--prefill-lane-first", opts->engine.prefill_lane_first,
+                "With --prefill-lane: its kernels go before the decode steps' (stream priority), so a prompt's "
+                "first token comes sooner and the steps beside it stretch");
   cmd->add_option("--max-num-seqs", opts->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   add_prefill_packing_option(cmd, &opts->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", opts->engine.scheduler.max_num_batched_tokens, "Tokens per step")

@@ -252,6 +252,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "With --prefill-lane: the share of the GPU's SMs its persistent MoE GEMMs may hold")
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
+  cmd->add_flag("--prefill-lane-first", o->engine.prefill_lane_first,
+                "With --prefill-lane: its kernels go before the decode steps' (stream priority), so a prompt's "
+                "first token comes sooner and the steps beside it stretch");
   cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   add_prefill_packing_option(cmd, &o->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();

@@ -11,7 +11,7 @@
 //                     [--max-num-batched-tokens 2048] [--kernel-configs DIR|none] [--decode-warmup 3]
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
-//                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75]
+//                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -80,6 +80,7 @@ struct Options {
                                       // (set_attention_wgmma(false): the before run)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
   double prefill_lane_sm_share = 0.75;
+  int prefill_lane_first = 0;         // 1: the lane's kernels before the decode steps' (EngineConfig::prefill_lane_first)
   double gpu_memory_utilization = 0;  // 0: a KV cache for the batch only; 0.9 sizes it as loramux serve does
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
@@ -112,6 +113,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
     else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
+    else if (key == "--prefill-lane-first") o.prefill_lane_first = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "bench_decode_step: unknown option %s\n", key.c_str());
       std::exit(2);
@@ -438,6 +440,7 @@ int main(int argc, char** argv) {
   config.scheduler.enable_prefix_caching = false;  // every step must do its full work
   config.prefill_lane = o.prefill_lane != 0;
   config.prefill_lane_sm_share = o.prefill_lane_sm_share;
+  config.prefill_lane_first = o.prefill_lane_first != 0;
   Result<std::unique_ptr<engine::Engine>> engine = engine::Engine::create(*weights, backend, config);
   if (!engine.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", engine.status().message().c_str());
@@ -642,10 +645,10 @@ int main(int argc, char** argv) {
       row("same, dense LoRA by the grouped kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
-      cuda::set_moe_lora_shrink_runs_split(true);  // after: the runs at their own split (default: the config's)
-      row("same, run-mode MoE-LoRA shrink at its own split", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+      cuda::set_moe_lora_shrink_runs_split(false);  // before: the runs at the tuned config's split
+      row("same, run-mode MoE-LoRA shrink at the config's split", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
-      cuda::set_moe_lora_shrink_runs_split(false);
+      cuda::set_moe_lora_shrink_runs_split(true);
       cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
       row("same, MoE-LoRA shrink by its own size rule", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
@@ -677,10 +680,10 @@ int main(int argc, char** argv) {
       cuda::set_moe_lora_shrink_runs_hint(false);  // before: the shrink's own size rule (a tile per CTA here)
       row("same, MoE-LoRA shrink by its own size rule", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_shrink_runs_hint(true);
-      cuda::set_moe_lora_shrink_runs_split(true);
-      row("same, run-mode MoE-LoRA shrink at its own split", time_mixed(**engine, o, vocab, rng, spread),
-          prefill_floor);
       cuda::set_moe_lora_shrink_runs_split(false);
+      row("same, run-mode MoE-LoRA shrink at the config's split", time_mixed(**engine, o, vocab, rng, spread),
+          prefill_floor);
+      cuda::set_moe_lora_shrink_runs_split(true);
       cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
       row("same, MoE-LoRA inputs not prefetched into L1", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
       cuda::set_moe_lora_l1_prefetch(true);

@@ -397,11 +397,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 time([&](int i) { mixed_block(i % kCopies); }));
       if (c.mode == cuda::MoeLoraInGemm::kLongRuns && c.scattered > 0) {
         // before/after of the shrink in runs of a group's tiles, and of their own split
-        cuda::set_moe_lora_shrink_runs_split(true);
-        print_row((std::string("block + MoE-LoRA, ") + c.name + ", run-mode shrink at its own split").c_str(),
+        cuda::set_moe_lora_shrink_runs_split(false);
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", run-mode shrink at the config's split").c_str(),
                   tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { mixed_block(i % kCopies); }));
-        cuda::set_moe_lora_shrink_runs_split(false);
+        cuda::set_moe_lora_shrink_runs_split(true);
         cuda::set_moe_lora_shrink_runs_hint(false);
         print_row((std::string("block + MoE-LoRA, ") + c.name + ", shrink by its own size rule").c_str(), tokens,
                   align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,

@@ -79,7 +79,9 @@ class OpProfiler final : public ops::Backend {
   void replay(int graph) override { inner_.replay(graph); }
   void release_graph(int graph) override { inner_.release_graph(graph); }
   uint64_t memory_epoch() const override { return inner_.memory_epoch(); }
-  std::unique_ptr<ops::Backend> make_lane(double sm_share) override { return inner_.make_lane(sm_share); }
+  std::unique_ptr<ops::Backend> make_lane(double sm_share, bool lane_first) override {
+    return inner_.make_lane(sm_share, lane_first);
+  }
   void time_mark(int which) override { inner_.time_mark(which); }
   double marked_seconds() override { return inner_.marked_seconds(); }
 

@@ -124,7 +124,7 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   model_ = std::make_unique<model::Model>(weights, backend, model::ModelLimits{.max_tokens = T, .max_seqs = B});
   if (config_.prefill_lane) {  // before the KV cache takes what memory is left
     lane_ = std::make_unique<Lane>();
-    lane_->backend = backend.make_lane(config_.prefill_lane_sm_share);
+    lane_->backend = backend.make_lane(config_.prefill_lane_sm_share, config_.prefill_lane_first);
     if (!lane_->backend) {
       init_status_ = invalid_argument("prefill_lane: the " + std::string(device_name(backend.device())) +
                                       " backend cannot run a second lane");

@@ -40,6 +40,9 @@ struct EngineConfig {
   // (item 5) gives the reason: with many clients TTFT is two mixed steps.
   bool prefill_lane = false;
   double prefill_lane_sm_share = 0.75;  // the SMs the lane's persistent kernels may hold (--prefill-lane-sm-share)
+  // The lane's kernels go before the decode steps' where both wait for SMs (--prefill-lane-first): the prompt
+  // finishes sooner, the steps beside it stretch. Off: the decode steps go first.
+  bool prefill_lane_first = false;
 };
 
 // The batch sizes decode graphs are recorded for, up to max_seqs (which is always one): 1, 2, 4, 8, then

@@ -93,9 +93,10 @@ class Backend {
   virtual uint64_t memory_epoch() const { return 0; }
   // A second backend of the same device whose work runs beside this one's (the engine's prefill lane): its
   // own stream and scratch, the same memory, so tensors of either are valid in both; sm_share (0, 1]: the
-  // share of the device's SMs its long-running kernels may hold (a GPU's persistent grids). nullptr: not
-  // supported.
-  virtual std::unique_ptr<Backend> make_lane(double /*sm_share*/) { return nullptr; }
+  // share of the device's SMs its long-running kernels may hold (a GPU's persistent grids); lane_first: the
+  // lane's work goes before this backend's where both wait for the device (stream priorities), else after.
+  // nullptr: not supported.
+  virtual std::unique_ptr<Backend> make_lane(double /*sm_share*/, bool /*lane_first*/) { return nullptr; }
   // Device time between two points of the op stream (the engine's step metrics): time_mark(0) after a
   // step's inputs are enqueued, time_mark(1) after its last op; once a host read that follows has returned,
   // marked_seconds() is the device time in between. -1: this backend has no device timer (the CPU backend,

@@ -25,7 +25,7 @@ class CpuBackend : public ops::Backend {
   void fill_zero(const Tensor& dst) override;
   void synchronize() override {}
   // The prefill lane's backend: another pool of as many threads (work of both runs at once).
-  std::unique_ptr<ops::Backend> make_lane(double /*sm_share*/) override { return std::make_unique<CpuBackend>(num_threads()); }
+  std::unique_ptr<ops::Backend> make_lane(double /*sm_share*/, bool /*lane_first*/) override { return std::make_unique<CpuBackend>(num_threads()); }
   uint64_t available_bytes() const override;
   void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
 

@@ -72,15 +72,15 @@ void CudaBackend::set_stream_priority(int priority) {
   LMX_CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, priority));
 }
 
-std::unique_ptr<ops::Backend> CudaBackend::make_lane(double sm_share) {
+std::unique_ptr<ops::Backend> CudaBackend::make_lane(double sm_share, bool lane_first) {
   int least = 0, greatest = 0, device = 0, sms = 0;
   LMX_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   LMX_CUDA_CHECK(cudaGetDevice(&device));
   LMX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   auto lane = std::make_unique<CudaBackend>(kernel_configs_);
-  lane->set_stream_priority(least);
+  lane->set_stream_priority(lane_first ? greatest : least);
   lane->moe_max_sms_ = std::clamp(int(std::lround(sm_share * sms)), 1, sms);
-  set_stream_priority(greatest);
+  set_stream_priority(lane_first ? least : greatest);
   return lane;
 }
 

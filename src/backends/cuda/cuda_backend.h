@@ -64,7 +64,7 @@ class CudaBackend final : public ops::Backend {
   // The prefill lane's backend: the same kernel configs, its own streams at the lowest priority, while this
   // backend's streams move to the highest (decode kernels get SMs first when both have work).
   // sm_share: the share of the SMs the lane's persistent MoE GEMMs may fill (MoeBlockConfig::max_sms).
-  std::unique_ptr<ops::Backend> make_lane(double sm_share) override;
+  std::unique_ptr<ops::Backend> make_lane(double sm_share, bool lane_first) override;
   void time_mark(int which) override;  // CUDA events on the stream
   double marked_seconds() override;
   // false: attention never splits a row's keys over CTAs (no workspace; the plain flash kernel). For

@@ -1473,7 +1473,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
-bool shrink_runs_split = false;  // set_moe_lora_shrink_runs_split (off until the H200 measures it)
+bool shrink_runs_split = true;  // set_moe_lora_shrink_runs_split (run 117: block 1002 -> 989 us at T 1600)
 int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_n (0: large_block_n_for)
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).

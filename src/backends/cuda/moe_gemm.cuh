@@ -47,8 +47,8 @@ void set_moe_gemm_compact_epilogue(bool on);
 // (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
 void set_moe_lora_shrink_runs_hint(bool on);
 // With that hint, the shrink's split_k from moe_lora_run_split (on) instead of the tuned config's or the
-// per-tile auto rule's (off, the default until the H200 measures it; the tuned configs were swept in per-tile
-// mode). Process-wide.
+// per-tile auto rule's (off; the tuned configs were swept in per-tile mode). On by default since perf-log run
+// 117 (a mixed step's MoE block at T 1600: 1002 -> 989 us). Process-wide.
 void set_moe_lora_shrink_runs_split(bool on);
 // Most adapter tokens of a batch of `tokens` in long same-adapter runs (MoeParams::lora_scattered_tokens =
 // `scattered` known and below T / 2), and enough of them that one adapter's run would give each of its E
