@@ -214,6 +214,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                                    .block_m = block_m};
   const cuda::MoeWorkspaceShape shape{.max_tokens = tokens, .top_k = K, .experts = E, .hidden = H, .inter = I};
   OwnedTensor workspace = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
+  cuda::moe_workspace_prepare({.shape = shape, .memory = workspace}, stream);  // the stream-K counters' zeros
   // Scratch of the warp-specialized kernel's gathered A rows (MoeGateUpParams::sorted_rows).
   OwnedTensor sorted_x = cuda::empty(DType::BF16, {capacity, H}), sorted_a = cuda::empty(DType::BF16, {capacity, I});
 
@@ -297,6 +298,10 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
               time([&](int i) { block(i % kCopies); }));
     cuda::set_moe_block_a_in_tile_order(true);
+    cuda::set_moe_gemm_stream_k(true);  // after: the persistent GEMMs' partial last round cut along k
+    print_row("block (no LoRA), stream-K tail", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+              gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+    cuda::set_moe_gemm_stream_k(false);
   }
   if (block_m == cuda::kMoeGemmBlockMLarge) {  // moe_block at other 128-row BLOCK_N (default: by width)
     for (const auto& [gate_up_n, down_n] : {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}}) {
@@ -396,6 +401,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                 time([&](int i) { mixed_block(i % kCopies); }));
       if (c.mode == cuda::MoeLoraInGemm::kLongRuns && c.scattered > 0) {
+        cuda::set_moe_gemm_stream_k(true);  // after: the persistent GEMMs' partial last round cut along k
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", stream-K tail").c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_gemm_stream_k(false);
         // before/after of the shrink in runs of a group's tiles, and of their own split
         cuda::set_moe_lora_shrink_runs_split(false);
         print_row((std::string("block + MoE-LoRA, ") + c.name + ", run-mode shrink at the config's split").c_str(),

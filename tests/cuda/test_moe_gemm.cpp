@@ -446,6 +446,44 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   cuda::set_moe_lora_shrink_runs_hint(true);
 }
 
+// The persistent GEMMs' stream-K tail (set_moe_gemm_stream_k; off by default until the H200 measures it) at
+// 128-row tiles: layers whose last round of work units is partial on an H200's grid and whose units split
+// along k into pieces (32 and 45 k-tiles), or stay whole (8), at each tile width, with the LoRA in the
+// accumulators and without it.
+// Without LoRA two runs agree bit for bit: the pieces are summed in a fixed order whichever CTA finishes a
+// unit (run_block's second moe_block on the same workspace also checks that the counters were left zero).
+TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
+  struct Case {
+    BlockCase c;
+    int64_t stride;  // the oracle on every stride-th token (a MoE layer's tokens are independent)
+  };
+  const std::vector<Case> cases = {
+      {{400, 8, 4, 2048, 2048, kGptOss, kInterleaved, true, 3, 16, 32}, 4},     // 200 pairs an expert, K 2048
+      {{2048, 8, 1, 512, 512, kSilu, kInterleaved, false}, 8},                 // 256 pairs an expert: whole units
+      {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
+  };
+  cuda::set_moe_gemm_stream_k(true);
+  for (const Case& k : cases) {
+    const BlockCase& c = k.c;
+    SCOPED_TRACE(describe(c));
+    const BlockData b = make_block_data(rng(), c);
+    BlockCase base_case = c;
+    base_case.slots = 0;
+    const OwnedTensor want = cpu_block(cpu_, c, b, k.stride), want_base = cpu_block(cpu_, base_case, b, k.stride);
+    for (int block_n : {0, 128, 192, 256}) {
+      SCOPED_TRACE("BLOCK_N " + std::to_string(block_n) + " at BLOCK_M 128 (0: the default)");
+      cuda::set_moe_gemm_large_block_n(block_n);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(c, b, true, stream_, 0), k.stride), want))
+          << "LoRA in the accumulators";
+      const OwnedTensor base = run_block(c, b, false, stream_);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(base, k.stride), want_base)) << "no LoRA";
+      EXPECT_TRUE(bitwise_equal(run_block(c, b, false, stream_), base)) << "two runs without LoRA";
+    }
+    cuda::set_moe_gemm_large_block_n(0);
+  }
+  cuda::set_moe_gemm_stream_k(false);
+}
+
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output
 // is bit-identical to moe_block without the stacks (fused path), so a base request does not depend on
 // the other requests of its batch.

@@ -99,6 +99,11 @@ struct GemmKernelParams {
   const int32_t* lora_slot;     // [T] i32, the slot of token pair / lora_top_k (-1: none)
   int lora_r;                   // R
   int lora_top_k;               // K
+  // Persistent kernel, stream-K tail (MoeStreamK; null: off): the partial accumulators of the k-ranges of split
+  // work units, [2 per CTA][consumer threads][kBlockN / 2] f32 per CTA, and per tail unit the k-tiles summed so
+  // far (zero between launches: the last piece's CTA puts it back).
+  float* sk_partials;
+  int32_t* sk_counters;
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -1134,6 +1139,103 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
   }
 }
 
+// The persistent kernel's stream-K tail (GemmKernelParams::sk_partials set). With `units` work units on a grid
+// of G CTAs, units / G full rounds run as before, one whole unit at a time (data-parallel); the last
+// `tail` = units mod G units — the partial last wave that left most SMs idle (GPT-OSS-20B T 1600: down 960
+// units = 7.27 rounds on 132 SMs, gate_up 14.55) — are cut along k: their tail · k_tiles k-tiles are split
+// evenly over `ctas` CTAs (>= tail, so each CTA's range touches at most two units, and at least
+// kStreamKMinTiles k-tiles each where there are that many). A unit whose k-range spans several CTAs
+// ("pieces") is finished by the CTA whose piece completes its k-tile count: it sums every piece's partial
+// from global memory in CTA order (deterministic, whichever CTA comes last), then adds the LoRA terms and
+// runs the epilogue as for a whole unit. No CTA waits for another, so there is no co-residency assumption.
+constexpr int kStreamKMinTiles = 8;
+constexpr int kStreamKCounters = 1024;  // tail units of one launch (< grid CTAs), the counters' length
+
+struct StreamKPlan {
+  int dp_units = 0;  // units run whole, round by round
+  int ctas = 0;      // CTAs that share the tail's k-tiles (0: no tail)
+  int64_t work = 0;  // the tail's k-tiles
+  // The first tail k-tile of CTA c (c <= ctas).
+  __device__ __forceinline__ int64_t start(int c) const { return int64_t(c) * work / ctas; }
+  // The CTA whose range holds tail k-tile i.
+  __device__ __forceinline__ int cta_of(int64_t i) const {
+    int c = int(i * ctas / work);
+    while (c + 1 < ctas && start(c + 1) <= i) ++c;
+    while (c > 0 && start(c) > i) --c;
+    return c;
+  }
+};
+
+__device__ __forceinline__ StreamKPlan stream_k_plan(int units, int grid, int k_tiles) {
+  StreamKPlan plan;
+  plan.dp_units = units / grid * grid;
+  const int tail = units - plan.dp_units;
+  plan.work = int64_t(tail) * k_tiles;
+  const int64_t by_size = plan.work / kStreamKMinTiles;  // CTAs of at least kStreamKMinTiles k-tiles each
+  plan.ctas = tail == 0 ? 0 : by_size >= grid ? grid : by_size <= tail ? tail : int(by_size);
+  return plan;
+}
+
+// Calls f(id, kb, ke, piece) for this CTA's work in order: unit `id`'s k-tiles [kb, ke); piece -1 for a
+// whole unit, else the piece's index among the CTA's tail segments (0 or 1: its slot in sk_partials).
+// Without stream-K: every `stride`-th of `units` whole. Producer and consumers walk the same sequence.
+template <class F>
+__device__ __forceinline__ void walk_units(bool stream_k, const StreamKPlan& plan, int first, int stride, int units,
+                                           int k_tiles, F&& f) {
+  const int whole = stream_k ? plan.dp_units : units;
+  for (int id = first; id < whole; id += stride) f(id, 0, k_tiles, -1);
+  if (!stream_k || first >= plan.ctas) return;
+  const int64_t end = plan.start(first + 1);
+  int piece = 0;
+  for (int64_t i = plan.start(first); i < end; ++piece) {
+    const int unit = int(i / k_tiles), kb = int(i % k_tiles);
+    const int ke = end - i >= k_tiles - kb ? k_tiles : kb + int(end - i);
+    f(plan.dp_units + unit, kb, ke, kb == 0 && ke == k_tiles ? -1 : piece);
+    i += ke - kb;
+  }
+}
+
+// The consumer warpgroups' own barrier (the producer warpgroup never joins it).
+template <int kThreads>
+__device__ __forceinline__ void consumer_barrier() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+}
+
+// A tail piece of unit `tail_unit` (its k-tiles [kb, ke)) into sk_partials, then its count. Returns whether this
+// CTA completed the unit; if so acc holds the sum of every piece (in CTA order) and the counter is zero again.
+// t: the consumer thread (0 .. kThreads - 1). PRECOND: every consumer thread calls it (two barriers).
+template <int kThreads, int kAcc>
+__device__ __forceinline__ bool stream_k_merge(const GemmKernelParams& p, const StreamKPlan& plan, float (&acc)[kAcc],
+                                               int tail_unit, int piece, int cta, int kb, int ke, int k_tiles, int t,
+                                               int* last_flag) {
+  auto partial = [&](int c, int slot) { return p.sk_partials + (int64_t(c) * 2 + slot) * kThreads * kAcc + t; };
+  float* mine = partial(cta, piece);
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) __stcg(mine + i * kThreads, acc[i]);
+  __threadfence();  // each thread's partial is visible device-wide before the count says so
+  consumer_barrier<kThreads>();
+  if (t == 0) {
+    const int done = atomicAdd(p.sk_counters + tail_unit, ke - kb) + (ke - kb);
+    const bool last = done == k_tiles;
+    if (last) p.sk_counters[tail_unit] = 0;  // every piece has counted: clean for the next launch
+    *last_flag = last;
+    __threadfence();
+  }
+  consumer_barrier<kThreads>();
+  if (!*last_flag) return false;
+  const int64_t begin = int64_t(tail_unit) * k_tiles;
+  const int c0 = plan.cta_of(begin), c1 = plan.cta_of(begin + k_tiles - 1);
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  for (int c = c0; c <= c1; ++c) {
+    // The unit is CTA c's first segment if c's range starts inside it, else its second.
+    const float* piece_of_c = partial(c, plan.start(c) >= begin ? 0 : 1);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] += __ldcg(piece_of_c + i * kThreads);
+  }
+  return true;
+}
+
 // Persistent form of the warp-specialized kernel for both operands by TMA (the A rows gathered into tile
 // order, weights not in the halves layout): a grid of about one wave; each CTA walks the work items
 // blockIdx.x, blockIdx.x + gridDim.x, ... (tile × column block, mapped as cta_tile maps CTAs). One producer
@@ -1158,7 +1260,7 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
 // a_map's box is 64 rows; kLora: lora_* set, lora_r even.
-template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false>
+template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false, bool kStreamK = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
@@ -1172,6 +1274,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // in their LoRA section already)
   constexpr bool kLoraL1 = kLora && kConsumers == 2 && kBlockN <= 192;
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
+  static_assert(!kStreamK || !kClusterA, "stream-K: one CTA per unit");
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
@@ -1190,10 +1293,16 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   const unsigned rank = kClusterA ? cluster_cta_rank() : 0;
   // Work units: tile × column block, or with kClusterA tile × pair of column blocks (one per cluster).
   const int unit_columns = kClusterA ? (p.work_column_blocks + 1) / 2 : p.work_column_blocks;
-  const int units = p.work_tiles * unit_columns;
   const int first = int(blockIdx.x) / kCtas, stride = int(gridDim.x) / kCtas;
+  // Stream-K tail: units are the real tiles' (num_tiles × column blocks), all of them work; otherwise
+  // max_tiles' and the units past num_tiles are skipped.
+  const bool stream_k = kStreamK && p.sk_partials != nullptr;
+  const int unit_tiles = stream_k ? num_tiles : p.work_tiles;
+  const int units = unit_tiles * unit_columns;
+  const StreamKPlan plan = stream_k ? stream_k_plan(units, stride, k_tiles) : StreamKPlan{};
+  __shared__ int sk_last;  // stream_k_merge's answer for every consumer thread
   auto work_of = [&](int id) {
-    int2 work = work_tile(p, id, p.work_tiles, unit_columns, kBlockN * kCtas);
+    int2 work = work_tile(p, id, unit_tiles, unit_columns, kBlockN * kCtas);
     work.y += int(rank) * kBlockN;
     return work;
   };
@@ -1203,11 +1312,11 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     if (threadIdx.x == 0) {
       constexpr unsigned kStageBytes = (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
       int it = 0;
-      for (int id = first; id < units; id += stride) {
+      walk_units(stream_k, plan, first, stride, units, k_tiles, [&](int id, int kb, int ke, int) {
         const int2 work = work_of(id);
-        if (work.x >= num_tiles) continue;  // the same tile for both CTAs of a cluster: both skip
+        if (work.x >= num_tiles) return;  // the same tile for both CTAs of a cluster: both skip
         const int expert = p.tile_group[work.x];
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        for (int kt = kb; kt < ke; ++kt, ++it) {
           const int stage = it % kStages;
           __nv_bfloat16* a_dst = stages + stage * kStageElems;
           mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);  // with kClusterA: both CTAs' consumers
@@ -1223,7 +1332,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           }
           tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
         }
-      }
+      });
     }
   } else {  // consumer warpgroups
     if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
@@ -1245,6 +1354,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       wgmma_k_tile<kBlockN>(acc, stages + stage * kStageElems + consumer * 64 * kBlockK,
                             stages + stage * kStageElems + kBlockM * kBlockK);
     };
+    // kt: the k-tile's index within this piece of the unit (0: no previous k-tile of it in flight)
     auto retire = [&](float (&acc)[kAcc], int kt) {
       wgmma_wait<1>();  // the wgmmas of the previous k-tile retired: its stage may be refilled
       fence_operands(acc);
@@ -1256,28 +1366,35 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       fence_operands(acc);
       release((it - 1) % kStages);  // the item's last stage
     };
-    for (int id = first; id < units; id += stride) {
+    walk_units(stream_k, plan, first, stride, units, k_tiles, [&](int id, int kb, int ke, int piece) {
       const int2 work = work_of(id);
-      if (work.x >= num_tiles) continue;
+      if (work.x >= num_tiles) return;
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
       // kLora with lora_l1_prefetch: the item's LoRA inputs into L1 from k-tile kLoraPrefetchAt on (the slots
-      // loaded before the loop have landed by then)
+      // loaded before the loop have landed by then); whole units only
       LoraL1Prefetch lora_l1;
-      const bool l1_prefetch = kLoraL1 && p.lora_l1_prefetch;
+      const bool l1_prefetch = kLoraL1 && p.lora_l1_prefetch && piece < 0;
       if (l1_prefetch) lora_l1.start(p, work, work.x * kBlockM + row0, lane);
       auto k_loop = [&]() {
-        for (int kt = 0; kt < k_tiles; ++kt) {
+        for (int kt = kb; kt < ke; ++kt) {
           issue(acc);
           if (l1_prefetch && kt == min(kLoraPrefetchAt, k_tiles - 1)) lora_l1.issue<kBlockN>(p, work.y, lane);
-          retire(acc, kt);
+          retire(acc, kt - kb);
         }
+      };
+      // A stream-K piece: whether this CTA finishes the unit (acc then holds every piece's sum)
+      auto completes = [&]() {
+        if constexpr (!kStreamK) return true;
+        else return piece < 0 || stream_k_merge<128 * kConsumers>(p, plan, acc, id - plan.dp_units, piece, first, kb,
+                                                                  ke, k_tiles, int(threadIdx.x) - 128, &sk_last);
       };
       if constexpr (kBlockN == 128 && kConsumers == 2) {
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
         k_loop();
         finish(acc);
+        if (!completes()) return;
         if constexpr (kLora) {
           add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
                                               LoraRows(p, in.pair));
@@ -1286,6 +1403,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       } else {
         k_loop();
         finish(acc);
+        if (!completes()) return;
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
         if constexpr (kLora) {
           add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
@@ -1293,7 +1411,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         }
         persistent_epilogue(p, in, acc);
       }
-    }
+    });
   }
   if constexpr (kClusterA) cluster_sync();  // the peer is done writing into this CTA and arriving on it
 }
@@ -1471,6 +1589,7 @@ void check_weight(const char* op, const char* name, const Tensor& w, const char*
 MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
+bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
 bool shrink_runs_split = true;  // set_moe_lora_shrink_runs_split (run 117: block 1002 -> 989 us at T 1600)
@@ -1601,10 +1720,10 @@ struct PreparedPersistentKernel {
   PreparedKernel kernel;
   int ctas_per_sm;
 };
-template <int kConsumers, int kBlockN, int kStages, bool kLora = false>
+template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kStreamK = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
   const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
-  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora>;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kStreamK>;
   constexpr int kThreads = 128 * (kConsumers + 1);
   static const int ctas_per_sm = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
@@ -1798,12 +1917,21 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     }
     if (with_maps.a_by_tma && with_maps.weight_by_tma) {  // both by TMA: the persistent form, about one wave
       const bool large = block_m == kMoeGemmBlockMLarge, lora = params.lora_z != nullptr;
+      // MoeStreamK at 128-row tiles only (its own instantiations: the merge's registers stay out of the others)
+      if (!large) with_maps.sk_partials = nullptr, with_maps.sk_counters = nullptr;
+      const bool sk = with_maps.sk_partials != nullptr;
       const PreparedPersistentKernel pk =
-          lora ? (large ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true>()
-                           : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true>()
-                                            : prepared_persistent_kernel<2, 128, 6, true>())
-                        : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5, true>()
-                                          : prepared_persistent_kernel<1, 128, 4, true>()))
+          sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
+                        : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true, true>()
+                                         : prepared_persistent_kernel<2, 128, 6, true, true>())
+                     : (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, false, true>()
+                        : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, false, true>()
+                                         : prepared_persistent_kernel<2, 128, 6, false, true>()))
+          : lora ? (large ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true>()
+                             : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true>()
+                                              : prepared_persistent_kernel<2, 128, 6, true>())
+                          : (block_n == 256 ? prepared_persistent_kernel<1, 256, 5, true>()
+                                            : prepared_persistent_kernel<1, 128, 4, true>()))
           : large ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4>()
                      : block_n == 192 ? prepared_persistent_kernel<2, 192, 5>()
                                       : prepared_persistent_kernel<2, 128, 6>())
@@ -1811,7 +1939,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       with_maps.work_tiles = int(max_tiles);
       with_maps.compact_epilogue = gemm_compact_epilogue;
       with_maps.work_column_blocks = int(column_blocks);
-      if (large && block_n == 128 && gemm_multicast && !lora) {  // CTA pairs share each A tile (multicast)
+      if (large && block_n == 128 && gemm_multicast && !lora && !sk) {  // CTA pairs share each A tile (multicast)
         const PreparedClusterKernel ck = prepared_cluster_kernel();
         GemmKernelParams cluster_params = with_maps;
         cluster_params.a_map = half_tile_map;
@@ -1824,6 +1952,11 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       const int64_t items = max_tiles * column_blocks;
       const int64_t sms = max_sms > 0 ? std::min(max_sms, multiprocessors()) : multiprocessors();
       const unsigned ctas = unsigned(std::min<int64_t>(items, sms * pk.ctas_per_sm));
+      if (with_maps.sk_partials != nullptr) {  // MoeStreamK's sizes hold this grid: two pieces a CTA, a counter a unit
+        const int64_t consumers = large ? 2 : 1;
+        LMX_CHECK(int64_t(ctas) * 2 * 128 * consumers * (block_n / 2) <= moe_stream_k_floats() &&
+                  ctas <= unsigned(kStreamKCounters));
+      }
       pk.kernel.kernel<<<ctas, pk.kernel.threads, pk.kernel.shared_bytes, stream>>>(with_maps);
     } else {
       LMX_CHECK(!params.out_by_row && !rows_ready);  // the persistent kernel's forms (callers check)
@@ -1863,6 +1996,11 @@ GemmKernelParams pack_tiles(GemmKernelParams params, const MoeExpertTiles& tiles
 void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
+void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
+// The most partial accumulators one SM's persistent CTAs hold: two pieces × 256 consumer threads × 128 (BLOCK_M
+// 128 × BLOCK_N 256), or two CTAs of half that (BLOCK_M 64).
+int64_t moe_stream_k_floats() { return int64_t(multiprocessors()) * 2 * 256 * 128; }
+int64_t moe_stream_k_counters() { return kStreamKCounters; }
 void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
 void set_moe_lora_shrink_runs_hint(bool on) { shrink_runs_hint = on; }
 void set_moe_lora_shrink_runs_split(bool on) { shrink_runs_split = on; }
@@ -1931,6 +2069,24 @@ int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
 }
 
 namespace {
+
+// MoeStreamK's contract; its pointers into params.
+void pack_stream_k(const char* op, const MoeStreamK& sk, GemmKernelParams& params) {
+  if (!sk.defined()) return;
+  detail::require_cuda(op, {{"stream_k.partials", &sk.partials}, {"stream_k.counters", &sk.counters}});
+  if (sk.partials.dtype != DType::F32 || sk.partials.numel() < moe_stream_k_floats()) {
+    detail::contract_failure(op, "stream_k.partials", sk.partials,
+                             ("F32 of at least moe_stream_k_floats() = " +
+                              std::to_string(moe_stream_k_floats()) + " elements").c_str());
+  }
+  if (sk.counters.dtype != DType::I32 || sk.counters.numel() < moe_stream_k_counters()) {
+    detail::contract_failure(op, "stream_k.counters", sk.counters,
+                             ("I32 of at least moe_stream_k_counters() = " +
+                              std::to_string(moe_stream_k_counters()) + " elements, zero").c_str());
+  }
+  params.sk_partials = static_cast<float*>(sk.partials.data);
+  params.sk_counters = static_cast<int32_t*>(sk.counters.data);
+}
 
 // MoeGemmLora's contract for a GEMM of `pairs` rows over `tokens` tokens, E experts and n outputs, on the
 // kernel this call will run (the persistent one, or the BLOCK_M 16 decode kernel); its pointers into params.
@@ -2062,6 +2218,7 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   if (p.lora.defined() && p.lora_h.defined()) fail(op, "lora (in the accumulators) and lora_h are exclusive");
   pack_gemm_lora(op, p.lora, tokens, pairs, p.weight.dim(0), rows2, int(p.tiles.block_m), p.sorted_rows.defined(),
                  params.halves, params);
+  pack_stream_k(op, p.stream_k, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
               false, by_row ? static_cast<int32_t*>(p.pair_rows.data) : nullptr, p.max_sms, stream);
 }
@@ -2160,6 +2317,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
     pack_gemm_lora(op, p.lora, pairs / p.top_k, pairs, p.weight.dim(0), hidden, int(p.tiles.block_m),
                    a_rows.defined(), false, params);
   }
+  pack_stream_k(op, p.stream_k, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, a_rows,
               p.a_in_tile_order, nullptr, p.max_sms, stream);
 }
@@ -2218,13 +2376,14 @@ size_t round_up(size_t bytes) { return (bytes + kCarveAlign - 1) / kCarveAlign *
 struct WorkspaceLayout {
   int64_t expert_capacity = 0, lora_capacity = 0;
   // Self-cleaning MoE-LoRA scratch at fixed offsets (sized for max T; zeroed once by moe_workspace_prepare):
-  size_t z = 0, tile_counters = 0, z_readers = 0, clean_end = 0;
+  size_t z = 0, tile_counters = 0, z_readers = 0, stream_k_counters = 0, clean_end = 0;
   // Per call (offsets depend on T and BLOCK_M):
   size_t expert_sorted = 0, expert_tiles = 0, expert_offsets = 0, expert_count = 0, expert_scratch = 0;
   size_t lora_sorted = 0, lora_tiles = 0, lora_offsets = 0, lora_count = 0, lora_scratch = 0;
   size_t h = 0, a = 0, d = 0;
   size_t sorted_x = 0, sorted_a = 0;  // BLOCK_M 64/128: the warp-specialized kernel's gathered A rows
   size_t pair_rows = 0;               // BLOCK_M 64/128: each pair's row in sorted_a (a in tile order)
+  size_t stream_k_partials = 0;       // BLOCK_M 64/128: MoeStreamK::partials (set_moe_gemm_stream_k)
   size_t total = 0;
 };
 
@@ -2248,6 +2407,7 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     l.tile_counters = take(size_t(max_tiles) * 4);
     l.z_readers = take(size_t(max_pairs + 1) * 4);
   }
+  l.stream_k_counters = take(size_t(moe_stream_k_counters()) * 4);
   l.clean_end = offset;
   // With LoRA the expert align may order each expert's pairs by slot (E·(S + 1) groups in runs of S + 1).
   const int64_t expert_groups = lora ? s.experts * (s.slots + 1) : s.experts;
@@ -2263,6 +2423,7 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     l.sorted_x = take(size_t(l.expert_capacity) * s.hidden * 2);
     l.sorted_a = take(size_t(l.expert_capacity) * s.inter * 2);
     l.pair_rows = take(size_t(pairs) * 4);
+    l.stream_k_partials = take(size_t(moe_stream_k_floats()) * 4);
   }
   if (lora) {
     l.lora_capacity = moe_align_capacity(pairs, lora_groups, kMoeLoraBlockM);
@@ -2435,6 +2596,14 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
   gate_up.max_sms = config.max_sms;
+  // set_moe_gemm_stream_k: both persistent GEMMs cut their partial last round along k (prefill tiles only;
+  // the counters live in the self-cleaning scratch)
+  const MoeStreamK stream_k =
+      gemm_stream_k && block_m != kMoeGemmBlockMDecode
+          ? MoeStreamK{.partials = view(l.stream_k_partials, DType::F32, {moe_stream_k_floats()}),
+                       .counters = view(l.stream_k_counters, DType::I32, {moe_stream_k_counters()})}
+          : MoeStreamK{};
+  gate_up.stream_k = stream_k;
   // With set_moe_lora_in_epilogue(true) the tiled MoE-LoRA of gate_up folds into the fused activation: its
   // expand writes the delta into h (overwrite: every pair with a slot), and the gate_up epilogue adds it before
   // the activation — no pre-activation h round trip, no moe_activation. Measured slower than adding into h
@@ -2530,7 +2699,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
             .sorted_rows = gather_rows && !a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter})
                                                     : Tensor(),
-            .max_sms = config.max_sms, .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row},
+            .max_sms = config.max_sms, .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row,
+            .stream_k = stream_k},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
   else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);

@@ -42,6 +42,10 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
+// moe_block's persistent GEMMs (prefill) with a stream-K tail (MoeStreamK): the partial last wave of work
+// units cut along k over every CTA (on), or run whole (off, the default until the H200 measures it).
+// Process-wide.
+void set_moe_gemm_stream_k(bool on);
 // moe_block's tiled MoE-LoRA shrink as runs of one (slot, expert) group's tiles per CTA (each staged A chunk
 // serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
 // (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
@@ -137,6 +141,20 @@ struct MoeGemmLora {
   bool defined() const { return z.defined(); }
 };
 
+// Scratch of the persistent kernel's stream-K tail: when the work units (tiles × column blocks) are not a
+// whole number of rounds of its grid, the last partial round's units are cut along k over every CTA, and the
+// CTA that completes a unit sums its pieces (in a fixed order: deterministic) and runs its epilogue.
+// partials: F32 of at least moe_stream_k_floats() elements (any contents); counters: I32 of at least
+// moe_stream_k_counters() elements, zero on entry and left zero. Undefined: every unit whole. Taken by the
+// persistent kernel at BLOCK_M 128 (not its multicast form); the other kernels ignore it.
+struct MoeStreamK {
+  Tensor partials;
+  Tensor counters;
+  bool defined() const { return partials.defined(); }
+};
+int64_t moe_stream_k_floats();
+int64_t moe_stream_k_counters();
+
 struct MoeGateUpParams {
   Tensor x;             // [T, H] bf16
   Tensor weight;        // [E, 2I, H] bf16
@@ -191,6 +209,7 @@ struct MoeGateUpParams {
   // of a) and the down MoE-LoRA's shrink reads it through MoeLoraParams::x_rows. Needs the persistent kernel:
   // a (fused), sorted_rows, BLOCK_M 64/128, the interleaved layout, kAuto or the warp-specialized kernel.
   Tensor pair_rows;
+  MoeStreamK stream_k;  // optional: the persistent kernel's stream-K tail
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -226,6 +245,7 @@ struct MoeDownParams {
   // tiles as they are, with no gather; T*K comes from d. Needs the persistent kernel (BLOCK_M 64/128, kAuto
   // or warp-specialized); sorted_rows undefined.
   bool a_in_tile_order = false;
+  MoeStreamK stream_k;  // optional: as MoeGateUpParams::stream_k
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 
