@@ -80,6 +80,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
                             std::to_string(lim.max_model_len) + " (needs " + std::to_string(per_seq) + " pages)");
   if (config.prefill_lane && !(config.prefill_lane_sm_share > 0.0 && config.prefill_lane_sm_share <= 1.0))
     return invalid_argument("prefill_lane_sm_share must be in (0, 1], got " + std::to_string(config.prefill_lane_sm_share));
+  if (config.prefill_lane_first && !config.prefill_lane)
+    return invalid_argument("prefill_lane_first orders the prefill lane's work before the decode steps': it needs "
+                            "prefill_lane (--prefill-lane)");
   if (config.gpu_memory_utilization < 0.0 || config.gpu_memory_utilization > 1.0)
     return invalid_argument("gpu_memory_utilization must be in (0, 1] (0 = off), got " +
                             std::to_string(config.gpu_memory_utilization));

@@ -347,6 +347,19 @@ TEST(Engine, PrefillLaneKeepsResults) {
   expect_same(run_all(*c, rs), reference);
   EXPECT_GT(c->num_lane_runs(), rs.size());
 
+  // The lane's work first (stream priorities on a GPU; on the CPU the same tokens by construction), and
+  // that order without a lane is a configuration error.
+  EngineConfig first = lane;
+  first.prefill_lane_first = true;
+  auto l = make_engine(*f, first);
+  expect_same(run_all(*l, rs), reference);
+  EngineConfig no_lane = roomy;
+  no_lane.prefill_lane_first = true;
+  Result<std::unique_ptr<Engine>> refused = Engine::create(f->weights, f->backend, no_lane);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("it needs prefill_lane (--prefill-lane)"), std::string::npos)
+      << refused.status().message();
+
   EngineConfig tight = chunked;
   tight.max_loras = 1;
   tight.scheduler.max_num_seqs = 4;
