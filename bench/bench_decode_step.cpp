@@ -12,6 +12,7 @@
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
+//                     [--moe-lora-wgmma 1]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -77,6 +78,7 @@ struct Options {
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
+  int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
@@ -113,6 +115,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--only") o.only = value;
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
+    else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
     else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
     else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
     else if (key == "--prefill-lane-first") o.prefill_lane_first = std::atoi(value.c_str());
@@ -400,6 +403,10 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_stream_k(true);
     std::printf("every row: the MoE GEMMs with a stream-K tail (--moe-stream-k 1)\n");
   }
+  if (o.moe_lora_wgmma) {
+    cuda::set_moe_lora_gemm_wgmma(true);
+    std::printf("every row: the MoE-LoRA's main slot by warpgroup MMAs (--moe-lora-wgmma 1)\n");
+  }
   if (!o.attention_wgmma) {
     cuda::set_attention_wgmma(false);
     std::printf("every row: prefill attention tiles by mma.sync (--attention-wgmma 0)\n");
@@ -656,6 +663,12 @@ int main(int argc, char** argv) {
       row("same, dense LoRA by the grouped kernels", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
       cuda_backend.set_dense_lora_runs(true);
+      if (!o.moe_lora_wgmma) {
+        cuda::set_moe_lora_gemm_wgmma(true);  // after: each tile's main slot by warpgroup MMAs
+        row("same, MoE-LoRA main slot by warpgroup MMAs", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
+            prefill_floor);
+        cuda::set_moe_lora_gemm_wgmma(false);
+      }
       cuda::set_moe_lora_shrink_runs_split(false);  // before: the runs at the tuned config's split
       row("same, run-mode MoE-LoRA shrink at the config's split", time_prefill(**engine, o, vocab, rng, nullptr, "a0"),
           prefill_floor);
@@ -699,6 +712,11 @@ int main(int argc, char** argv) {
         cuda::set_moe_gemm_stream_k(true);
         row("same, MoE GEMMs with a stream-K tail", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
         cuda::set_moe_gemm_stream_k(false);
+      }
+      if (!o.moe_lora_wgmma) {
+        cuda::set_moe_lora_gemm_wgmma(true);  // after: each tile's main slot by warpgroup MMAs
+        row("same, MoE-LoRA main slot by warpgroup MMAs", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);
+        cuda::set_moe_lora_gemm_wgmma(false);
       }
       cuda::set_moe_lora_l1_prefetch(false);  // before: add_lora_terms' inputs from L2 after each item's k-loop
       row("same, MoE-LoRA inputs not prefetched into L1", time_mixed(**engine, o, vocab, rng, spread), prefill_floor);

@@ -406,6 +406,16 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                   align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { mixed_block(i % kCopies); }));
         cuda::set_moe_gemm_stream_k(false);
+        cuda::set_moe_lora_gemm_wgmma(true);  // after: each tile's main slot by warpgroup MMAs (TMA'd B slice)
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", main slot by warpgroup MMAs").c_str(), tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_gemm_stream_k(true);
+        print_row((std::string("block + MoE-LoRA, ") + c.name + ", main slot by warpgroup MMAs, stream-K tail").c_str(),
+                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { mixed_block(i % kCopies); }));
+        cuda::set_moe_gemm_stream_k(false);
+        cuda::set_moe_lora_gemm_wgmma(false);
         // before/after of the shrink in runs of a group's tiles, and of their own split
         cuda::set_moe_lora_shrink_runs_split(false);
         print_row((std::string("block + MoE-LoRA, ") + c.name + ", run-mode shrink at the config's split").c_str(),

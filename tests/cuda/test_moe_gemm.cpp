@@ -484,6 +484,52 @@ TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
   cuda::set_moe_gemm_stream_k(false);
 }
 
+// The MoE-LoRA's main slot by warpgroup MMAs from a TMA'd B slice (set_moe_lora_gemm_wgmma; off by default until
+// the H200 measures it) at 128-row tiles, each BLOCK_N, the accumulator path forced. make_stack gives slot 4 the
+// full capacity (16, 32 or 64: eligible) and NaN in every padding rank; three token patterns: every token on
+// slot 4 (a prompt's run: every tile takes the pass), the first half on slot 4 and the rest random (tiles
+// mixing the pass with add_lora_terms for other slots' rows), and the data's random slots (most tiles' main
+// slot ineligible or absent). Once more with the stream-K tail (its pieces take add_lora_terms only).
+TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
+  struct Case {
+    BlockCase c;
+    int64_t stride;  // the oracle on every stride-th token
+  };
+  const std::vector<Case> cases = {
+      {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
+      {{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 6, 16, 64}, 1},      // R 16 and 64 (the whole box)
+      {{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}, 4},
+  };
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  cuda::set_moe_lora_gemm_wgmma(true);
+  for (const Case& k : cases) {
+    BlockData b = make_block_data(rng(), k.c);
+    const std::vector<int32_t> random_slots(b.token_slot.view.ptr<int32_t>(),
+                                            b.token_slot.view.ptr<int32_t>() + k.c.tokens);
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      SCOPED_TRACE(describe(k.c) + (pattern == 0 ? " slot 4 everywhere" : pattern == 1 ? " half on slot 4" : " random slots"));
+      for (int64_t t = 0; t < k.c.tokens; ++t) {
+        const bool on_4 = pattern == 0 || (pattern == 1 && t < k.c.tokens / 2);
+        b.token_slot.view.ptr<int32_t>()[t] = on_4 ? 4 : random_slots[size_t(t)];
+      }
+      b.d_slot = cuda::upload(b.token_slot);
+      const OwnedTensor want = cpu_block(cpu_, k.c, b, k.stride);
+      for (int block_n : {128, 192, 256}) {
+        cuda::set_moe_gemm_large_block_n(block_n);
+        EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+            << "BLOCK_N " << block_n;
+      }
+      cuda::set_moe_gemm_large_block_n(0);
+      cuda::set_moe_gemm_stream_k(true);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "with the stream-K tail";
+      cuda::set_moe_gemm_stream_k(false);
+    }
+  }
+  cuda::set_moe_lora_gemm_wgmma(false);
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+}
+
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output
 // is bit-identical to moe_block without the stacks (fused path), so a base request does not depend on
 // the other requests of its batch.

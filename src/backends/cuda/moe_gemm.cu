@@ -104,6 +104,13 @@ struct GemmKernelParams {
   // far (zero between launches: the last piece's CTA puts it back).
   float* sk_partials;
   int32_t* sk_counters;
+  // Persistent kernel with kLora at BLOCK_M 128 (set_moe_lora_gemm_wgmma): the B slice [BLOCK_N, 64 ranks] of
+  // each tile's main slot (lora_main_slot) comes by TMA through lora_b_map, over the stack as [S·E·n, R]
+  // (box [BLOCK_N rows, 64], 128-byte swizzle, ranks past R zero), and lora_wgmma_pass adds it by warpgroup
+  // MMAs; the rows of other slots still go through add_lora_terms.
+  bool lora_wgmma;
+  int lora_slots;  // S of lora_b (the map's rows: S · weight_rows)
+  CUtensorMap lora_b_map;
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -751,6 +758,100 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
 #endif
 }
 
+// d[128] += A(64×16, registers: bf16 pairs in mma.sync's A fragment layout)·B(256×16, descriptor, K-major)ᵀ,
+// bf16 in, fp32 accumulate: the MoE-LoRA term z·Bᵀ of the persistent kernel's lora_wgmma pass.
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const unsigned (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#else
+  __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
+#endif
+}
+
+// d[96] += A(64×16, registers: bf16 pairs in mma.sync's A fragment layout)·B(192×16, descriptor, K-major)ᵀ,
+// bf16 in, fp32 accumulate: the MoE-LoRA term z·Bᵀ of the persistent kernel's lora_wgmma pass.
+__device__ __forceinline__ void wgmma_m64n192k16_rs(float (&d)[96], const unsigned (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#else
+  __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
+#endif
+}
+
+// d[64] += A(64×16, registers: bf16 pairs in mma.sync's A fragment layout)·B(128×16, descriptor, K-major)ᵀ,
+// bf16 in, fp32 accumulate: the MoE-LoRA term z·Bᵀ of the persistent kernel's lora_wgmma pass.
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const unsigned (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#else
+  __trap();  // built for sm_90a only (CMake CUDA_ARCHITECTURES 90a); never reached on another target
+#endif
+}
+
+template <int kBlockN>
+__device__ __forceinline__ void wgmma_tile_rs(float (&d)[kBlockN / 2], const unsigned (&a)[4], uint64_t b) {
+  if constexpr (kBlockN == 256) wgmma_m64n256k16_rs(d, a, b);
+  else if constexpr (kBlockN == 192) wgmma_m64n192k16_rs(d, a, b);
+  else wgmma_m64n128k16_rs(d, a, b);
+}
+
 template <int kBlockN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t a, uint64_t b) {
   if constexpr (kBlockN == 256) wgmma_m64n256k16(d, a, b);
@@ -1139,6 +1240,59 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
   }
 }
 
+// The slot whose B slice lora_wgmma_pass adds for a tile of kBlockM rows: that of its middle row (a prompt's
+// run fills it), else of its first; -1 where neither has one, or where that slot's rank is not a nonzero
+// multiple of 16 up to 64 (the pass takes whole k16 steps of the 64-rank box, and a stack's padding ranks may
+// hold anything). Producer and consumers call it on the same tile, so they agree on every load.
+template <int kBlockM>
+__device__ __forceinline__ int lora_main_slot(const GemmKernelParams& p, int tile) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pair = p.sorted_pairs[tile * kBlockM + (i == 0 ? kBlockM / 2 : 0)];
+    if (pair >= p.pairs) continue;
+    const int slot = __ldg(p.lora_slot + pair / p.lora_top_k);
+    if (slot < 0) continue;
+    const int rank = __ldg(p.lora_rank + slot);
+    return rank > 0 && rank % 16 == 0 && rank <= 64 ? slot : -1;
+  }
+  return -1;
+}
+
+// acc += z·B[slot]ᵀ for the warp's rows of `slot` (rank `rank`, a multiple of 16), B from the tile's TMA'd
+// slice b_tile [kBlockN, 64] (128-byte swizzle, K-major); the rows of other slots, without one, or padding add
+// exact zeros. z goes in as bf16 hi + lo (16 significant bits), as in add_lora_terms: per 16 ranks two
+// m64nNk16 wgmmas with A from registers (mma.sync's A fragment layout) instead of 2 · BLOCK_N / 8 mma.syncs a
+// warp with B words from L2. PRECOND: every thread of the warpgroup, converged; the slice has landed.
+template <int kBlockN>
+__device__ __forceinline__ void lora_wgmma_pass(const GemmKernelParams& p, const int (&pair)[2], const LoraRows& rows,
+                                                int slot, int rank, int lane, const __nv_bfloat16* b_tile,
+                                                float (&acc)[kBlockN / 2]) {
+  const int t = lane % 4;
+  bool use[2];
+  const float* z_row[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    use[half] = rows.slot[half] == slot;
+    z_row[half] = p.lora_z + int64_t(use[half] ? pair[half] : 0) * p.lora_r;
+  }
+  for (int k0 = 0; k0 < rank; k0 += 16) {
+    unsigned hi[4], lo[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int half = q % 2, k = k0 + 2 * t + 8 * (q / 2);
+      const float2 z = use[half] ? __ldca(reinterpret_cast<const float2*>(z_row[half] + k)) : make_float2(0.0f, 0.0f);
+      detail::split_bf16(z, hi[q], lo[q]);
+    }
+    fence_operands(acc);
+    wgmma_fence();
+    wgmma_tile_rs<kBlockN>(acc, hi, sw128_descriptor(b_tile + k0));
+    wgmma_tile_rs<kBlockN>(acc, lo, sw128_descriptor(b_tile + k0));
+    wgmma_commit();
+    wgmma_wait<0>();  // hi and lo are rewritten by the next step
+    fence_operands(acc);
+  }
+}
+
 // The persistent kernel's stream-K tail (GemmKernelParams::sk_partials set). With `units` work units on a grid
 // of G CTAs, units / G full rounds run as before, one whole unit at a time (data-parallel); the last
 // `tail` = units mod G units — the partial last wave that left most SMs idle (GPT-OSS-20B T 1600: down 960
@@ -1273,16 +1427,25 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // LoraL1Prefetch's few registers only where they do not add spills (ptxas: BLOCK_M 64 and BLOCK_N 256 spill
   // in their LoRA section already)
   constexpr bool kLoraL1 = kLora && kConsumers == 2 && kBlockN <= 192;
+  // lora_wgmma's B slice buffer exists in the BLOCK_M 128 LoRA kernels (prepared_persistent_kernel sizes it)
+  constexpr bool kLoraWgmma = kLora && kConsumers == 2 && !kClusterA;
+  constexpr unsigned kLoraTileBytes = kBlockN * kBlockK * sizeof(__nv_bfloat16);
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   static_assert(!kStreamK || !kClusterA, "stream-K: one CTA per unit");
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
+  __nv_bfloat16* lora_b_tile = stages + kStages * kStageElems;  // kLoraWgmma: [kBlockN][kBlockK] swizzled
   __shared__ uint64_t full[kStages], empty[kStages];
+  __shared__ uint64_t lora_full, lora_empty;  // kLoraWgmma: lora_b_tile loaded / released by every consumer warp
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&full[s], 1);                         // the TMA issuer's expect_tx arrival
       mbarrier_init(&empty[s], 4 * kConsumers * kCtas);  // one arrival per consumer warp (of each CTA)
+    }
+    if constexpr (kLoraWgmma) {
+      mbarrier_init(&lora_full, 1);
+      mbarrier_init(&lora_empty, 4 * kConsumers);
     }
     if constexpr (kClusterA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1297,6 +1460,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // Stream-K tail: units are the real tiles' (num_tiles × column blocks), all of them work; otherwise
   // max_tiles' and the units past num_tiles are skipped.
   const bool stream_k = kStreamK && p.sk_partials != nullptr;
+  const bool lora_wgmma = kLoraWgmma && p.lora_wgmma;
   const int unit_tiles = stream_k ? num_tiles : p.work_tiles;
   const int units = unit_tiles * unit_columns;
   const StreamKPlan plan = stream_k ? stream_k_plan(units, stride, k_tiles) : StreamKPlan{};
@@ -1311,8 +1475,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     if constexpr (kConsumers == 2) release_registers<56>();  // .sync.aligned: the whole warpgroup
     if (threadIdx.x == 0) {
       constexpr unsigned kStageBytes = (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
-      int it = 0;
-      walk_units(stream_k, plan, first, stride, units, k_tiles, [&](int id, int kb, int ke, int) {
+      int it = 0, lora_loads = 0;
+      walk_units(stream_k, plan, first, stride, units, k_tiles, [&](int id, int kb, int ke, int piece) {
         const int2 work = work_of(id);
         if (work.x >= num_tiles) return;  // the same tile for both CTAs of a cluster: both skip
         const int expert = p.tile_group[work.x];
@@ -1332,6 +1496,18 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           }
           tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
         }
+        // lora_wgmma: the main slot's B slice of this whole unit, issued once its k-tiles are (the consumers
+        // are then about kStages k-tiles from needing it; they released the previous unit's long before)
+        if (lora_wgmma && piece < 0) {
+          const int slot = lora_main_slot<kBlockM>(p, work.x);
+          if (slot >= 0) {
+            mbarrier_wait(&lora_empty, (lora_loads & 1) ^ 1);
+            mbarrier_arrive_expect_tx(&lora_full, kLoraTileBytes);
+            tma_load_2d(lora_b_tile, &p.lora_b_map, 0, int(slot * p.weight_rows + int64_t(expert) * p.n + work.y),
+                        &lora_full);
+            ++lora_loads;
+          }
+        }
       });
     }
   } else {  // consumer warpgroups
@@ -1344,7 +1520,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       if constexpr (kClusterA) mbarrier_arrive_cluster(&empty[stage], rank ^ 1u);
     };
     const int row0 = consumer * 64 + warp_in_group * 16;
-    int it = 0;
+    int it = 0, lora_loads = 0;
     // One k-tile of the item in `acc`: issue() waits for its stage and issues its wgmmas; retire(), after
     // whatever runs while they are in flight, releases the previous k-tile's stage once its wgmmas retired.
     auto issue = [&](float (&acc)[kAcc]) {
@@ -1377,6 +1553,25 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       LoraL1Prefetch lora_l1;
       const bool l1_prefetch = kLoraL1 && p.lora_l1_prefetch && piece < 0;
       if (l1_prefetch) lora_l1.start(p, work, work.x * kBlockM + row0, lane);
+      // lora_wgmma: the tile's main slot (as the producer chose it) and its rank, read while the k-loop runs
+      const int main_slot = lora_wgmma && piece < 0 ? lora_main_slot<kBlockM>(p, work.x) : -1;
+      const int main_rank = main_slot >= 0 ? __ldg(p.lora_rank + main_slot) : 0;
+      // kLora: the main slot's rows by warpgroup MMAs (lora_wgmma), then every other slot's by add_lora_terms
+      auto add_lora = [&](const EpilogueInputs<kBlockM, kBlockN>& in) {
+        LoraRows rows(p, in.pair);
+        if constexpr (kLoraWgmma) {
+          if (main_slot >= 0) {
+            mbarrier_wait(&lora_full, lora_loads & 1);
+            __syncwarp();  // converged again for the .aligned wgmma instructions
+            lora_wgmma_pass<kBlockN>(p, in.pair, rows, main_slot, main_rank, lane, lora_b_tile, acc);
+            if (lane == 0) mbarrier_arrive(&lora_empty);
+            ++lora_loads;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) rows.pending[half] = rows.pending[half] && rows.slot[half] != main_slot;
+          }
+        }
+        add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc, rows);
+      };
       auto k_loop = [&]() {
         for (int kt = kb; kt < ke; ++kt) {
           issue(acc);
@@ -1395,20 +1590,14 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         k_loop();
         finish(acc);
         if (!completes()) return;
-        if constexpr (kLora) {
-          add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
-                                              LoraRows(p, in.pair));
-        }
+        if constexpr (kLora) add_lora(in);
         persistent_epilogue(p, in, acc);
       } else {
         k_loop();
         finish(acc);
         if (!completes()) return;
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
-        if constexpr (kLora) {
-          add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc,
-                                              LoraRows(p, in.pair));
-        }
+        if constexpr (kLora) add_lora(in);
         persistent_epilogue(p, in, acc);
       }
     });
@@ -1590,6 +1779,7 @@ MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
+bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
 bool shrink_runs_split = true;  // set_moe_lora_shrink_runs_split (run 117: block 1002 -> 989 us at T 1600)
@@ -1722,7 +1912,10 @@ struct PreparedPersistentKernel {
 };
 template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kStreamK = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
-  const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + 1024;
+  // + the BLOCK_M 128 LoRA kernels' B slice buffer (lora_wgmma): 16–32 KB, within the 227 KB a CTA may hold
+  const size_t lora_tile_bytes = kLora && kConsumers == 2 ? size_t(kBlockN) * kBlockK * sizeof(__nv_bfloat16) : 0;
+  const size_t shared_bytes =
+      size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + lora_tile_bytes + 1024;
   GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kStreamK>;
   constexpr int kThreads = 128 * (kConsumers + 1);
   static const int ctas_per_sm = [&] {
@@ -1920,6 +2113,14 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
       // MoeStreamK at 128-row tiles only (its own instantiations: the merge's registers stay out of the others)
       if (!large) with_maps.sk_partials = nullptr, with_maps.sk_counters = nullptr;
       const bool sk = with_maps.sk_partials != nullptr;
+      // set_moe_lora_gemm_wgmma: the main slot's LoRA term by warpgroup MMAs from a TMA'd B slice (BLOCK_M 128;
+      // the map's rows are 16-byte strided: R a multiple of 8, as every stack the loader pads)
+      if (lora && large && lora_gemm_wgmma && params.lora_r % 8 == 0) {
+        const int64_t b_rows = int64_t(params.lora_slots) * params.weight_rows;
+        LMX_CHECK(b_rows < 0x7fffffff);
+        with_maps.lora_wgmma = true;
+        with_maps.lora_b_map = tensor_map_2d(params.lora_b, b_rows, params.lora_r, block_n, "the MoE-LoRA B stack");
+      }
       const PreparedPersistentKernel pk =
           sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
                         : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true, true>()
@@ -1997,6 +2198,7 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
+void set_moe_lora_gemm_wgmma(bool on) { lora_gemm_wgmma = on; }
 // The most partial accumulators one SM's persistent CTAs hold: two pieces × 256 consumer threads × 128 (BLOCK_M
 // 128 × BLOCK_N 256), or two CTAs of half that (BLOCK_M 64).
 int64_t moe_stream_k_floats() { return int64_t(multiprocessors()) * 2 * 256 * 128; }
@@ -2126,6 +2328,7 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_slot = static_cast<const int32_t*>(lora.token_slot.data);
   params.lora_r = int(rank_cap);
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
+  params.lora_slots = int(lora.b.dim(0));
   params.lora_l1_prefetch = lora_l1_prefetch;
 }
 

@@ -42,6 +42,11 @@ int moe_gemm_multicast_clusters();
 // checks) chosen once per work item (on, the default), or the general form for every item (the bench's
 // before row).
 void set_moe_gemm_compact_epilogue(bool on);
+// The MoE-LoRA in the persistent GEMMs' accumulators at BLOCK_M 128: each tile's main slot (that of its middle
+// row, rank a multiple of 16 up to 64) added by warpgroup MMAs from a B slice the producer loads by TMA during
+// the k-loop, the rows of other slots by mma.sync with B words from L2 as before (on), or every slot by
+// mma.sync (off, the default until the H200 measures it). Process-wide.
+void set_moe_lora_gemm_wgmma(bool on);
 // moe_block's persistent GEMMs (prefill) with a stream-K tail (MoeStreamK): the partial last wave of work
 // units cut along k over every CTA (on), or run whole (off, the default until the H200 measures it).
 // Process-wide.
