@@ -22,6 +22,7 @@
 //    epilogue and replaces ldmatrix + mma.sync by warpgroup MMAs (wgmma m64n128k16) reading both tiles from
 //    shared memory (the swizzle above is wgmma's 128-byte swizzle); compute-bound prefill runs there.
 #include "backends/cuda/moe_gemm.cuh"
+#include "backends/cuda/stream_k.h"
 
 #include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime's driver entry point)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -52,6 +53,9 @@ using detail::sw128_descriptor;
 using detail::wgmma_commit;
 using detail::wgmma_fence;
 using detail::wgmma_wait;
+using detail::StreamKPlan;
+using detail::stream_k_plan;
+using detail::walk_units;
 
 constexpr int kBlockK = 64;  // one shared row = 64 bf16 = 128 bytes = 8 chunks
 constexpr int kChunksPerRow = kBlockK / 8;
@@ -1302,52 +1306,8 @@ __device__ __forceinline__ void lora_wgmma_pass(const GemmKernelParams& p, const
 // ("pieces") is finished by the CTA whose piece completes its k-tile count: it sums every piece's partial
 // from global memory in CTA order (deterministic, whichever CTA comes last), then adds the LoRA terms and
 // runs the epilogue as for a whole unit. No CTA waits for another, so there is no co-residency assumption.
-constexpr int kStreamKMinTiles = 8;
+// The partition itself (StreamKPlan, walk_units) is in stream_k.h, checked on the CPU.
 constexpr int kStreamKCounters = 1024;  // tail units of one launch (< grid CTAs), the counters' length
-
-struct StreamKPlan {
-  int dp_units = 0;  // units run whole, round by round
-  int ctas = 0;      // CTAs that share the tail's k-tiles (0: no tail)
-  int64_t work = 0;  // the tail's k-tiles
-  // The first tail k-tile of CTA c (c <= ctas).
-  __device__ __forceinline__ int64_t start(int c) const { return int64_t(c) * work / ctas; }
-  // The CTA whose range holds tail k-tile i.
-  __device__ __forceinline__ int cta_of(int64_t i) const {
-    int c = int(i * ctas / work);
-    while (c + 1 < ctas && start(c + 1) <= i) ++c;
-    while (c > 0 && start(c) > i) --c;
-    return c;
-  }
-};
-
-__device__ __forceinline__ StreamKPlan stream_k_plan(int units, int grid, int k_tiles) {
-  StreamKPlan plan;
-  plan.dp_units = units / grid * grid;
-  const int tail = units - plan.dp_units;
-  plan.work = int64_t(tail) * k_tiles;
-  const int64_t by_size = plan.work / kStreamKMinTiles;  // CTAs of at least kStreamKMinTiles k-tiles each
-  plan.ctas = tail == 0 ? 0 : by_size >= grid ? grid : by_size <= tail ? tail : int(by_size);
-  return plan;
-}
-
-// Calls f(id, kb, ke, piece) for this CTA's work in order: unit `id`'s k-tiles [kb, ke); piece -1 for a
-// whole unit, else the piece's index among the CTA's tail segments (0 or 1: its slot in sk_partials).
-// Without stream-K: every `stride`-th of `units` whole. Producer and consumers walk the same sequence.
-template <class F>
-__device__ __forceinline__ void walk_units(bool stream_k, const StreamKPlan& plan, int first, int stride, int units,
-                                           int k_tiles, F&& f) {
-  const int whole = stream_k ? plan.dp_units : units;
-  for (int id = first; id < whole; id += stride) f(id, 0, k_tiles, -1);
-  if (!stream_k || first >= plan.ctas) return;
-  const int64_t end = plan.start(first + 1);
-  int piece = 0;
-  for (int64_t i = plan.start(first); i < end; ++piece) {
-    const int unit = int(i / k_tiles), kb = int(i % k_tiles);
-    const int ke = end - i >= k_tiles - kb ? k_tiles : kb + int(end - i);
-    f(plan.dp_units + unit, kb, ke, kb == 0 && ke == k_tiles ? -1 : piece);
-    i += ke - kb;
-  }
-}
 
 // The consumer warpgroups' own barrier (the producer warpgroup never joins it).
 template <int kThreads>
@@ -1382,8 +1342,7 @@ __device__ __forceinline__ bool stream_k_merge(const GemmKernelParams& p, const 
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
   for (int c = c0; c <= c1; ++c) {
-    // The unit is CTA c's first segment if c's range starts inside it, else its second.
-    const float* piece_of_c = partial(c, plan.start(c) >= begin ? 0 : 1);
+    const float* piece_of_c = partial(c, plan.piece_of(c, begin));
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] += __ldcg(piece_of_c + i * kThreads);
   }
