@@ -1439,6 +1439,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         const int2 work = work_of(id);
         if (work.x >= num_tiles) return;  // the same tile for both CTAs of a cluster: both skip
         const int expert = p.tile_group[work.x];
+        // lora_wgmma: the unit's main slot, read now (the ring is full, so this wait hides behind the
+        // consumers' work) and loaded after its k-tiles
+        const int lora_slot = lora_wgmma && piece < 0 ? lora_main_slot<kBlockM>(p, work.x) : -1;
         for (int kt = kb; kt < ke; ++kt, ++it) {
           const int stage = it % kStages;
           __nv_bfloat16* a_dst = stages + stage * kStageElems;
@@ -1457,15 +1460,12 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         }
         // lora_wgmma: the main slot's B slice of this whole unit, issued once its k-tiles are (the consumers
         // are then about kStages k-tiles from needing it; they released the previous unit's long before)
-        if (lora_wgmma && piece < 0) {
-          const int slot = lora_main_slot<kBlockM>(p, work.x);
-          if (slot >= 0) {
-            mbarrier_wait(&lora_empty, (lora_loads & 1) ^ 1);
-            mbarrier_arrive_expect_tx(&lora_full, kLoraTileBytes);
-            tma_load_2d(lora_b_tile, &p.lora_b_map, 0, int(slot * p.weight_rows + int64_t(expert) * p.n + work.y),
-                        &lora_full);
-            ++lora_loads;
-          }
+        if (lora_slot >= 0) {
+          mbarrier_wait(&lora_empty, (lora_loads & 1) ^ 1);
+          mbarrier_arrive_expect_tx(&lora_full, kLoraTileBytes);
+          tma_load_2d(lora_b_tile, &p.lora_b_map, 0, int(lora_slot * p.weight_rows + int64_t(expert) * p.n + work.y),
+                      &lora_full);
+          ++lora_loads;
         }
       });
     }
