@@ -36,6 +36,8 @@ struct ServeOptions {
   uint64_t weight_seed = 0;
   engine::EngineConfig engine;
   server::ServerOptions server;
+  double refill_wait_ms = 3.0;  // server::EngineLoopOptions, in the flag's unit
+  double refill_wait_share = 0.02;
 };
 
 // The HTTP server's io thread, running from before the model loads; stopped and joined on every return.
@@ -184,6 +186,11 @@ int run_serve(ServeOptions o) {
             << (ec.prefill_lane ? "on (--prefill-lane), SM share " + std::to_string(ec.prefill_lane_sm_share).substr(0, 4)
                                 : std::string("off"))
             << "\n"
+            << "  refill wait             "
+            << (o.refill_wait_ms > 0 ? std::to_string(o.refill_wait_ms).substr(0, 5) + " ms, at most " +
+                                           std::to_string(o.refill_wait_share * 100).substr(0, 4) + "% of step time"
+                                     : std::string("off"))
+            << "\n"
             << "  max-num-seqs            " << ec.scheduler.max_num_seqs << "\n"
             << "  max-num-batched-tokens  " << ec.scheduler.max_num_batched_tokens << "\n"
             << "  prefill-packing         "
@@ -197,7 +204,9 @@ int run_serve(ServeOptions o) {
             << "  api-key                 " << (o.server.api_key.empty() ? "(none)" : "(set)") << "\n"
             << "  listen                  " << o.server.host << ":" << o.server.port << " (backlog " << o.server.backlog << ")\n";
 
-  loop = std::make_unique<server::EngineLoop>(eng, metrics, o.served_model_name);
+  loop = std::make_unique<server::EngineLoop>(
+      eng, metrics, o.served_model_name,
+      server::EngineLoopOptions{.refill_wait_s = o.refill_wait_ms / 1e3, .refill_wait_share = o.refill_wait_share});
   loop->start();
   http->set_ready({.model = info, .loop = loop.get(), .adapter_shapes = shapes, .adapter_limits = limits, .text = text.get()});
   std::cerr << "loramux serve: ready on http://" << o.server.host << ":" << http->port() << "\n" << std::flush;
@@ -255,6 +264,16 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_flag("--prefill-lane-first", o->engine.prefill_lane_first,
                 "With --prefill-lane: its kernels go before the decode steps' (stream priority), so a prompt's "
                 "first token comes sooner and the steps beside it stretch");
+  cmd->add_option("--refill-wait-ms", o->refill_wait_ms,
+                  "After a step that finished requests, with nothing waiting and sequences still decoding, hold the "
+                  "next step up to this long for as many new requests, so a client that sends its next request on "
+                  "completion joins the next step instead of the one after it (0 = off)")
+      ->check(CLI::Range(0.0, 1000.0))
+      ->capture_default_str();
+  cmd->add_option("--refill-wait-share", o->refill_wait_share,
+                  "The refill wait's budget: at most this share of the time spent in steps")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   add_prefill_packing_option(cmd, &o->engine.scheduler);
   cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens, "Tokens per step")->capture_default_str();

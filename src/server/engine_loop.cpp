@@ -7,8 +7,9 @@
 
 namespace lmx::server {
 
-EngineLoop::EngineLoop(engine::Engine& engine, Metrics& metrics, std::string base_label)
-    : engine_(engine), metrics_(metrics), base_label_(std::move(base_label)) {
+EngineLoop::EngineLoop(engine::Engine& engine, Metrics& metrics, std::string base_label, EngineLoopOptions options)
+    : engine_(engine), metrics_(metrics), base_label_(std::move(base_label)), options_(options),
+      refill_budget_s_(std::max(options.banked_s(), 0.0)) {
   for (const std::string& name : engine_.adapters().names()) served_.insert(name);
   publish();
 }
@@ -35,13 +36,12 @@ void EngineLoop::post(std::function<void()> command) {
 }
 
 uint64_t EngineLoop::submit(engine::Request request, TokenSink sink) {
-  uint64_t ticket;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ticket = next_ticket_++;
-  }
   Clock::time_point arrival = Clock::now();
-  post([this, ticket, arrival, request = std::move(request), sink = std::move(sink)]() mutable {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t ticket = next_ticket_++;
+  // Queued under the same lock that counts it, so a refill wait that sees the count finds the command.
+  ++submitted_;
+  commands_.push_back([this, ticket, arrival, request = std::move(request), sink = std::move(sink)]() mutable {
     std::string adapter = request.adapter;
     int prompt_tokens = int(request.prompt_ids.size());
     // An adapter being unloaded is still in the engine but takes no new requests.
@@ -60,6 +60,8 @@ uint64_t EngineLoop::submit(engine::Request request, TokenSink sink) {
     ticket_of_[*id] = ticket;
     active_.emplace(ticket, std::move(a));
   });
+  lock.unlock();
+  wake_.notify_one();
   return ticket;
 }
 
@@ -185,6 +187,25 @@ void EngineLoop::deliver(const engine::StepOutput& out) {
   sink(std::move(ev));
 }
 
+void EngineLoop::wait_for_refill(int finished, uint64_t mark) {
+  const double limit_s = std::min(options_.refill_wait_s, refill_budget_s_);
+  if (limit_s <= 0) return;
+  const Clock::time_point start = Clock::now();
+  bool arrived;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    arrived = wake_.wait_for(lock, std::chrono::duration<double>(limit_s),
+                             [&] { return stopping_ || submitted_ - mark >= uint64_t(finished); });
+    arrived = arrived && !stopping_;
+  }
+  const double held_s = std::chrono::duration<double>(Clock::now() - start).count();
+  refill_budget_s_ = std::max(0.0, refill_budget_s_ - held_s);
+  ++(arrived ? refill_waits_.arrived : refill_waits_.timed_out);
+  refill_waits_.seconds += held_s;
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_.refill_waits = refill_waits_;
+}
+
 void EngineLoop::publish() {
   EngineSnapshot s;
   const engine::Scheduler& sched = engine_.scheduler();
@@ -202,6 +223,7 @@ void EngineLoop::publish() {
   s.adapter_disk_loads = engine_.adapters().disk_loads();
   s.decode_steps = decode_times_;
   s.mixed_steps = mixed_times_;
+  s.refill_waits = refill_waits_;
   for (const auto& [ticket, a] : active_) ++s.in_flight[a.label];
   // Per model label (every served adapter and the base, zeros included): requests that have run in a step
   // (running; a preempted one stays counted here) and those not yet scheduled (waiting).
@@ -229,10 +251,16 @@ void EngineLoop::run() {
     for (auto& command : commands) command();
     EngineSnapshot::StepTimes* times = nullptr;  // the kind of step this iteration ran, if any
     double step_seconds = 0, device_seconds = 0, launch_seconds = 0;
+    int finished = 0;        // requests that ended in this step
+    uint64_t mark = 0;       // submissions counted before their tokens went out
     if (engine_.has_work()) {
       const Clock::time_point step_start = Clock::now();
       engine::Engine::StepReport report = engine_.step();
       const Clock::time_point ran = Clock::now();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mark = submitted_;
+      }
       step_seconds = std::chrono::duration<double>(ran - step_start).count();
       device_seconds = std::max(report.device_seconds, 0.0);
       launch_seconds = report.launch_seconds;
@@ -249,9 +277,8 @@ void EngineLoop::run() {
         }
       }
       for (const engine::StepOutput& out : report.outputs) deliver(out);
-      bool any_finished = false;
-      for (const engine::StepOutput& out : report.outputs) any_finished |= out.finished;
-      if (any_finished && !retiring_.empty()) retire_unused_adapters();
+      for (const engine::StepOutput& out : report.outputs) finished += out.finished ? 1 : 0;
+      if (finished > 0 && !retiring_.empty()) retire_unused_adapters();
       if (report.num_tokens == 0) {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait_for(lock, std::chrono::milliseconds(5), [&] { return stopping_ || !commands_.empty(); });
@@ -268,6 +295,12 @@ void EngineLoop::run() {
       std::lock_guard<std::mutex> lock(mu_);
       snapshot_.decode_steps = decode_times_;
       snapshot_.mixed_steps = mixed_times_;
+    }
+    if (options_.refill_wait_s > 0) {
+      refill_budget_s_ = std::min(options_.banked_s(), refill_budget_s_ + options_.refill_wait_share * step_seconds);
+      // Only where the next step would decode alone: a waiting prompt is scheduled anyway, and with nothing
+      // running the loop sleeps until the next command.
+      if (finished > 0 && engine_.has_work() && engine_.scheduler().num_waiting() == 0) wait_for_refill(finished, mark);
     }
   }
   // Shutdown: whatever is still queued is aborted; the server drains before stopping, so normally nothing.

@@ -33,10 +33,28 @@ struct TokenEvent {
 using TokenSink = std::function<void(TokenEvent)>;
 using AdminDone = std::function<void(std::optional<ApiError>)>;
 
+// The refill wait. A client that sends its next request as soon as one finishes (a closed-loop benchmark, an
+// agent chaining calls) reaches the engine while the step after the finish already runs, so its prompt
+// waits one whole step more than it had to; when that step is another new prompt's prefill, a mixed step of
+// ~37 ms on GPT-OSS-20B, every such arrival waits for the one before it (TTFT ≈ two mixed steps). After a
+// step that finished requests, with nothing waiting to be scheduled and sequences still decoding, the loop
+// holds the next step until as many new requests as finished have arrived, or `refill_wait_s` has passed.
+// The holds are paid from a budget that grows by `refill_wait_share` of every step's time, so decoding
+// sequences never lose more than that share of their speed, whatever the traffic. Up to kBankedHolds
+// holds' worth is banked: in a closed loop the finishes come in runs of consecutive steps (each client's
+// replacement prompt makes the next step a mixed one, in which the next client finishes), so the holds
+// cluster too. refill_wait_s 0 turns it off.
+struct EngineLoopOptions {
+  static constexpr int kBankedHolds = 64;
+  double refill_wait_s = 0.003;
+  double refill_wait_share = 0.02;
+  double banked_s() const { return kBankedHolds * refill_wait_s; }
+};
+
 class EngineLoop {
  public:
   // `base_label` labels base-model requests in metrics (the served model name).
-  EngineLoop(engine::Engine& engine, Metrics& metrics, std::string base_label);
+  EngineLoop(engine::Engine& engine, Metrics& metrics, std::string base_label, EngineLoopOptions options = {});
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -79,10 +97,14 @@ class EngineLoop {
   void finish(Active& a, engine::FinishReason reason);  // metrics of a request that ended
   void retire_unused_adapters();
   void publish();
+  // After a step that finished `finished` requests: hold until that many requests were submitted after
+  // `mark` (a value of submitted_), the budget is spent or refill_wait_s has passed (EngineLoopOptions).
+  void wait_for_refill(int finished, uint64_t mark);
 
   engine::Engine& engine_;
   Metrics& metrics_;
   std::string base_label_;
+  EngineLoopOptions options_;
   std::thread thread_;
 
   mutable std::mutex mu_;  // guards the fields below up to the engine-thread-only section
@@ -90,6 +112,7 @@ class EngineLoop {
   std::deque<std::function<void()>> commands_;
   bool stopping_ = false;
   uint64_t next_ticket_ = 1;
+  uint64_t submitted_ = 0;  // requests submitted since start (their commands are queued once counted)
   std::set<std::string> served_;   // adapters new requests may use
   EngineSnapshot snapshot_;
 
@@ -98,6 +121,8 @@ class EngineLoop {
   std::unordered_map<uint64_t, uint64_t> ticket_of_;  // engine id -> ticket
   std::set<std::string> retiring_;  // unloaded, still used by queued or running requests
   EngineSnapshot::StepTimes decode_times_, mixed_times_;  // engine-thread time per kind of step (metrics)
+  EngineSnapshot::RefillWaits refill_waits_;
+  double refill_budget_s_ = 0;  // what the refill wait may still hold (EngineLoopOptions)
 };
 
 }  // namespace lmx::server

@@ -144,6 +144,13 @@ std::string Metrics::render(const EngineSnapshot& e) const {
     line(&out, "loramux_engine_loop_seconds_total", label, t.loop_s);
     line(&out, "loramux_engine_device_seconds_total", label, t.device_s);
   }
+  help(&out, "loramux_engine_refill_waits_total", "counter",
+       "Holds of the next step after a step that finished requests, waiting for their clients' next requests "
+       "(--refill-wait-ms), by outcome: arrived (as many new requests as finished) or timeout.");
+  line(&out, "loramux_engine_refill_waits_total", "outcome=\"arrived\"", double(e.refill_waits.arrived));
+  line(&out, "loramux_engine_refill_waits_total", "outcome=\"timeout\"", double(e.refill_waits.timed_out));
+  help(&out, "loramux_engine_refill_wait_seconds_total", "counter", "Wall time the engine thread held steps for refills.");
+  line(&out, "loramux_engine_refill_wait_seconds_total", "", e.refill_waits.seconds);
   help(&out, "loramux_engine_step_seconds", "summary",
        "Wall time inside the engine's step over the last 1024 steps of the kind: quantiles, sum, count.");
   help(&out, "loramux_engine_step_device_seconds", "summary",

@@ -46,6 +46,13 @@ struct EngineSnapshot {
     void add_recent(double step_seconds, double device_seconds, double launch_seconds);
   };
   StepTimes decode_steps, mixed_steps;
+  // The refill wait (EngineLoopOptions): holds after steps that finished requests, by outcome — the
+  // replacements arrived, or the wait ran out (its limit or its time budget) — and the time spent holding.
+  struct RefillWaits {
+    uint64_t arrived = 0, timed_out = 0;
+    double seconds = 0;
+  };
+  RefillWaits refill_waits;
 };
 
 struct RequestRecord {

@@ -204,6 +204,13 @@ def test_64_concurrent_streams_while_adapters_load_and_unload(server):
         launch = [m[f'loramux_engine_step_launch_seconds{{kind="{kind}",quantile="{p}"}}'] for p in ("0.5", "0.99")]
         assert 0 < launch[0] <= launch[1] <= q[2]
         assert m[f'loramux_engine_step_launch_seconds_count{{kind="{kind}"}}'] == count
+    # the refill wait (on by default): its holds are counted and stay within their budget, 2% of the steps'
+    # time plus the 64 banked holds of 3 ms
+    holds = m['loramux_engine_refill_waits_total{outcome="arrived"}'] + m['loramux_engine_refill_waits_total{outcome="timeout"}']
+    held = m['loramux_engine_refill_wait_seconds_total']
+    steps = sum(m[f'loramux_engine_step_seconds_total{{kind="{kind}"}}'] for kind in ("decode", "mixed"))
+    assert holds >= 0 and 0 <= held <= 0.02 * steps + 64 * 0.003 + 0.05
+    assert (held > 0) == (holds > 0)
 
 
 def wait_idle(server, timeout=20):
