@@ -44,6 +44,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   engine::EngineConfig engine;
   uint64_t weight_seed = 0;
+  bool mxfp4_experts = false;
   std::string dump_dir;
 };
 
@@ -180,7 +181,7 @@ int run_generate(GenerateOptions o) {
   const bool is_preset = o.model.rfind("preset:", 0) == 0;
   Result<model::ModelWeights> weights =
       engine::load_base_model(o.model, o.weight_seed, is_preset && text->tok ? text->tok->vocab_size() : 0,
-                              backend->get());
+                              backend->get(), o.mxfp4_experts);
   if (!weights.ok()) return fail(weights.status());
   Status attached = attach_tokenizer(*text, weights->config);
   if (!attached.ok()) return fail(attached);
@@ -336,6 +337,9 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--dump-activations", opts->dump_dir,
                   "Write every layer's named activations of each step to DIR/step<N>.safetensors");
   cmd->add_option("--weight-seed", opts->weight_seed, "Seed of preset weights and dummy adapters")->capture_default_str();
+  cmd->add_flag("--mxfp4-experts", opts->mxfp4_experts,
+                "GPT-OSS: keep the experts' MXFP4 copy (the checkpoint's own blocks; a preset generates MXFP4 experts) "
+                "and run decode-sized MoE GEMMs on it (cuda)");
   return [opts, cmd]() { return cmd->parsed() ? run_generate(*opts) : 0; };
 }
 

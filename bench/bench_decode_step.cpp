@@ -79,6 +79,7 @@ struct Options {
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
+  int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
@@ -116,6 +117,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
+    else if (key == "--mxfp4-experts") o.mxfp4_experts = std::atoi(value.c_str());
     else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
     else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
     else if (key == "--prefill-lane-first") o.prefill_lane_first = std::atoi(value.c_str());
@@ -137,7 +139,9 @@ struct DecodeFloor {
   double total() const { return attention + experts + router + lm_head + kv + adapters; }
 };
 
-DecodeFloor decode_floor(const model::ModelConfig& c, int batch, int context, int adapters, int rank) {
+// mxfp4: the experts are read as MXFP4 (17 bytes per 32 values: codes and one exponent a group).
+DecodeFloor decode_floor(const model::ModelConfig& c, int batch, int context, int adapters, int rank,
+                         bool mxfp4 = false) {
   DecodeFloor f;
   const double H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, E = c.num_experts;
   const double K = c.experts_per_token, I = c.is_moe() ? c.moe_intermediate_size : c.intermediate_size;
@@ -154,7 +158,7 @@ DecodeFloor decode_floor(const model::ModelConfig& c, int batch, int context, in
   const double lora_attention = rank * ((H + Hq * D) * 2 + (H + Hkv * D) * 2);
   for (int layer = 0; layer < c.num_layers; ++layer) {
     f.attention += attention_params * 2;
-    f.experts += touched * expert_params * 2;
+    f.experts += touched * expert_params * (mxfp4 ? 17.0 / 32.0 : 2.0);
     if (c.is_moe()) f.router += E * H * 2;
     const bool sliding = c.sliding_window > 0 && c.layer_sliding[size_t(layer)];
     const double keys = sliding ? std::min<double>(context, c.sliding_window) : context;
@@ -429,7 +433,8 @@ int main(int argc, char** argv) {
   cuda::CudaBackend cuda_backend(kernel_configs);
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
   const auto t_load = std::chrono::steady_clock::now();
-  Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend);
+  Result<model::ModelWeights> weights =
+      engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend, o.mxfp4_experts != 0);
   if (!weights.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", weights.status().message().c_str());
     return 1;
@@ -485,8 +490,12 @@ int main(int argc, char** argv) {
               seconds_since(t_adapters));
 
   Rng rng(20261202);
-  const DecodeFloor with_lora = decode_floor(c, o.batch, o.context, o.adapters, o.rank);
-  const DecodeFloor base = decode_floor(c, o.batch, o.context, 0, o.rank);
+  const bool mxfp4 = o.mxfp4_experts != 0;
+  const DecodeFloor with_lora = decode_floor(c, o.batch, o.context, o.adapters, o.rank, mxfp4);
+  const DecodeFloor base = decode_floor(c, o.batch, o.context, 0, o.rank, mxfp4);
+  if (mxfp4) {
+    std::printf("every row: MXFP4 experts (--mxfp4-experts 1): the decode GEMMs read them, the floors count them\n");
+  }
   std::printf("  decode floor bytes (GB): attention %.2f, experts %.2f, router %.3f, LM head %.2f, KV %.2f, adapters %.2f\n",
               with_lora.attention * 1e-9, with_lora.experts * 1e-9, with_lora.router * 1e-9, with_lora.lm_head * 1e-9,
               with_lora.kv * 1e-9, with_lora.adapters * 1e-9);
@@ -525,6 +534,14 @@ int main(int argc, char** argv) {
   if (o.adapters > 0) {
     row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
+    if (mxfp4) {  // before/after: the same weights' bf16 copies (the floor printed stays the MXFP4 one)
+      cuda::set_moe_gemm_mxfp4(false);
+      cuda_backend.set_programmatic_launches(true);  // unchanged; makes the engine record its graphs again
+      row("same, decode GEMMs on the bf16 experts", time_decode(**engine, o, vocab, rng, spread),
+          with_lora.total() / kBytesPerSecond);
+      cuda::set_moe_gemm_mxfp4(true);
+      cuda_backend.set_programmatic_launches(true);
+    }
     if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)
       for (const char* prefix : {"attn", "mlp"}) {
         auto by_target = [&](int i) { return prefix + std::to_string(i % o.adapters); };

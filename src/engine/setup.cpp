@@ -42,12 +42,12 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device, co
 }
 
 Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size,
-                                            ops::Backend* backend) {
+                                            ops::Backend* backend, bool mxfp4_experts) {
   const std::string prefix = "preset:";
   if (model.rfind(prefix, 0) == 0) {
-    return model::make_preset_model(model.substr(prefix.size()), seed, preset_vocab_size, backend);
+    return model::make_preset_model(model.substr(prefix.size()), seed, preset_vocab_size, backend, mxfp4_experts);
   }
-  return model::load_model(model);
+  return model::load_model(model, mxfp4_experts);
 }
 
 Result<std::string> find_default_model_dir() {

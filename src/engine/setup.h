@@ -18,8 +18,10 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device, co
 // sizes a preset's vocabulary (to fit an attached tokenizer, see make_preset_model); directories ignore it,
 // their vocabulary is the checkpoint's.
 // With a GPU `backend`, a preset's weights are generated in its memory (seconds for 21B, no host copy).
+// mxfp4_experts (--mxfp4-experts, GPT-OSS): keep the experts' MXFP4 copies for the CUDA decode GEMMs (a
+// checkpoint's own; a preset's generated as MXFP4 on the host, ~10 s more for 21B), see make_preset_model.
 Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size = 0,
-                                            ops::Backend* backend = nullptr);
+                                            ops::Backend* backend = nullptr, bool mxfp4_experts = false);
 
 // The built-in default model (models/default: a small trained Qwen3-MoE with a tokenizer and adapters, made
 // by tools/train_default.py), used when --model is not given. Searched in order: $LORAMUX_DEFAULT_MODEL

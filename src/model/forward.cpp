@@ -48,7 +48,8 @@ Model::Model(const ModelWeights& weights, ops::Backend& backend, const ModelLimi
       for (Tensor* t : {&lw.input_norm, &lw.o, &lw.o_bias,
                         &lw.q_norm, &lw.k_norm, &lw.sinks, &lw.post_attention_norm, &lw.router, &lw.router_bias,
                         &lw.gate_up, &lw.gate_up_bias, &lw.down, &lw.down_bias, &lw.mlp_gate, &lw.mlp_up,
-                        &lw.mlp_down})
+                        &lw.mlp_down, &lw.gate_up_mxfp4.blocks, &lw.gate_up_mxfp4.scales, &lw.down_mxfp4.blocks,
+                        &lw.down_mxfp4.scales})
         up(*t);
     }
     // Host buffers are not kept (their device copies are in uploads_); device-generated weights are owned here.
@@ -226,6 +227,8 @@ void Model::mlp_block(int layer, const BatchView& batch, const LoraLookup& lora,
                      .swiglu_alpha = config_.swiglu_alpha,
                      .swiglu_limit = config_.swiglu_limit,
                      .out = out};
+    p.gate_up_mxfp4 = w.gate_up_mxfp4;  // --mxfp4-experts (the CUDA decode GEMMs read them)
+    p.down_mxfp4 = w.down_mxfp4;
     if (batch.any_lora) {
       p.token_slot = batch.token_slot;
       p.lora_scattered_tokens = batch.lora_scattered_tokens;

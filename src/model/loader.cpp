@@ -134,13 +134,20 @@ void transpose_experts(const Tensor& src, const Tensor& dst) {
 
 struct ExpertWeights {
   Tensor gate_up, gate_up_bias, down, down_bias;  // [E, 2I, H], [E, 2I], [E, H, I], [E, H]
+  ops::Mxfp4Weight gate_up_mxfp4, down_mxfp4;     // with mxfp4_experts: the decode-layout copies
 };
 
 // GPT-OSS experts: MXFP4 blocks, or bf16/f32 fused tensors stored transposed ([E, H, 2I], [E, I, H]).
-Result<ExpertWeights> load_gpt_oss_experts(TensorSource& src, const ModelConfig& c, const std::string& prefix) {
+// mxfp4_experts: the MXFP4 blocks are also kept in the decode layout (refused for bf16 checkpoints).
+Result<ExpertWeights> load_gpt_oss_experts(TensorSource& src, const ModelConfig& c, const std::string& prefix,
+                                           bool mxfp4_experts) {
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   ExpertWeights w;
   const std::string gu_blocks = prefix + "gate_up_proj_blocks", d_blocks = prefix + "down_proj_blocks";
+  if (mxfp4_experts && !src.has(gu_blocks) && !src.has(d_blocks)) {
+    return invalid_argument(src.dir() + ": --mxfp4-experts: the checkpoint's experts are not MXFP4 (no '" + gu_blocks +
+                            "'); serve it without the flag");
+  }
   if (src.has(gu_blocks) || src.has(d_blocks)) {
     if (H % 32 != 0 || I % 32 != 0)
       return invalid_argument(src.dir() + ": MXFP4 experts need hidden_size and intermediate_size divisible by 32, found " +
@@ -155,6 +162,13 @@ Result<ExpertWeights> load_gpt_oss_experts(TensorSource& src, const ModelConfig&
     src.keep(d);
     w.gate_up = gu.view;  // [E, 2I, H]: the blocks' row orientation is already canonical
     w.down = d.view;      // [E, H, I]
+    if (mxfp4_experts) {
+      LMX_ASSIGN_OR_RETURN(Mxfp4Decode gu4, pack_mxfp4_decode(gub, gus, src.dir() + ": --mxfp4-experts: tensor '" + gu_blocks + "'"));
+      LMX_ASSIGN_OR_RETURN(Mxfp4Decode d4, pack_mxfp4_decode(db, ds, src.dir() + ": --mxfp4-experts: tensor '" + d_blocks + "'"));
+      for (const OwnedTensor* t : {&gu4.blocks, &gu4.scales, &d4.blocks, &d4.scales}) src.keep(*t);
+      w.gate_up_mxfp4 = {.blocks = gu4.blocks.view, .scales = gu4.scales.view};
+      w.down_mxfp4 = {.blocks = d4.blocks.view, .scales = d4.scales.view};
+    }
   } else {
     // transformers' GptOssExperts parameters: x @ gate_up_proj[e] with gate_up_proj [E, H, 2I].
     LMX_ASSIGN_OR_RETURN(Tensor gu, src.raw(prefix + "gate_up_proj", {E, H, 2 * I}));
@@ -209,7 +223,7 @@ Result<ExpertWeights> load_silu_experts(TensorSource& src, const ModelConfig& c,
   return w;
 }
 
-Status load_layer(TensorSource& src, const ModelConfig& c, int layer, LayerWeights* w) {
+Status load_layer(TensorSource& src, const ModelConfig& c, int layer, bool mxfp4_experts, LayerWeights* w) {
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, E = c.num_experts;
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   LMX_ASSIGN_OR_RETURN(w->input_norm, src.bf16(p + "input_layernorm.weight", {H}));
@@ -240,7 +254,7 @@ Status load_layer(TensorSource& src, const ModelConfig& c, int layer, LayerWeigh
     case Family::kGptOss: {
       LMX_ASSIGN_OR_RETURN(w->router, src.bf16(p + "mlp.router.weight", {E, H}));
       LMX_ASSIGN_OR_RETURN(w->router_bias, src.bf16(p + "mlp.router.bias", {E}));
-      LMX_ASSIGN_OR_RETURN(experts, load_gpt_oss_experts(src, c, p + "mlp.experts."));
+      LMX_ASSIGN_OR_RETURN(experts, load_gpt_oss_experts(src, c, p + "mlp.experts.", mxfp4_experts));
       break;
     }
     case Family::kQwen3Moe: {
@@ -274,14 +288,20 @@ Status load_layer(TensorSource& src, const ModelConfig& c, int layer, LayerWeigh
     w->gate_up_bias = experts.gate_up_bias;
     w->down = experts.down;
     w->down_bias = experts.down_bias;
+    w->gate_up_mxfp4 = experts.gate_up_mxfp4;
+    w->down_mxfp4 = experts.down_mxfp4;
   }
   return Status::Ok();
 }
 
 }  // namespace
 
-Result<ModelWeights> load_model(const std::string& model_dir) {
+Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts) {
   LMX_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+  if (mxfp4_experts && config.family != Family::kGptOss) {
+    return invalid_argument(model_dir + ": --mxfp4-experts: only GPT-OSS checkpoints store MXFP4 experts, this is " +
+                            std::string(family_name(config.family)));
+  }
   LMX_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(model_dir));
   ModelWeights weights;
   weights.config = config;
@@ -302,7 +322,7 @@ Result<ModelWeights> load_model(const std::string& model_dir) {
   }
   weights.layers.resize(size_t(config.num_layers));
   for (int layer = 0; layer < config.num_layers; ++layer)
-    LMX_RETURN_IF_ERROR(load_layer(src, config, layer, &weights.layers[size_t(layer)]));
+    LMX_RETURN_IF_ERROR(load_layer(src, config, layer, mxfp4_experts, &weights.layers[size_t(layer)]));
 
   // Tensors nobody asked for are usually harmless (rotary caches, biases a config switched off), but a
   // long list points at a config/checkpoint mismatch, so name a few.

@@ -3,10 +3,14 @@
 // (LUT in bf16, torch.ldexp by scale - 127): every finite result is exact in bf16.
 #include "model/mxfp4.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "core/host_parallel.h"
+#include "core/rng.h"
+#include "ops/mxfp4.h"
 
 namespace lmx::model {
 namespace {
@@ -62,6 +66,121 @@ Result<OwnedTensor> dequantize_mxfp4(const Tensor& blocks, const Tensor& scales,
       for (int b = 0; b < 16; ++b) {
         o[2 * b] = row[src[b] & 0xf];
         o[2 * b + 1] = row[src[b] >> 4];
+      }
+    }
+  });
+  return out;
+}
+
+namespace {
+
+namespace layout = ops::mxfp4;
+
+// A decode-layout pair of the given sizes on the host (uninitialized).
+Mxfp4Decode decode_tensors(int64_t experts, int64_t rows, int64_t k) {
+  const int64_t tiles = k / layout::kTileK;
+  return {OwnedTensor::host(DType::U8, {experts, tiles, rows, layout::kTileBytes}),
+          OwnedTensor::host(DType::U8, {experts, tiles, rows, 2})};
+}
+
+}  // namespace
+
+Result<Mxfp4Decode> pack_mxfp4_decode(const Tensor& blocks, const Tensor& scales, const std::string& name) {
+  if (blocks.dtype != DType::U8 || blocks.ndim != 4 || blocks.dim(3) != 16)
+    return invalid_argument(name + ": MXFP4 blocks must be U8 [E, N, G, 16], found " + blocks.shape_str());
+  if ((scales.dtype != DType::U8 && scales.dtype != DType::F8_E8M0) || scales.ndim != 3 ||
+      scales.dim(0) != blocks.dim(0) || scales.dim(1) != blocks.dim(1) || scales.dim(2) != blocks.dim(2))
+    return invalid_argument(name + ": MXFP4 scales must be U8 [E, N, G] matching blocks " + blocks.shape_str() +
+                            ", found " + scales.shape_str());
+  const int64_t experts = blocks.dim(0), rows = blocks.dim(1), groups = blocks.dim(2);
+  if (groups % 2 != 0)
+    return invalid_argument(name + ": the MXFP4 decode layout needs K a multiple of 64, found K = " +
+                            std::to_string(groups * layout::kGroup));
+  const uint8_t* scale_bytes = scales.ptr<uint8_t>();
+  for (int64_t i = 0; i < scales.numel(); ++i) {
+    if (scale_bytes[i] > layout::kMaxDecodeScale) {
+      const int64_t e = i / (rows * groups), r = i / groups % rows, g = i % groups;
+      return invalid_argument(name + ": expert " + std::to_string(e) + ", row " + std::to_string(r) + ", group " +
+                              std::to_string(g) + ": exponent byte " + std::to_string(scale_bytes[i]) +
+                              " is above the decode layout's " + std::to_string(layout::kMaxDecodeScale) +
+                              " (values of 2^2 and more)");
+    }
+  }
+  const int64_t tiles = groups / 2;
+  Mxfp4Decode out = decode_tensors(experts, rows, tiles * layout::kTileK);
+  const uint8_t* src = blocks.ptr<uint8_t>();
+  uint8_t* dst = out.blocks.view.ptr<uint8_t>();
+  uint8_t* dst_scales = out.scales.view.ptr<uint8_t>();
+  parallel_for(experts * rows, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t er = begin; er < end; ++er) {
+      const int64_t e = er / rows, r = er % rows;
+      for (int64_t kt = 0; kt < tiles; ++kt) {
+        const uint8_t* in = src + (er * groups + 2 * kt) * 16;  // the tile's 64 codes: 32 bytes, low nibble first
+        uint8_t* o = dst + ((e * tiles + kt) * rows + r) * layout::kTileBytes;
+        std::fill(o, o + layout::kTileBytes, uint8_t{0});
+        for (int k = 0; k < layout::kTileK; ++k) {
+          const uint8_t code = (in[k / 2] >> (4 * (k % 2))) & 0xf;
+          const layout::CodePlace place = layout::code_place(k);
+          o[place.byte] = uint8_t(o[place.byte] | (code << place.shift));
+        }
+        uint8_t* os = dst_scales + ((e * tiles + kt) * rows + r) * 2;
+        os[0] = scale_bytes[er * groups + 2 * kt];
+        os[1] = scale_bytes[er * groups + 2 * kt + 1];
+      }
+    }
+  });
+  return out;
+}
+
+Result<OwnedTensor> dequantize_mxfp4_decode(const Tensor& blocks, const Tensor& scales, const std::string& name) {
+  if (blocks.dtype != DType::U8 || blocks.ndim != 4 || blocks.dim(3) != layout::kTileBytes)
+    return invalid_argument(name + ": decode-layout blocks must be U8 [E, K/64, N, 32], found " + blocks.shape_str());
+  if (scales.dtype != DType::U8 || scales.ndim != 4 || scales.dim(3) != 2 || scales.dim(0) != blocks.dim(0) ||
+      scales.dim(1) != blocks.dim(1) || scales.dim(2) != blocks.dim(2))
+    return invalid_argument(name + ": decode-layout scales must be U8 [E, K/64, N, 2] matching blocks " +
+                            blocks.shape_str() + ", found " + scales.shape_str());
+  const int64_t experts = blocks.dim(0), tiles = blocks.dim(1), rows = blocks.dim(2), k = tiles * layout::kTileK;
+  OwnedTensor out = OwnedTensor::host(DType::BF16, {experts, rows, k});
+  static const std::array<uint16_t, 16 * 256> kTable = make_table();
+  const uint8_t* src = blocks.ptr<uint8_t>();
+  const uint8_t* src_scales = scales.ptr<uint8_t>();
+  uint16_t* dst = out.view.ptr<uint16_t>();
+  parallel_for(experts * rows, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t er = begin; er < end; ++er) {
+      const int64_t e = er / rows, r = er % rows;
+      for (int64_t kt = 0; kt < tiles; ++kt) {
+        const int64_t at = (e * tiles + kt) * rows + r;
+        const uint8_t* in = src + at * layout::kTileBytes;
+        uint16_t* o = dst + er * k + kt * layout::kTileK;
+        for (int kk = 0; kk < layout::kTileK; ++kk) {
+          const layout::CodePlace place = layout::code_place(kk);
+          const uint8_t code = (in[place.byte] >> place.shift) & 0xf;
+          o[kk] = kTable[size_t(src_scales[at * 2 + kk / layout::kGroup]) * 16 + code];
+        }
+      }
+    }
+  });
+  return out;
+}
+
+Mxfp4Decode generate_mxfp4_decode(int64_t experts, int64_t rows, int64_t k, uint64_t seed, int scale_lo) {
+  LMX_CHECK(k % layout::kTileK == 0 && scale_lo >= 0 && scale_lo + 2 <= layout::kMaxDecodeScale);
+  Mxfp4Decode out = decode_tensors(experts, rows, k);
+  const int64_t tiles = k / layout::kTileK, units = experts * tiles * rows;  // (expert, k-tile, row) units
+  uint8_t* blocks = out.blocks.view.ptr<uint8_t>();
+  uint8_t* scales = out.scales.view.ptr<uint8_t>();
+  constexpr int64_t kChunk = 4096;  // units per stream: values do not depend on how chunks meet threads
+  parallel_for((units + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      Rng rng(seed + uint64_t(chunk));
+      for (int64_t u = chunk * kChunk; u < std::min(units, (chunk + 1) * kChunk); ++u) {
+        for (int b = 0; b < layout::kTileBytes; b += 8) {
+          const uint64_t bits = rng.next_u64();
+          std::memcpy(blocks + u * layout::kTileBytes + b, &bits, 8);
+        }
+        const uint64_t pick = rng.next_u64();
+        scales[u * 2] = uint8_t(scale_lo + int(pick % 3));
+        scales[u * 2 + 1] = uint8_t(scale_lo + int((pick >> 8) % 3));
       }
     }
   });

@@ -1,6 +1,7 @@
 // MXFP4 dequantization of GPT-OSS expert weights (`*_blocks` + `*_scales`) to bf16, bit-exact with
-// transformers' integrations/mxfp4.py. Who calls: the weight loader (model/loader.cpp). The forward pass
-// never sees MXFP4: experts are bf16 after load.
+// transformers' integrations/mxfp4.py, and the decode layout (ops/mxfp4.h) the CUDA decode GEMM reads with
+// --mxfp4-experts. Who calls: the weight loader (model/loader.cpp) and the preset generator. Every op but
+// the CUDA decode GEMM reads bf16 experts; the MXFP4 copy dequantizes to exactly those values.
 #pragma once
 #include <string>
 
@@ -24,5 +25,23 @@ bf16 mxfp4_value(uint8_t code, uint8_t scale);
 // [E, 2I, H] and [E, H, I] directly. (transformers transposes the result to its [E, H, 2I] parameter
 // layout; we do not.) `name` prefixes errors (e.g. the tensor name and file).
 Result<OwnedTensor> dequantize_mxfp4(const Tensor& blocks, const Tensor& scales, const std::string& name);
+
+// Experts in the MXFP4 decode layout of ops/mxfp4.h (the CUDA decode GEMM's): blocks [E, K/64, N, 32] and
+// scales [E, K/64, N, 2], U8, for a weight [E, N, K].
+struct Mxfp4Decode {
+  OwnedTensor blocks, scales;
+};
+
+// The checkpoint's blocks [E, N, G, 16] and scales [E, N, G] (G = K/32) in the decode layout. Refused (the
+// message names `name`, the expert, row and group): G odd (K not a multiple of 64), or an exponent byte above
+// ops::mxfp4::kMaxDecodeScale (values of 2^2 and more: the decode GEMM's bf16 multiply would overflow).
+Result<Mxfp4Decode> pack_mxfp4_decode(const Tensor& blocks, const Tensor& scales, const std::string& name);
+
+// The bf16 weight [E, N, K] of a decode-layout pair: exactly dequantize_mxfp4 of the checkpoint form.
+Result<OwnedTensor> dequantize_mxfp4_decode(const Tensor& blocks, const Tensor& scales, const std::string& name);
+
+// Generated experts for presets (--mxfp4-experts): uniform random codes, exponents in [scale_lo, scale_lo + 2],
+// in the decode layout for a weight [E, N, K] (K % 64 == 0). Deterministic in `seed`, whatever the threads.
+Mxfp4Decode generate_mxfp4_decode(int64_t experts, int64_t rows, int64_t k, uint64_t seed, int scale_lo);
 
 }  // namespace lmx::model

@@ -5,12 +5,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <tuple>
+#include <utility>
 
 #include "core/rng.h"
 #include "core/host_parallel.h"
+#include "model/mxfp4.h"
+#include "ops/mxfp4.h"
 
 namespace lmx::model {
 namespace {
@@ -187,6 +192,31 @@ class WeightGenerator {
     return t;
   }
 
+  // A host tensor's values in the generator's memory: kept as they are on the host, else copied to the device.
+  Tensor place(const OwnedTensor& host) {
+    if (!backend_) {
+      keep_alive_->push_back(std::make_shared<Buffer>(host.buffer));
+      return host.view;
+    }
+    OwnedTensor o = backend_->upload(host.view);
+    keep_alive_->push_back(std::make_shared<Buffer>(o.buffer));
+    return o.view;
+  }
+
+  // Experts [E, rows, k] as MXFP4 (make_preset_model's mxfp4_experts): the decode-layout copy and its bf16
+  // dequantization, generated on the host one tensor at a time and placed like every other weight.
+  std::pair<Tensor, ops::Mxfp4Weight> mxfp4_experts(const std::string& name, int64_t experts, int64_t rows, int64_t k,
+                                                     float stddev) {
+    // Uniform E2M1 codes have an rms of ~2.93: exponents around 127 + log2(stddev / 2.93), spread over three.
+    const int centre = 127 + int(std::lround(std::log2(stddev / 2.93f)));
+    const int scale_lo = std::clamp(centre - 1, 0, ops::mxfp4::kMaxDecodeScale - 2);
+    Mxfp4Decode q = generate_mxfp4_decode(experts, rows, k, mix64(seed_ ^ name_hash(name + "_blocks")), scale_lo);
+    Result<OwnedTensor> values = dequantize_mxfp4_decode(q.blocks, q.scales, name);
+    LMX_CHECK(values.ok());
+    const Tensor bf16 = place(*values);
+    return {bf16, ops::Mxfp4Weight{.blocks = place(q.blocks), .scales = place(q.scales)}};
+  }
+
   Tensor ones(std::initializer_list<int64_t> dims) {
     OwnedTensor host = OwnedTensor::host(DType::BF16, dims);
     const uint16_t one = f32_to_bf16(1.0f).bits;
@@ -231,7 +261,7 @@ Result<ModelConfig> preset_config(std::string_view name) {
   return not_found("unknown preset '" + std::string(name) + "' (known: " + known + ")");
 }
 
-uint64_t weight_bytes(const ModelConfig& c) {
+uint64_t weight_bytes(const ModelConfig& c, bool mxfp4_experts) {
   const uint64_t V = uint64_t(c.vocab_size), H = uint64_t(c.hidden_size), D = uint64_t(c.head_dim);
   const uint64_t Hq = uint64_t(c.num_heads), Hkv = uint64_t(c.num_kv_heads), E = uint64_t(c.num_experts);
   uint64_t per_layer = 2 * H + 2 * Hq * D * H + 2 * Hkv * D * H;
@@ -247,12 +277,27 @@ uint64_t weight_bytes(const ModelConfig& c) {
     per_layer += 3 * uint64_t(c.intermediate_size) * H;
   }
   const uint64_t elements = V * H * (c.tie_word_embeddings ? 1 : 2) + H + per_layer * uint64_t(c.num_layers);
-  return elements * 2;
+  uint64_t bytes = elements * 2;
+  if (mxfp4_experts && c.is_moe()) {  // 17 bytes per 32 values: codes and one exponent per group
+    bytes += 3 * E * uint64_t(c.moe_intermediate_size) * H / 32 * 17 * uint64_t(c.num_layers);
+  }
+  return bytes;
 }
 
-Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed, ops::Backend* backend) {
+Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed, ops::Backend* backend, bool mxfp4_experts) {
+  if (mxfp4_experts) {
+    if (c.family != Family::kGptOss) {
+      return invalid_argument("--mxfp4-experts: only GPT-OSS models have MXFP4 experts, this is " +
+                              std::string(family_name(c.family)));
+    }
+    if (c.hidden_size % ops::mxfp4::kTileK != 0 || c.moe_intermediate_size % ops::mxfp4::kTileK != 0) {
+      return invalid_argument("--mxfp4-experts: the MXFP4 decode layout needs hidden_size and intermediate_size "
+                              "multiples of 64, found " + std::to_string(c.hidden_size) + " and " +
+                              std::to_string(c.moe_intermediate_size));
+    }
+  }
   const bool on_device = backend && backend->device() != Device::kCpu;
-  const uint64_t need = weight_bytes(c);
+  const uint64_t need = weight_bytes(c, mxfp4_experts);
   const uint64_t have = on_device ? backend->available_bytes() : available_host_bytes();
   if (have > 0 && need > have)
     return out_of_range("generated weights for this " + std::string(family_name(c.family)) + " model need " +
@@ -296,8 +341,13 @@ Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed, op
       const int64_t I = c.moe_intermediate_size;
       l.router = gen.normal(p + "mlp.router.weight", {E, H}, fan_in(H));
       if (c.router_bias) l.router_bias = gen.normal(p + "mlp.router.bias", {E}, bias_std);
-      l.gate_up = gen.normal(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, fan_in(H));
-      l.down = gen.normal(p + "mlp.experts.down_proj", {E, H, I}, fan_in(I));
+      if (mxfp4_experts) {
+        std::tie(l.gate_up, l.gate_up_mxfp4) = gen.mxfp4_experts(p + "mlp.experts.gate_up_proj", E, 2 * I, H, fan_in(H));
+        std::tie(l.down, l.down_mxfp4) = gen.mxfp4_experts(p + "mlp.experts.down_proj", E, H, I, fan_in(I));
+      } else {
+        l.gate_up = gen.normal(p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, fan_in(H));
+        l.down = gen.normal(p + "mlp.experts.down_proj", {E, H, I}, fan_in(I));
+      }
       if (c.expert_bias) {
         l.gate_up_bias = gen.normal(p + "mlp.experts.gate_up_proj_bias", {E, 2 * I}, bias_std);
         l.down_bias = gen.normal(p + "mlp.experts.down_proj_bias", {E, H}, bias_std);
@@ -312,7 +362,8 @@ Result<ModelWeights> make_random_weights(const ModelConfig& c, uint64_t seed, op
   return w;
 }
 
-Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size, ops::Backend* backend) {
+Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size, ops::Backend* backend,
+                                       bool mxfp4_experts) {
   LMX_ASSIGN_OR_RETURN(ModelConfig config, preset_config(name));
   if (vocab_size < 0)
     return invalid_argument("preset '" + std::string(strip_prefix(name)) + "': vocab_size must be positive, got " +
@@ -322,7 +373,7 @@ Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int
     std::erase_if(config.eos_token_ids, [&](int id) { return id >= vocab_size; });
     if (config.bos_token_id >= vocab_size) config.bos_token_id = -1;
   }
-  auto weights = make_random_weights(config, seed, backend);
+  auto weights = make_random_weights(config, seed, backend, mxfp4_experts);
   if (!weights.ok()) return weights.status().with_context("preset '" + std::string(strip_prefix(name)) + "'");
   return weights;
 }

@@ -26,16 +26,22 @@ Result<ModelConfig> preset_config(std::string_view name);
 // the preset's eos/bos ids that fall outside the new vocabulary are dropped. 0 keeps the preset's V.
 // With a non-cpu `backend` the weights are generated in its memory (a 21B preset starts in seconds on a GPU),
 // bit for bit the values the host would generate.
+// mxfp4_experts (GPT-OSS presets, --mxfp4-experts): the experts are generated as MXFP4 (uniform random codes,
+// exponents scaled to the same N(0, 1/fan_in) spread) in the decode layout, kept in LayerWeights::
+// gate_up_mxfp4 / down_mxfp4, and gate_up / down are their exact bf16 dequantization.
 Result<ModelWeights> make_preset_model(std::string_view name, uint64_t seed, int vocab_size = 0,
-                                       ops::Backend* backend = nullptr);
+                                       ops::Backend* backend = nullptr, bool mxfp4_experts = false);
 
 // Deterministic weights for any config: each tensor's values depend only on (seed, tensor name), never on
 // the thread count. Linear weights ~ N(0, 1/fan_in) (≈0.02 at H=2880) so logits and router scores have
 // unit scale at every size; embeddings ~ N(0, 1); norms = 1; biases ~ N(0, 0.02²); sinks ~ N(0, 1).
 // Values are approximately normal (a sum of four uniforms, variance-matched), which is plenty for weights.
-Result<ModelWeights> make_random_weights(const ModelConfig& config, uint64_t seed, ops::Backend* backend = nullptr);
+// mxfp4_experts: as make_preset_model's; refused unless the family is GPT-OSS (interleaved experts) and H
+// and I are multiples of 64 (the decode layout's k-tile).
+Result<ModelWeights> make_random_weights(const ModelConfig& config, uint64_t seed, ops::Backend* backend = nullptr,
+                                         bool mxfp4_experts = false);
 
-// Bytes of bf16 weights make_random_weights allocates for `config`.
-uint64_t weight_bytes(const ModelConfig& config);
+// Bytes of weights make_random_weights allocates for `config` (bf16, plus the MXFP4 copies with mxfp4_experts).
+uint64_t weight_bytes(const ModelConfig& config, bool mxfp4_experts = false);
 
 }  // namespace lmx::model

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "model/config.h"
+#include "ops/moe.h"
 
 namespace lmx::model {
 
@@ -24,6 +25,10 @@ struct LayerWeights {
   Tensor router, router_bias;             // [E, H], [E] (bias only with router_bias)
   Tensor gate_up, gate_up_bias;           // [E, 2I, H], [E, 2I] (bias only with expert_bias)
   Tensor down, down_bias;                 // [E, H, I], [E, H]
+  // --mxfp4-experts (GPT-OSS): the experts' MXFP4 copies in the decode layout of ops/mxfp4.h — the
+  // checkpoint's own blocks, or a preset's generated ones (gate_up / down are then their exact
+  // dequantization). Undefined otherwise. Read by the CUDA decode GEMMs only.
+  ops::Mxfp4Weight gate_up_mxfp4, down_mxfp4;
   // dense families
   Tensor mlp_gate, mlp_up, mlp_down;      // [I, H], [I, H], [H, I]
 };
@@ -39,6 +44,8 @@ struct ModelWeights {
 };
 
 // Load a Hugging Face model directory (config.json + *.safetensors, single or sharded) on the host.
-Result<ModelWeights> load_model(const std::string& model_dir);
+// mxfp4_experts: also keep a GPT-OSS checkpoint's MXFP4 experts in the decode layout (LayerWeights::
+// gate_up_mxfp4); refused for checkpoints whose experts are not MXFP4, or do not fit the layout.
+Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts = false);
 
 }  // namespace lmx::model

@@ -357,6 +357,17 @@ Status check(const MoeParams& p) {
   } else if (p.lora_gate_up.defined() || p.lora_down.defined()) {
     return invalid_argument("MoeParams.token_slot: required when a LoRA stack is defined, but undefined");
   }
+  // The MXFP4 copies: [E, K/64, N, 32] and [E, K/64, N, 2] U8 for the weights [E, N, K] above.
+  const auto check_mxfp4 = [&](const Mxfp4Weight& w, const std::string& name, int64_t rows, int64_t k) -> Status {
+    if (!present(w.blocks) && !present(w.scales)) return Status::Ok();
+    if (k % 64 != 0) {
+      return invalid_argument(name + ": the MXFP4 decode layout needs K a multiple of 64, found K = " + std::to_string(k));
+    }
+    LMX_RETURN_IF_ERROR(expect(w.blocks, name + ".blocks", DType::U8, {experts, k / 64, rows, 32}));
+    return expect(w.scales, name + ".scales", DType::U8, {experts, k / 64, rows, 2});
+  };
+  LMX_RETURN_IF_ERROR(check_mxfp4(p.gate_up_mxfp4, "MoeParams.gate_up_mxfp4", 2 * inter, hidden));
+  LMX_RETURN_IF_ERROR(check_mxfp4(p.down_mxfp4, "MoeParams.down_mxfp4", hidden, inter));
   LMX_RETURN_IF_ERROR(expect_finite(p.swiglu_alpha, "MoeParams.swiglu_alpha"));
   if (p.activation == MoeActivation::kGptOssClamped && !(p.swiglu_limit > 0.0f)) {
     return invalid_argument("MoeParams.swiglu_limit: expected a limit > 0, found " + std::to_string(p.swiglu_limit));
@@ -378,6 +389,10 @@ Status check(const MoeParams& p) {
                             {"MoeParams.lora_down.a", &p.lora_down.a},
                             {"MoeParams.lora_down.b", &p.lora_down.b},
                             {"MoeParams.lora_down.rank", &p.lora_down.rank},
+                            {"MoeParams.gate_up_mxfp4.blocks", &p.gate_up_mxfp4.blocks},
+                            {"MoeParams.gate_up_mxfp4.scales", &p.gate_up_mxfp4.scales},
+                            {"MoeParams.down_mxfp4.blocks", &p.down_mxfp4.blocks},
+                            {"MoeParams.down_mxfp4.scales", &p.down_mxfp4.scales},
                             {"MoeParams.out", &p.out}});
 }
 

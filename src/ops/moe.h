@@ -21,6 +21,14 @@ enum class GateUpLayout {
   kInterleaved,  // row 2i gate i, row 2i+1 up i (GPT-OSS)
 };
 
+// An expert weight's MXFP4 copy in the decode layout of ops/mxfp4.h: blocks [E, K/64, N, 32] and scales
+// [E, K/64, N, 2], U8, for the weight [E, N, K] it dequantizes to exactly.
+struct Mxfp4Weight {
+  Tensor blocks;
+  Tensor scales;
+  bool defined() const { return blocks.defined(); }
+};
+
 struct MoeParams {
   Tensor x;             // [T, H]
   Tensor topk_ids;      // [T, K] i32
@@ -42,6 +50,11 @@ struct MoeParams {
   // chunks), or -1 when unknown. A kernel that handles one adapter per 16 expert-sorted rows at a time
   // pays for every adapter such rows mix.
   int64_t lora_scattered_tokens = -1;
+  // Optional MXFP4 copies of gate_up and down (GPT-OSS's own expert format, --mxfp4-experts), which must
+  // dequantize exactly to gate_up and down: a backend may stream them instead where that pays (CUDA: the
+  // decode-sized GEMMs, 3.8× fewer weight bytes) — the same values, so the same results up to the order of
+  // fp32 sums. Backends without such a kernel ignore them.
+  Mxfp4Weight gate_up_mxfp4, down_mxfp4;
 };
 // The run length (tokens of one sequence in a batch) from which lora_scattered_tokens stops counting a
 // sequence: 16 expert-sorted rows span about 16·E/K tokens (GPT-OSS-20B 128, Qwen3-30B-A3B 256).

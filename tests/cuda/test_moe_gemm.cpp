@@ -17,6 +17,7 @@
 #include "backends/cuda/moe_align.cuh"
 #include "backends/cuda/moe_gemm.cuh"
 #include "cuda_test_util.h"
+#include "model/mxfp4.h"
 #include "ops/lora.h"
 #include "ops/moe.h"
 
@@ -197,8 +198,13 @@ cuda::MoeWorkspaceShape workspace_shape(const BlockCase& c) {
 
 // moe_block on the device data into a fresh poisoned [T, H] output; with_lora = false drops the stacks.
 // scattered: MoeParams::lora_scattered_tokens (-1: unknown, so the default mode keeps the expand kernels).
+// mxfp4 (optional): MoeParams::gate_up_mxfp4 / down_mxfp4.
+struct Mxfp4Copies {
+  ops::Mxfp4Weight gate_up, down;
+};
 OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cudaStream_t stream,
-                      int64_t scattered = -1, const cuda::MoeBlockConfig& config = {}) {
+                      int64_t scattered = -1, const cuda::MoeBlockConfig& config = {},
+                      const Mxfp4Copies* mxfp4 = nullptr) {
   OwnedTensor out = poisoned(DType::BF16, {c.tokens, c.hidden});
   const cuda::MoeWorkspaceShape shape = workspace_shape(c);
   OwnedTensor memory = cuda::empty(DType::U8, {int64_t(cuda::moe_workspace_bytes(shape))});
@@ -213,6 +219,11 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
     if (c.rank_gate_up > 0) p.lora_gate_up = {.a = b.d_gu_a, .b = b.d_gu_b, .rank = b.d_gu_rank};
     if (c.rank_down > 0) p.lora_down = {.a = b.d_down_a, .b = b.d_down_b, .rank = b.d_down_rank};
   }
+  if (mxfp4 != nullptr) {
+    p.gate_up_mxfp4 = mxfp4->gate_up;
+    p.down_mxfp4 = mxfp4->down;
+  }
+  EXPECT_TRUE(ops::check(p).ok()) << ops::check(p).message();
   cuda::moe_block(p, workspace, stream, config);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -404,6 +415,69 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
 }
 
 // Which path moe_block's MoE-LoRA takes by mode and the batch's hint (the shapes' own conditions aside).
+// The decode GEMMs on MXFP4 copies (MoeParams::gate_up_mxfp4 / down_mxfp4; BLOCK_M 16, where the mean expert
+// has fewer than 32 pairs). The experts are generated in the decode layout and dequantized into the bf16
+// weights, so both paths multiply the same values in the same k order: the results must agree bit for bit,
+// with and without MoE-LoRA. In the MXFP4 run the bf16 weights are NaN (it must read none of them), and the
+// oracle checks the values themselves. Also the switch set_moe_gemm_mxfp4(false): back to the bf16 weights.
+TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
+  struct Mxfp4Case {
+    BlockCase c;
+    int scale_gate_up, scale_down;  // the generated exponents' low end (weights ~2/√H and ~1/√I)
+  };
+  const Mxfp4Case cases[] = {
+      {{1, 8, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 8}, 122, 121},
+      {{3, 8, 4, 256, 192, kGptOss, kInterleaved, false}, 122, 121},
+      {{16, 8, 4, 256, 192, kGptOss, kInterleaved, true, 5, 32, 32}, 122, 121},
+      {{40, 8, 4, 320, 128, kSilu, kInterleaved, true, 3, 16, 16}, 122, 121},  // column blocks past n
+      {{16, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 120, 119},  // GPT-OSS-20B
+  };
+  Rng& rng = this->rng();
+  for (const Mxfp4Case& mc : cases) {
+    const BlockCase& c = mc.c;
+    SCOPED_TRACE(describe(c));
+    ASSERT_LT(c.tokens * c.top_k / c.experts, 32) << "not a BLOCK_M 16 case";
+    BlockData b = make_block_data(rng, c);
+    model::Mxfp4Decode gu = model::generate_mxfp4_decode(c.experts, 2 * c.inter, c.hidden, rng.next_u64(), mc.scale_gate_up);
+    model::Mxfp4Decode dn = model::generate_mxfp4_decode(c.experts, c.hidden, c.inter, rng.next_u64(), mc.scale_down);
+    auto gu_bf16 = model::dequantize_mxfp4_decode(gu.blocks, gu.scales, "gate_up");
+    auto dn_bf16 = model::dequantize_mxfp4_decode(dn.blocks, dn.scales, "down");
+    ASSERT_TRUE(gu_bf16.ok() && dn_bf16.ok());
+    b.gate_up = *gu_bf16;
+    b.down = *dn_bf16;
+    b.d_gate_up = cuda::upload(b.gate_up);
+    b.d_down = cuda::upload(b.down);
+    const OwnedTensor d_gu_blocks = cuda::upload(gu.blocks), d_gu_scales = cuda::upload(gu.scales);
+    const OwnedTensor d_dn_blocks = cuda::upload(dn.blocks), d_dn_scales = cuda::upload(dn.scales);
+    const Mxfp4Copies copies{.gate_up = {.blocks = d_gu_blocks, .scales = d_gu_scales},
+                             .down = {.blocks = d_dn_blocks, .scales = d_dn_scales}};
+    for (bool with_lora : {false, true}) {
+      if (with_lora && c.slots == 0) continue;
+      SCOPED_TRACE(with_lora ? "with LoRA" : "without LoRA");
+      const OwnedTensor bf16_path = run_block(c, b, with_lora, stream_);
+      BlockData nan_weights = b;  // the bf16 experts poisoned: the MXFP4 run must not read them
+      nan_weights.d_gate_up = cuda::empty(DType::BF16, {c.experts, 2 * c.inter, c.hidden});
+      nan_weights.d_down = cuda::empty(DType::BF16, {c.experts, c.hidden, c.inter});
+      cuda::fill_bytes(nan_weights.d_gate_up.view, 0xff);
+      cuda::fill_bytes(nan_weights.d_down.view, 0xff);
+      const OwnedTensor mxfp4_path = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
+      ASSERT_EQ(std::memcmp(mxfp4_path.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0)
+          << "the MXFP4 decode GEMM differs from the bf16 one";
+      cpu::CpuBackend cpu;
+      BlockCase oracle_case = c;
+      if (!with_lora) oracle_case.slots = 0;
+      const int64_t stride = c.hidden >= 2048 ? 4 : 1;
+      const OwnedTensor want = cpu_block(cpu, oracle_case, b, stride);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(mxfp4_path, stride), want));
+      // Switched off, moe_block ignores the copies and reads the bf16 weights: the bf16 path's bits.
+      cuda::set_moe_gemm_mxfp4(false);
+      const OwnedTensor switched_off = run_block(c, b, with_lora, stream_, -1, {}, &copies);
+      cuda::set_moe_gemm_mxfp4(true);
+      EXPECT_EQ(std::memcmp(switched_off.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0);
+    }
+  }
+}
+
 TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   using cuda::MoeLoraInGemm;
   constexpr int kLarge = cuda::kMoeGemmBlockMLarge, kPrefill = cuda::kMoeGemmBlockMPrefill;

@@ -361,43 +361,55 @@ TEST(Loader, TiedEmbeddingsAndDenseMlp) {
   expect_weights_eq(w, got);
 }
 
-// MXFP4 experts: blocks/scales with known codes load as their dequantized values, in canonical rows.
-TEST(Loader, GptOssMxfp4Experts) {
-  TempDir dir;
-  ModelConfig c = preset_config("tiny-moe").value();  // H 64, I 32: both divisible by 32
-  ModelWeights w = make_random_weights(c, 5).value();
-  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
+// A GPT-OSS checkpoint in `dir` whose experts are MXFP4 blocks/scales with known codes (every layer the same):
+// byte i of gate_up's blocks holds codes (i % 16) low and ((i / 16) % 16) high, its scales cycle 124..128
+// (128: the decode layout's largest exponent).
+struct Mxfp4Checkpoint {
+  ModelWeights base;  // the other weights, as written
   std::vector<OwnedTensor> store;
+  Tensor gu_blocks, gu_scales, d_blocks, d_scales;
+};
+Mxfp4Checkpoint write_mxfp4_checkpoint(const std::string& dir, const ModelConfig& c) {
+  Mxfp4Checkpoint m{.base = make_random_weights(c, 5).value()};
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   auto u8 = [&](std::initializer_list<int64_t> dims, auto value) {
     OwnedTensor o = OwnedTensor::host(DType::U8, dims);
     for (int64_t i = 0; i < o.view.numel(); ++i) o.view.ptr<uint8_t>()[i] = uint8_t(value(i));
-    store.push_back(o);
+    m.store.push_back(o);
     return o.view;
   };
-  // Byte i of the blocks holds codes (i % 16) low and ((i / 16) % 16) high; scales cycle 124..130.
-  Tensor gu_blocks = u8({E, 2 * I, H / 32, 16}, [](int64_t i) { return (i % 16) | (((i / 16) % 16) << 4); });
-  Tensor gu_scales = u8({E, 2 * I, H / 32}, [](int64_t i) { return 124 + i % 7; });
-  Tensor d_blocks = u8({E, H, I / 32, 16}, [](int64_t i) { return (i * 7) % 256; });
-  Tensor d_scales = u8({E, H, I / 32}, [](int64_t i) { return 120 + i % 13; });
+  m.gu_blocks = u8({E, 2 * I, H / 32, 16}, [](int64_t i) { return (i % 16) | (((i / 16) % 16) << 4); });
+  m.gu_scales = u8({E, 2 * I, H / 32}, [](int64_t i) { return 124 + i % 5; });
+  m.d_blocks = u8({E, H, I / 32, 16}, [](int64_t i) { return (i * 7) % 256; });
+  m.d_scales = u8({E, H, I / 32}, [](int64_t i) { return 120 + i % 9; });
   WriteOptions options;
   options.edit = [](const std::string& name, Tensor*) {
     return !(name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj"));
   };
-  CheckpointWriter writer(w, options);
-  writer.write(dir.str());
+  CheckpointWriter writer(m.base, options);
+  writer.write(dir);
   // Add the MXFP4 tensors as a second file (no index: every *.safetensors is read... except that
   // model.safetensors exists, so rename it first).
-  fs::rename(fs::path(dir.str()) / "model.safetensors", fs::path(dir.str()) / "part-1.safetensors");
+  fs::rename(fs::path(dir) / "model.safetensors", fs::path(dir) / "part-1.safetensors");
   std::vector<std::pair<std::string, Tensor>> mx;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
-    mx.emplace_back(p + "gate_up_proj_blocks", gu_blocks);
-    mx.emplace_back(p + "gate_up_proj_scales", gu_scales);
-    mx.emplace_back(p + "down_proj_blocks", d_blocks);
-    mx.emplace_back(p + "down_proj_scales", d_scales);
+    mx.emplace_back(p + "gate_up_proj_blocks", m.gu_blocks);
+    mx.emplace_back(p + "gate_up_proj_scales", m.gu_scales);
+    mx.emplace_back(p + "down_proj_blocks", m.d_blocks);
+    mx.emplace_back(p + "down_proj_scales", m.d_scales);
   }
-  ASSERT_TRUE(io::write_safetensors((fs::path(dir.str()) / "part-2.safetensors").string(), mx).ok());
+  EXPECT_TRUE(io::write_safetensors((fs::path(dir) / "part-2.safetensors").string(), mx).ok());
+  return m;
+}
 
+// MXFP4 experts: blocks/scales with known codes load as their dequantized values, in canonical rows.
+TEST(Loader, GptOssMxfp4Experts) {
+  TempDir dir;
+  ModelConfig c = preset_config("tiny-moe").value();  // H 64, I 32: both divisible by 32
+  Mxfp4Checkpoint m = write_mxfp4_checkpoint(dir.str(), c);
+  const ModelWeights& w = m.base;
+  const Tensor &gu_blocks = m.gu_blocks, &gu_scales = m.gu_scales, &d_blocks = m.d_blocks, &d_scales = m.d_scales;
   ModelWeights got = load_ok(dir.str());
   const Tensor& gu = got.layers[0].gate_up;
   ASSERT_EQ(gu.shape_str(), "[8, 64, 64] BF16");
@@ -422,6 +434,42 @@ TEST(Loader, GptOssMxfp4Experts) {
   // The non-expert weights are untouched.
   expect_tensor_eq(w.layers[0].q, got.layers[0].q, "q");
   expect_tensor_eq(w.layers[0].gate_up_bias, got.layers[0].gate_up_bias, "gate_up_bias");
+  EXPECT_FALSE(got.layers[0].gate_up_mxfp4.defined());  // only with mxfp4_experts
+}
+
+// --mxfp4-experts: the checkpoint's blocks are also kept in the decode layout, which dequantizes to exactly
+// the bf16 experts; checkpoints that cannot give it are refused with the reason.
+TEST(Loader, GptOssMxfp4ExpertsKeptForDecode) {
+  TempDir dir;
+  ModelConfig c = preset_config("tiny-moe").value();
+  c.moe_intermediate_size = 64;  // H 64, I 64: the layout's k-tiles
+  write_mxfp4_checkpoint(dir.str(), c);
+  auto got = load_model(dir.str(), true);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  for (const LayerWeights& l : got->layers) {
+    ASSERT_EQ(l.gate_up_mxfp4.blocks.shape_str(), "[8, 1, 128, 32] U8");
+    ASSERT_EQ(l.down_mxfp4.scales.shape_str(), "[8, 1, 64, 2] U8");
+    for (const auto& [copy, bf16] : {std::pair{l.gate_up_mxfp4, l.gate_up}, std::pair{l.down_mxfp4, l.down}}) {
+      auto values = dequantize_mxfp4_decode(copy.blocks, copy.scales, "copy");
+      ASSERT_TRUE(values.ok()) << values.status().message();
+      expect_tensor_eq(bf16, values->view, "the decode layout's values");
+    }
+  }
+  // I 32: down's K is not a multiple of 64
+  TempDir narrow;
+  write_mxfp4_checkpoint(narrow.str(), preset_config("tiny-moe").value());
+  auto refused = load_model(narrow.str(), true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--mxfp4-experts: tensor 'model.layers.0.mlp.experts.down_proj_blocks'"),
+            std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("K = 32"), std::string::npos) << refused.status().message();
+  // bf16 experts: nothing to keep
+  TempDir plain;
+  CheckpointWriter(make_random_weights(c, 5).value(), WriteOptions{}).write(plain.str());
+  auto not_mxfp4 = load_model(plain.str(), true);
+  ASSERT_FALSE(not_mxfp4.ok());
+  EXPECT_NE(not_mxfp4.status().message().find("the checkpoint's experts are not MXFP4"), std::string::npos)
+      << not_mxfp4.status().message();
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -1,12 +1,16 @@
 // Tests of MXFP4 dequantization against hand-computed values (FP4 code x 2^(scale-127)) and against bit
 // patterns observed from transformers' convert_moe_packed_tensors (transformers 5, torch 2.x), including
-// the overflow/underflow corners of the e8m0 scale.
+// the overflow/underflow corners of the e8m0 scale; and of the decode layout (ops/mxfp4.h): packing keeps
+// every value, and the CUDA decode GEMM's register arithmetic, done here on the CPU, gives exactly the
+// dequantized values in mma's fragment order.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "model/mxfp4.h"
+#include "ops/mxfp4.h"
 
 namespace lmx::model {
 namespace {
@@ -19,6 +23,7 @@ OwnedTensor u8(std::initializer_list<int64_t> dims, const std::vector<uint8_t>& 
 
 float at(const Tensor& t, int64_t i) { return bf16_to_f32(bf16{t.ptr<uint16_t>()[i]}); }
 uint16_t bits_at(const Tensor& t, int64_t i) { return t.ptr<uint16_t>()[i]; }
+float at_value(const Tensor& t, int64_t i) { return at(t, i); }
 
 TEST(Mxfp4, ValueTable) {
   // scale 127 is 2^0: the code points themselves.
@@ -144,6 +149,112 @@ TEST(Mxfp4, Errors) {
   OwnedTensor e8 = u8({2, 3, 4}, {127});
   e8.view.dtype = DType::F8_E8M0;
   EXPECT_TRUE(dequantize_mxfp4(blocks, e8, "b").ok());
+}
+
+// A checkpoint-form weight [E, N, G, 16] / [E, N, G] with every code and exponents in [lo, hi].
+struct Checkpoint {
+  OwnedTensor blocks, scales;
+};
+Checkpoint checkpoint(int64_t E, int64_t N, int64_t G, int lo, int hi) {
+  std::vector<uint8_t> bytes(size_t(E * N * G * 16)), scale_bytes(size_t(E * N * G));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 11);
+  for (size_t i = 0; i < scale_bytes.size(); ++i) scale_bytes[i] = uint8_t(lo + int((i * 40503u) >> 3) % (hi - lo + 1));
+  return {u8({E, N, G, 16}, bytes), u8({E, N, G}, scale_bytes)};
+}
+
+TEST(Mxfp4Decode, PackKeepsEveryValue) {
+  Checkpoint c = checkpoint(3, 40, 6, 0, ops::mxfp4::kMaxDecodeScale);
+  auto plain = dequantize_mxfp4(c.blocks, c.scales, "w");
+  auto packed = pack_mxfp4_decode(c.blocks, c.scales, "w");
+  ASSERT_TRUE(plain.ok() && packed.ok()) << packed.status().message();
+  EXPECT_EQ(packed->blocks.view.shape_str(), "[3, 3, 40, 32] U8");
+  EXPECT_EQ(packed->scales.view.shape_str(), "[3, 3, 40, 2] U8");
+  auto back = dequantize_mxfp4_decode(packed->blocks, packed->scales, "w");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_EQ(back->view.shape_str(), plain->view.shape_str());
+  for (int64_t i = 0; i < plain->view.numel(); ++i) ASSERT_EQ(bits_at(back->view, i), bits_at(plain->view, i)) << i;
+}
+
+TEST(Mxfp4Decode, CodePlacesAreAPermutation) {
+  std::vector<int> seen(64, 0);
+  for (int k = 0; k < ops::mxfp4::kTileK; ++k) {
+    const ops::mxfp4::CodePlace p = ops::mxfp4::code_place(k);
+    ASSERT_TRUE(p.byte >= 0 && p.byte < 32 && (p.shift == 0 || p.shift == 4)) << k;
+    ++seen[size_t(2 * p.byte + p.shift / 4)];
+  }
+  for (int n : seen) EXPECT_EQ(n, 1);
+}
+
+// The device's arithmetic: lane t of a quad reads its 8 bytes, register m = 4w + r is decode_register(word w, r)
+// times scale_multiplier(the group's exponent) in bf16 — here in fp32, which is exact for these products —
+// and must hold the dequantized values k = register_k(t, m) (low half) and k + 1 (high half).
+TEST(Mxfp4Decode, RegisterArithmeticGivesTheFragmentValues) {
+  Checkpoint c = checkpoint(2, 24, 8, 1, ops::mxfp4::kMaxDecodeScale);
+  auto plain = dequantize_mxfp4(c.blocks, c.scales, "w");
+  auto packed = pack_mxfp4_decode(c.blocks, c.scales, "w");
+  ASSERT_TRUE(plain.ok() && packed.ok());
+  const int64_t E = 2, N = 24, K = 8 * 32, tiles = K / 64;
+  const uint8_t* blocks = packed->blocks.view.ptr<uint8_t>();
+  const uint8_t* scales = packed->scales.view.ptr<uint8_t>();
+  auto half_value = [](uint32_t bits, int half) {
+    const uint16_t b = uint16_t(half == 0 ? bits & 0xffffu : bits >> 16);
+    return bf16_to_f32(bf16{b});
+  };
+  int64_t checked = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t kt = 0; kt < tiles; ++kt)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t at = (e * tiles + kt) * N + n;
+        for (int t = 0; t < 4; ++t)
+          for (int m = 0; m < 8; ++m) {
+            uint32_t word;
+            std::memcpy(&word, blocks + at * 32 + 8 * t + 4 * (m / 4), 4);
+            const uint32_t bits = ops::mxfp4::decode_register(word, m % 4);
+            const uint32_t mult = ops::mxfp4::scale_multiplier(scales[at * 2 + m / 4]);
+            ASSERT_EQ(mult & 0xffffu, mult >> 16);
+            for (int half = 0; half < 2; ++half) {
+              const int k = ops::mxfp4::register_k(t, m) + half;
+              const float got = half_value(bits, half) * half_value(mult, 0);
+              const float want = at_value(plain->view, (e * N + n) * K + kt * 64 + k);
+              ASSERT_EQ(got, want) << "e " << e << " kt " << kt << " n " << n << " lane " << t << " reg " << m;
+              ASSERT_EQ(std::signbit(got), std::signbit(want));
+              ++checked;
+            }
+          }
+      }
+  EXPECT_EQ(checked, E * tiles * N * 64);
+}
+
+TEST(Mxfp4Decode, Refusals) {
+  Checkpoint odd = checkpoint(1, 4, 3, 120, 121);  // K = 96: not a multiple of 64
+  auto r = pack_mxfp4_decode(odd.blocks, odd.scales, "layer.gate_up_proj_blocks");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("layer.gate_up_proj_blocks"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("K = 96"), std::string::npos) << r.status().message();
+
+  Checkpoint big = checkpoint(1, 4, 2, 120, 121);
+  big.scales.view.ptr<uint8_t>()[5] = 130;  // expert 0, row 2, group 1
+  auto s = pack_mxfp4_decode(big.blocks, big.scales, "w");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("expert 0, row 2, group 1: exponent byte 130"), std::string::npos)
+      << s.status().message();
+
+  auto bad = dequantize_mxfp4_decode(big.blocks, big.scales, "w");  // the checkpoint form is not the layout
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("[E, K/64, N, 32]"), std::string::npos) << bad.status().message();
+}
+
+TEST(Mxfp4Decode, GeneratedWeightsAreDeterministicAndInRange) {
+  Mxfp4Decode a = generate_mxfp4_decode(2, 48, 128, 7, 119), b = generate_mxfp4_decode(2, 48, 128, 7, 119);
+  Mxfp4Decode other = generate_mxfp4_decode(2, 48, 128, 8, 119);
+  ASSERT_EQ(a.blocks.view.nbytes(), size_t(2 * 2 * 48 * 32));
+  EXPECT_EQ(std::memcmp(a.blocks.view.data, b.blocks.view.data, a.blocks.view.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(a.scales.view.data, b.scales.view.data, a.scales.view.nbytes()), 0);
+  EXPECT_NE(std::memcmp(a.blocks.view.data, other.blocks.view.data, a.blocks.view.nbytes()), 0);
+  for (int64_t i = 0; i < a.scales.view.numel(); ++i) {
+    const int s = a.scales.view.ptr<uint8_t>()[i];
+    EXPECT_TRUE(s >= 119 && s <= 121) << s;
+  }
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
+#include "model/mxfp4.h"
 #include "model/presets.h"
 
 namespace lmx::model {
@@ -209,4 +211,55 @@ TEST(Presets, VocabOverrideResizesEmbeddingAndHead) {
   EXPECT_FALSE(make_preset_model("tiny-moe", 1, -5).ok());
 }
 
+}  // namespace lmx::model
+
+namespace lmx::model {
+namespace {
+
+// --mxfp4-experts on a GPT-OSS config whose H and I fit the decode layout: the experts' bf16 weights are
+// exactly the MXFP4 copies' values, spread like the bf16 preset's N(0, 1/fan_in), deterministic in the seed;
+// the other weights are those of the bf16 preset. Configs that cannot have them are refused by name.
+TEST(Presets, Mxfp4ExpertsAreTheBf16ExpertsValues) {
+  ModelConfig c = preset_config("tiny-moe").value();
+  c.moe_intermediate_size = 64;
+  Result<ModelWeights> w = make_random_weights(c, 11, nullptr, true);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  const ModelWeights plain = make_random_weights(c, 11).value();
+  for (size_t layer = 0; layer < w->layers.size(); ++layer) {
+    const LayerWeights& l = w->layers[layer];
+    ASSERT_EQ(l.gate_up_mxfp4.blocks.shape_str(), "[8, 1, 128, 32] U8");
+    ASSERT_EQ(l.down_mxfp4.blocks.shape_str(), "[8, 1, 64, 32] U8");
+    for (const auto& [copy, values, fan_in] : {std::tuple{l.gate_up_mxfp4, l.gate_up, c.hidden_size},
+                                               std::tuple{l.down_mxfp4, l.down, c.moe_intermediate_size}}) {
+      auto dequantized = dequantize_mxfp4_decode(copy.blocks, copy.scales, "copy");
+      ASSERT_TRUE(dequantized.ok());
+      ASSERT_EQ(std::memcmp(dequantized->view.data, values.data, values.nbytes()), 0) << "layer " << layer;
+      double sum_squares = 0;
+      for (int64_t i = 0; i < values.numel(); ++i) {
+        const double v = bf16_to_f32(bf16{values.ptr<uint16_t>()[i]});
+        sum_squares += v * v;
+      }
+      const double rms = std::sqrt(sum_squares / double(values.numel())), want = 1.0 / std::sqrt(double(fan_in));
+      EXPECT_GT(rms, 0.5 * want);
+      EXPECT_LT(rms, 2.0 * want);
+    }
+    EXPECT_EQ(std::memcmp(l.q.data, plain.layers[layer].q.data, l.q.nbytes()), 0);
+    EXPECT_FALSE(plain.layers[layer].gate_up_mxfp4.defined());
+  }
+  const ModelWeights again = make_random_weights(c, 11, nullptr, true).value();
+  EXPECT_EQ(std::memcmp(again.layers[1].down_mxfp4.blocks.data, w->layers[1].down_mxfp4.blocks.data,
+                        w->layers[1].down_mxfp4.blocks.nbytes()), 0);
+
+  auto narrow = make_preset_model("tiny-moe", 1, 0, nullptr, true);  // I 32
+  ASSERT_FALSE(narrow.ok());
+  EXPECT_NE(narrow.status().message().find("multiples of 64, found 64 and 32"), std::string::npos)
+      << narrow.status().message();
+  auto qwen = make_preset_model("tiny-qwen3-moe", 1, 0, nullptr, true);
+  ASSERT_FALSE(qwen.ok());
+  EXPECT_NE(qwen.status().message().find("only GPT-OSS models have MXFP4 experts"), std::string::npos)
+      << qwen.status().message();
+  EXPECT_GT(weight_bytes(preset_config("gpt-oss-20b").value(), true), weight_bytes(preset_config("gpt-oss-20b").value()));
+}
+
+}  // namespace
 }  // namespace lmx::model

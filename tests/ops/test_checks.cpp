@@ -49,6 +49,7 @@ struct Holder {  // keeps the buffers behind a Params alive
   Tensor f32(std::initializer_list<int64_t> dims) { return keep(OwnedTensor::host(DType::F32, dims)); }
   Tensor bf(std::initializer_list<int64_t> dims) { return keep(OwnedTensor::host(DType::BF16, dims)); }
   Tensor i32(std::initializer_list<int64_t> dims) { return keep(OwnedTensor::host(DType::I32, dims)); }
+  Tensor u8(std::initializer_list<int64_t> dims) { return keep(OwnedTensor::host(DType::U8, dims)); }
   Tensor keep(OwnedTensor o) {
     owned.push_back(o);
     return o.view;
@@ -335,6 +336,33 @@ TEST(OpChecks, Moe) {
   EXPECT_REJECTS(valid, "MoeParams.out", p.out = retyped(p.out, DType::BF16));
   EXPECT_REJECTS(valid, "MoeParams.out", p.out = p.x);
   EXPECT_REJECTS(valid, "MoeParams.lora_down.b", p.lora_down.b = on_cuda(p.lora_down.b));
+}
+
+// The MXFP4 copies (ops/mxfp4.h's decode layout) of a layer with H = 128, I = 64, E = 4: gate_up [4, 128, 128]
+// is blocks [4, 2, 128, 32], down [4, 128, 64] is blocks [4, 1, 128, 32].
+TEST(OpChecks, MoeMxfp4Copies) {
+  Holder m;
+  ops::MoeParams valid{.x = m.f32({3, 128}), .topk_ids = m.i32({3, 2}), .topk_weights = m.f32({3, 2}),
+                       .gate_up = m.bf({4, 128, 128}), .down = m.bf({4, 128, 64}),
+                       .activation = ops::MoeActivation::kGptOssClamped, .layout = ops::GateUpLayout::kInterleaved,
+                       .out = m.f32({3, 128})};
+  valid.gate_up_mxfp4 = {.blocks = m.u8({4, 2, 128, 32}), .scales = m.u8({4, 2, 128, 2})};
+  valid.down_mxfp4 = {.blocks = m.u8({4, 1, 128, 32}), .scales = m.u8({4, 1, 128, 2})};
+  EXPECT_TRUE(check(valid).ok()) << check(valid).message();
+  EXPECT_REJECTS(valid, "MoeParams.gate_up_mxfp4.blocks", p.gate_up_mxfp4.blocks = reshaped(p.gate_up_mxfp4.blocks, {4, 128, 2, 32}));
+  EXPECT_REJECTS(valid, "MoeParams.gate_up_mxfp4.scales", p.gate_up_mxfp4.scales = Tensor());
+  EXPECT_REJECTS(valid, "MoeParams.down_mxfp4.blocks", p.down_mxfp4.blocks = retyped(p.down_mxfp4.blocks, DType::I32));
+  EXPECT_REJECTS(valid, "MoeParams.down_mxfp4.scales", p.down_mxfp4.scales = reshaped(p.down_mxfp4.scales, {4, 1, 64, 4}));
+  EXPECT_REJECTS(valid, "MoeParams.down_mxfp4.blocks", p.down_mxfp4.blocks = on_cuda(p.down_mxfp4.blocks));
+  // K not a multiple of 64: the layout cannot hold it
+  ops::MoeParams odd = valid;  // I = 96
+  odd.gate_up = m.bf({4, 192, 128});
+  odd.gate_up_mxfp4 = {.blocks = m.u8({4, 2, 192, 32}), .scales = m.u8({4, 2, 192, 2})};
+  odd.down = m.bf({4, 128, 96});
+  odd.down_mxfp4 = {.blocks = m.u8({4, 1, 128, 32}), .scales = m.u8({4, 1, 128, 2})};
+  EXPECT_FALSE(check(odd).ok());
+  EXPECT_NE(check(odd).message().find("MoeParams.down_mxfp4: the MXFP4 decode layout needs K a multiple of 64, found K = 96"),
+            std::string::npos) << check(odd).message();
 }
 
 TEST(OpChecks, Lora) {

@@ -43,6 +43,7 @@
 #include "backends/cuda/moe_lora_small.cuh"
 #include "backends/cuda/wgmma.cuh"
 #include "ops/backend.h"
+#include "ops/mxfp4.h"
 
 namespace lmx::cuda {
 namespace {
@@ -115,6 +116,10 @@ struct GemmKernelParams {
   bool lora_wgmma;
   int lora_slots;  // S of lora_b (the map's rows: S · weight_rows)
   CUtensorMap lora_b_map;
+  // The BLOCK_M 16 decode GEMM on MXFP4 experts (MoeMxfp4Weight; null: the bf16 weight): the weight in the
+  // decode layout of ops/mxfp4.h, blocks [E, in/64, n, 32] and scales [E, in/64, n, 2] U8.
+  const uint8_t* fp4_blocks;
+  const uint8_t* fp4_scales;
 };
 
 // griddepcontrol (sm_90): no-ops in a grid launched without the programmatic attribute. Every CTA of a
@@ -534,6 +539,59 @@ __device__ __forceinline__ void add_lora_terms(const GemmKernelParams& p, int ex
   }
 }
 
+// The mma.sync kernels' epilogue of one warp's kMi × 16 rows (from tile row warp_m0) and kNi × 8 columns
+// (from first_column): the MoE-LoRA in the accumulators where the kernel is given z (MoeGemmLora;
+// host-checked: BLOCK_M 16, so kMi == 1), then bias, activation and stores (store_columns). The LoRA's z is
+// the output of the kernel just before, so callers with wait_before_epilogue wait before this.
+// Accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
+template <int kMi, int kNi, int kWarpN>
+__device__ __forceinline__ void mma_tile_epilogue(const GemmKernelParams& p, int expert, int first_column, int warp_m0,
+                                                  const int* tile_pairs, int lane, float (&acc)[kMi][kNi][4]) {
+  if constexpr (kMi == 1) {
+    if (p.lora_z != nullptr) {
+      const int pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
+      add_lora_terms<kWarpN, kNi>(p, expert, first_column, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]),
+                                  LoraRows(p, pair));
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < kMi; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int pair = tile_pairs[warp_m0 + mi * 16 + lane / 4 + 8 * half];
+      if (pair >= p.pairs) continue;
+#pragma unroll
+      for (int nj = 0; nj < kNi; ++nj) {
+        const int column = first_column + nj * 8 + 2 * (lane % 4);  // even
+        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1], pair);
+      }
+    }
+  }
+}
+
+// The start of the mma.sync tile kernels (grouped_gemm_kernel, grouped_gemm_mxfp4_kernel): the PDL wait mode
+// the launch asked for and the wait where that mode puts it first; then the CTA's tile (blockIdx.x): its pairs
+// into tile_pairs (visible to the whole CTA) and its expert — or -1 past the tile count, where the CTA has
+// waited as the chain rule wants (every CTA waits before it exits) and returns, all its threads alike.
+struct DecodeTileStart {
+  bool late_wait, weights_first;
+  int expert;
+};
+template <int kBlockM>
+__device__ __forceinline__ DecodeTileStart decode_tile_start(const GemmKernelParams& p, int (&tile_pairs)[kBlockM]) {
+  const bool late_wait = p.pdl && p.wait_before_epilogue;
+  const bool weights_first = p.pdl && p.routing_before_wait && !late_wait;
+  if (p.pdl && !weights_first && !late_wait) wait_then_allow_dependents();
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) {
+    if (weights_first || late_wait) wait_then_allow_dependents();
+    return {late_wait, weights_first, -1};
+  }
+  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
+  __syncthreads();
+  return {late_wait, weights_first, p.tile_group[tile]};
+}
+
 // PRECOND: blockDim.x == 32·kWarpsM·kWarpsN; dynamic shared memory = kStages·(kBlockM + kBlockN)·kBlockK bf16;
 // in % 8 == 0 and x, weight 16-byte aligned; kEvenK only when in % kBlockK == 0; n even when
 // fuse_activation; sorted_pairs / tile_group / num_tiles from moe_align with slots = 0, block_m = kBlockM.
@@ -558,21 +616,13 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   constexpr int kStageElems = (kBlockM + kBlockN) * kBlockK;
   static_assert(kBlockM % (16 * kWarpsM) == 0 && kBlockN % (16 * kWarpsN) == 0 && kThreads >= kBlockM);
 
-  const bool late_wait = p.pdl && p.wait_before_epilogue;
-  const bool weights_first = p.pdl && p.routing_before_wait && !late_wait;
-  if (p.pdl && !weights_first && !late_wait) wait_then_allow_dependents();
-  const int tile = blockIdx.x;
-  if (tile >= *p.num_tiles) {
-    if (weights_first || late_wait) wait_then_allow_dependents();  // every CTA waits before it exits (the chain rule)
-    return;
-  }
-  const int expert = p.tile_group[tile];
-  const int n0 = blockIdx.y * kBlockN;
+  __shared__ int tile_pairs[kBlockM];
+  const DecodeTileStart start = decode_tile_start(p, tile_pairs);
+  if (start.expert < 0) return;
+  const bool late_wait = start.late_wait, weights_first = start.weights_first;
+  const int expert = start.expert, n0 = blockIdx.y * kBlockN;
   extern __shared__ uint4 dynamic_shared[];
   auto* stages = reinterpret_cast<__nv_bfloat16*>(dynamic_shared);  // [kStages][kBlockM + kBlockN][kBlockK]
-  __shared__ int tile_pairs[kBlockM];
-  if (threadIdx.x < kBlockM) tile_pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
-  __syncthreads();
 
   const TileLoader<kBlockM, kBlockN, kThreads, kEvenK> loader(p, tile_pairs, expert, n0);
   auto load_stage = [&](int stage, int k0) {
@@ -639,29 +689,133 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   // late_wait: everything above read only what was complete two launches back; z (below) is the output
   // of the kernel just before, and `out` is written only after the wait.
   if (late_wait) wait_then_allow_dependents();
-  // The MoE-LoRA in the accumulators (MoeGemmLora; host-checked: BLOCK_M 16, so one 16-row warp tile),
-  // read after the wait like x: z is the shrink's output, written by the kernel just before.
-  if constexpr (kMi == 1) {
-    if (p.lora_z != nullptr) {
-      const int pair[2] = {tile_pairs[warp_m0 + lane / 4], tile_pairs[warp_m0 + lane / 4 + 8]};
-      add_lora_terms<kWarpN, kNi>(p, expert, n0 + warp_n0, pair, lane, reinterpret_cast<float(&)[kWarpN / 2]>(acc[0]),
-                                  LoraRows(p, pair));
+  mma_tile_epilogue<kMi, kNi, kWarpN>(p, expert, n0 + warp_n0, warp_m0, tile_pairs, lane, acc);
+}
+
+// The decode GEMM on MXFP4 experts (MoeMxfp4Weight; host-checked: BLOCK_M 16, in % 64 == 0, n % 8 == 0, not
+// the halves layout). grouped_gemm_kernel's tiles, A ring, PDL modes and epilogue; the B ring holds each
+// k-tile's weight in the decode layout of ops/mxfp4.h — kBlockN rows × 32 bytes of codes plus 2 exponent
+// bytes, one contiguous span of the [E, in/64, n, ...] tensors per stage, 3.8× fewer bytes than bf16 — and
+// each lane turns its column's 8 bytes into the mma B registers of the whole k-tile: per register a shift,
+// two masks and one bf16x2 multiply by 2^(exponent - 1) (exact: see ops/mxfp4.h), no shared-memory pass.
+// PRECOND: blockDim.x == 128; dynamic shared memory = kStages · kMxfp4StageBytes<kBlockN>.
+template <int kBlockN>
+constexpr int kMxfp4StageBytes = 16 * kBlockK * 2 + kBlockN * ops::mxfp4::kTileBytes + kBlockN * 2;
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+template <int kBlockN, int kStages>
+__global__ static void __launch_bounds__(128, 4) grouped_gemm_mxfp4_kernel(const __grid_constant__ GemmKernelParams p) {
+  constexpr int kBlockM = 16, kThreads = 128, kWarpN = kBlockN / 4, kNi = kWarpN / 8;
+  constexpr int kStageBytes = kMxfp4StageBytes<kBlockN>;
+  constexpr int kRawBytes = kBlockN * ops::mxfp4::kTileBytes, kRawChunks = kRawBytes / 16;
+  constexpr int kScaleChunks = kBlockN * 2 / 16;
+  static_assert(kRawChunks % kThreads == 0 && kScaleChunks <= kThreads && kBlockN % 32 == 0);
+
+  extern __shared__ uint4 dynamic_shared[];
+  auto* stages = reinterpret_cast<char*>(dynamic_shared);  // [kStages][A 16×64 bf16 | codes | exponents]
+  __shared__ int tile_pairs[kBlockM];
+  const DecodeTileStart start = decode_tile_start(p, tile_pairs);
+  if (start.expert < 0) return;
+  const int expert = start.expert, n0 = blockIdx.y * kBlockN;
+
+  // A: thread i copies chunk i % 8 of row i / 8 (sentinel rows zero-filled); in % 64 == 0, so every k is valid.
+  const int a_row = threadIdx.x / kChunksPerRow, a_chunk = threadIdx.x % kChunksPerRow;
+  const int a_pair = tile_pairs[a_row];
+  const bool a_valid = a_pair < p.pairs;
+  const __nv_bfloat16* a_src = a_valid ? p.x + int64_t(a_pair / p.row_div) * p.in + a_chunk * 8 : p.x;
+  const int k_tiles = p.in / kBlockK;
+  // B: the (expert, k-tile) span starts at ((expert · k_tiles + kt) · n + n0) rows; rows past n zero-filled.
+  const int64_t span_rows = int64_t(p.n);
+  const int rows_left = p.n - n0;
+  auto load_a = [&](int stage, int kt) {
+    __nv_bfloat16* a_dst = reinterpret_cast<__nv_bfloat16*>(stages + stage * kStageBytes);
+    cp_async16(a_dst + swizzled(a_row, a_chunk), a_valid ? a_src + kt * kBlockK : p.x, a_valid);
+  };
+  auto load_b = [&](int stage, int kt) {
+    char* dst = stages + stage * kStageBytes + kBlockM * kBlockK * 2;
+    const int64_t first_row = (int64_t(expert) * k_tiles + kt) * span_rows + n0;
+    const uint8_t* codes = p.fp4_blocks + first_row * ops::mxfp4::kTileBytes;
+#pragma unroll
+    for (int j = 0; j < kRawChunks / kThreads; ++j) {
+      const int chunk = threadIdx.x + kThreads * j;  // two per row
+      const bool ok = chunk / 2 < rows_left;
+      cp_async16(dst + chunk * 16, ok ? codes + chunk * 16 : p.fp4_blocks, ok);
+    }
+    if (threadIdx.x < kScaleChunks) {  // 8 rows per chunk; n % 8 == 0
+      const int chunk = threadIdx.x;
+      const bool ok = chunk * 8 < rows_left;
+      cp_async16(dst + kRawBytes + chunk * 16, ok ? p.fp4_scales + first_row * 2 + chunk * 16 : p.fp4_scales, ok);
+    }
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_n0 = warp * kWarpN, g = lane / 4, t = lane % 4;
+  float acc[1][kNi][4] = {};
+  if (start.weights_first) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_b(s, s);
+    }
+    wait_then_allow_dependents();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_a(s, s);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) {
+        load_a(s, s);
+        load_b(s, s);
+      }
+      cp_async_commit();
     }
   }
-  // Epilogue: accumulator element (c0, c1) is row lane/4, columns 2·(lane%4) + {0, 1}; (c2, c3) row + 8.
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) {
+      load_a(next % kStages, next);
+      load_b(next % kStages, next);
+    }
+    cp_async_commit();
+    const char* stage = stages + (kt % kStages) * kStageBytes;
+    const auto* a_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
+    const char* codes = stage + kBlockM * kBlockK * 2;
+    const char* exponents = codes + kRawBytes;
+    // The lane's B registers of the whole k-tile, per n-tile: register m is k step m / 2, b0 / b1 by m % 2.
+    uint32_t b[kNi][8];
 #pragma unroll
-  for (int mi = 0; mi < kMi; ++mi) {
+    for (int j = 0; j < kNi; ++j) {
+      const int column = warp_n0 + 8 * j + g;
+      const uint2 words = *reinterpret_cast<const uint2*>(codes + column * ops::mxfp4::kTileBytes + 8 * t);
+      const uint32_t pair = *reinterpret_cast<const uint16_t*>(exponents + column * 2);
+      const uint32_t first = ops::mxfp4::scale_multiplier(pair & 0xffu);
+      const uint32_t second = ops::mxfp4::scale_multiplier(pair >> 8);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int pair = tile_pairs[warp_m0 + mi * 16 + lane / 4 + 8 * half];
-      if (pair >= p.pairs) continue;
-#pragma unroll
-      for (int nj = 0; nj < kNi; ++nj) {
-        const int column = n0 + warp_n0 + nj * 8 + 2 * (lane % 4);  // even
-        store_columns(p, expert, pair, column, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1], pair);
+      for (int r = 0; r < 4; ++r) {
+        b[j][r] = mul_bf16x2(ops::mxfp4::decode_register(words.x, r), first);
+        b[j][4 + r] = mul_bf16x2(ops::mxfp4::decode_register(words.y, r), second);
       }
     }
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      unsigned a_frag[4];
+      ldmatrix_x4(a_frag, a_tile + swizzled(lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+      for (int j = 0; j < kNi; ++j) mma_bf16(acc[0][j], a_frag, b[j][2 * kk], b[j][2 * kk + 1]);
+    }
   }
+
+  if (start.late_wait) wait_then_allow_dependents();
+  mma_tile_epilogue<1, kNi, kWarpN>(p, expert, n0 + warp_n0, 0, tile_pairs, lane, acc);
 }
 
 
@@ -1738,6 +1892,7 @@ MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
+bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
@@ -1832,6 +1987,18 @@ PreparedKernel prepared_kernel() {
   }();
   (void)attribute_set;
   return {kernel, 32 * kWarpsM * kWarpsN, shared_bytes};
+}
+
+constexpr int kMxfp4BlockN = 128, kMxfp4Stages = 8;  // 51 KB a CTA, 4 CTAs an SM: ~120 KB of weight in flight
+PreparedKernel prepared_mxfp4_kernel() {
+  const size_t shared_bytes = size_t(kMxfp4Stages) * kMxfp4StageBytes<kMxfp4BlockN>;
+  GemmKernel kernel = grouped_gemm_mxfp4_kernel<kMxfp4BlockN, kMxfp4Stages>;
+  static const bool attribute_set = [&] {
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+    return true;
+  }();
+  (void)attribute_set;
+  return {kernel, 128, shared_bytes};
 }
 
 template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages>
@@ -2001,6 +2168,8 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
 void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
                  const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, int max_sms, cudaStream_t stream) {
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
+  const bool mxfp4 = params.fp4_blocks != nullptr;  // host-checked: BLOCK_M 16
+  if (mxfp4) block_n = kMxfp4BlockN;
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
               : block_m == kMoeGemmBlockMLarge && kernel == MoeGemmKernel::kWgmmaWarpSpecialized
@@ -2019,7 +2188,10 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
   // PDL is built into grouped_gemm_kernel only (BLOCK_M 16, and every BLOCK_M on mma.sync); the wgmma
   // kernels never wait, so they run as plain launches whatever params.pdl says.
   const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || kernel == MoeGemmKernel::kMmaSync;
-  if (block_m == kMoeGemmBlockMDecode) {
+  if (mxfp4) {
+    LMX_CHECK(block_m == kMoeGemmBlockMDecode && even_k);
+    k = prepared_mxfp4_kernel();
+  } else if (block_m == kMoeGemmBlockMDecode) {
     if (block_n == 128) k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
     else if (decode_stages == 4) k = prepared_kernel<16, 64, 1, 4, 4>(even_k);
     else if (decode_stages == 5) k = prepared_kernel<16, 64, 1, 4, 5>(even_k);
@@ -2157,6 +2329,7 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
+void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_gemm_wgmma(bool on) { lora_gemm_wgmma = on; }
 // The most partial accumulators one SM's persistent CTAs hold: two pieces × 256 consumer threads × 128 (BLOCK_M
 // 128 × BLOCK_N 256), or two CTAs of half that (BLOCK_M 64).
@@ -2247,6 +2420,33 @@ void pack_stream_k(const char* op, const MoeStreamK& sk, GemmKernelParams& param
   }
   params.sk_partials = static_cast<float*>(sk.partials.data);
   params.sk_counters = static_cast<int32_t*>(sk.counters.data);
+}
+
+// MoeMxfp4Weight's contract for a weight [E, n, in] taken by the BLOCK_M 16 kernel; its pointers into params
+// (other BLOCK_Ms ignore it, as documented).
+void pack_mxfp4(const char* op, const MoeMxfp4Weight& w, int64_t experts, int64_t n, int64_t in, int block_m,
+                bool halves, GemmKernelParams& params) {
+  if (!w.defined() || block_m != kMoeGemmBlockMDecode) return;
+  if (in % ops::mxfp4::kTileK != 0 || n % 8 != 0) {
+    fail(op, "mxfp4: the decode layout needs in % 64 == 0 and n % 8 == 0, got in " + std::to_string(in) + ", n " +
+                 std::to_string(n));
+  }
+  if (halves) fail(op, "mxfp4: the halves gate/up layout is not supported (GPT-OSS's interleaved one is)");
+  const int64_t tiles = in / ops::mxfp4::kTileK;
+  const auto shaped = [&](const Tensor& t, int64_t last) {
+    return t.dtype == DType::U8 && t.ndim == 4 && t.dim(0) == experts && t.dim(1) == tiles && t.dim(2) == n &&
+           t.dim(3) == last && detail::aligned16(t.data);
+  };
+  if (!shaped(w.blocks, ops::mxfp4::kTileBytes)) {
+    detail::contract_failure(op, "mxfp4.blocks", w.blocks,
+                             (dims({experts, tiles, n, ops::mxfp4::kTileBytes}) + " U8, 16-byte aligned").c_str());
+  }
+  if (!shaped(w.scales, 2)) {
+    detail::contract_failure(op, "mxfp4.scales", w.scales, (dims({experts, tiles, n, 2}) + " U8, 16-byte aligned").c_str());
+  }
+  detail::require_cuda(op, {{"mxfp4.blocks", &w.blocks}, {"mxfp4.scales", &w.scales}});
+  params.fp4_blocks = static_cast<const uint8_t*>(w.blocks.data);
+  params.fp4_scales = static_cast<const uint8_t*>(w.scales.data);
 }
 
 // MoeGemmLora's contract for a GEMM of `pairs` rows over `tokens` tokens, E experts and n outputs, on the
@@ -2381,6 +2581,7 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
   pack_gemm_lora(op, p.lora, tokens, pairs, p.weight.dim(0), rows2, int(p.tiles.block_m), p.sorted_rows.defined(),
                  params.halves, params);
   pack_stream_k(op, p.stream_k, params);
+  pack_mxfp4(op, p.mxfp4, p.weight.dim(0), rows2, hidden, int(p.tiles.block_m), params.halves, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, p.sorted_rows,
               false, by_row ? static_cast<int32_t*>(p.pair_rows.data) : nullptr, p.max_sms, stream);
 }
@@ -2480,6 +2681,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                    a_rows.defined(), false, params);
   }
   pack_stream_k(op, p.stream_k, params);
+  pack_mxfp4(op, p.mxfp4, p.weight.dim(0), hidden, inter, int(p.tiles.block_m), false, params);
   launch_gemm(pack_tiles(params, p.tiles), p.tiles.block_m, p.block_n, p.decode_stages, max_tiles, a_rows,
               p.a_in_tile_order, nullptr, p.max_sms, stream);
 }
@@ -2758,6 +2960,11 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
   gate_up.max_sms = config.max_sms;
+  // --mxfp4-experts: the decode GEMMs (BLOCK_M 16) stream the experts' MXFP4 copies (interleaved gate/up only)
+  const bool mxfp4 = block_m == kMoeGemmBlockMDecode && gemm_mxfp4;
+  if (mxfp4 && p.layout == ops::GateUpLayout::kInterleaved && p.gate_up_mxfp4.defined()) {
+    gate_up.mxfp4 = {.blocks = p.gate_up_mxfp4.blocks, .scales = p.gate_up_mxfp4.scales};
+  }
   // set_moe_gemm_stream_k: both persistent GEMMs cut their partial last round along k (prefill tiles only;
   // the counters live in the self-cleaning scratch)
   const MoeStreamK stream_k =
@@ -2862,7 +3069,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
             .sorted_rows = gather_rows && !a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter})
                                                     : Tensor(),
             .max_sms = config.max_sms, .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row,
-            .stream_k = stream_k},
+            .stream_k = stream_k,
+            .mxfp4 = mxfp4 && p.down_mxfp4.defined()
+                         ? MoeMxfp4Weight{.blocks = p.down_mxfp4.blocks, .scales = p.down_mxfp4.scales}
+                         : MoeMxfp4Weight{}},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
   else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);

@@ -51,6 +51,9 @@ void set_moe_lora_gemm_wgmma(bool on);
 // units cut along k over every CTA (on), or run whole (off, the default until the H200 measures it).
 // Process-wide.
 void set_moe_gemm_stream_k(bool on);
+// moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
+// default), or on the bf16 weights (the bench's before row). Process-wide.
+void set_moe_gemm_mxfp4(bool on);
 // moe_block's tiled MoE-LoRA shrink as runs of one (slot, expert) group's tiles per CTA (each staged A chunk
 // serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
 // (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
@@ -160,6 +163,16 @@ struct MoeStreamK {
 int64_t moe_stream_k_floats();
 int64_t moe_stream_k_counters();
 
+// The expert weight's MXFP4 copy in the decode layout of ops/mxfp4.h (blocks [E, in/64, n, 32] and scales
+// [E, in/64, n, 2], U8; model/mxfp4.h packs it), which must dequantize exactly to `weight`. Taken by the
+// BLOCK_M 16 decode GEMM, which then streams it instead of the bf16 weight (3.8× fewer bytes); needs in % 64
+// == 0, n % 8 == 0 and, for gate_up, the interleaved layout. The other BLOCK_Ms ignore it. Undefined: bf16.
+struct MoeMxfp4Weight {
+  Tensor blocks;
+  Tensor scales;
+  bool defined() const { return blocks.defined(); }
+};
+
 struct MoeGateUpParams {
   Tensor x;             // [T, H] bf16
   Tensor weight;        // [E, 2I, H] bf16
@@ -215,6 +228,7 @@ struct MoeGateUpParams {
   // a (fused), sorted_rows, BLOCK_M 64/128, the interleaved layout, kAuto or the warp-specialized kernel.
   Tensor pair_rows;
   MoeStreamK stream_k;  // optional: the persistent kernel's stream-K tail
+  MoeMxfp4Weight mxfp4;  // optional: the decode GEMM reads the weight's MXFP4 copy
 };
 void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream);
 
@@ -251,6 +265,7 @@ struct MoeDownParams {
   // or warp-specialized); sorted_rows undefined.
   bool a_in_tile_order = false;
   MoeStreamK stream_k;  // optional: as MoeGateUpParams::stream_k
+  MoeMxfp4Weight mxfp4;  // optional: as MoeGateUpParams::mxfp4 ([E, I/64, H, ...])
 };
 void moe_down(const MoeDownParams& p, cudaStream_t stream);
 

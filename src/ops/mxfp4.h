@@ -1,0 +1,62 @@
+// The MXFP4 decode layout of MoE expert weights: GPT-OSS's own 4-bit experts (E2M1 codes in groups of 32
+// sharing an E8M0 exponent), rearranged so that the CUDA decode GEMM (moe_gemm.cu, grouped_gemm_mxfp4_kernel)
+// turns them into mma.sync's bf16 B fragments with a few integer operations and one bf16x2 multiply.
+// Plain integer arithmetic, callable on the host as well: model/mxfp4.cpp packs and unpacks this layout
+// with it, and tests/ops/test_mxfp4_layout.cpp checks the device's arithmetic on the CPU.
+//
+// A weight [E, N, K] (rows N = output columns, K = the reduction, K % 64 == 0) becomes
+//   blocks [E, K/64, N, 32] U8: per k-tile of 64 values and row, 32 bytes;
+//   scales [E, K/64, N, 2]  U8: the biased exponents (E8M0) of the k-tile's groups of values 0–31 and 32–63.
+// The 32 bytes of a (k-tile, row) are four 8-byte parts, one per lane t = 0..3 of an mma quad (mma.sync
+// m16n8k16 gives lane 4g + t the B values of column g at k = 2t, 2t + 1 and 2t + 8, 2t + 9 of each 16-k
+// step). Part t is two 32-bit words (little-endian); word w holds the lane's B registers m = 4w + r,
+// r = 0..3, where register m is the k step kk = m / 2 (b0 for even m, b1 for odd) and holds the values
+// k = 16·kk + 2t + 8·(m % 2) (low half) and k + 1 (high half). In the word, the low half's 4-bit code sits
+// in nibble 3 − r and the high half's in nibble 7 − r. So `word << 4r` puts them in nibbles 3 and 7 — each
+// code's sign at bit 15 / 31 of a bf16x2 — and its 3-bit magnitude moves to bits 6–8 / 22–24 by one shift:
+// the bf16 bits (sign, 0, magnitude << 6) are the E2M1 value times 2^-126 exactly (magnitude 1, the
+// value 0.5, is the subnormal 2^-127). Word 0 is the k-tile's first group, word 1 its second, so one
+// bf16x2 multiply by 2^(scale - 1) per register gives value · 2^(scale - 127), exact for scale ≤ 128
+// (2^(scale - 1) must be a finite bf16): pack refuses larger exponents.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LMX_MXFP4_FN __host__ __device__ __forceinline__
+#else
+#define LMX_MXFP4_FN inline
+#endif
+
+namespace lmx::ops::mxfp4 {
+
+constexpr int kGroup = 32;           // values sharing one exponent
+constexpr int kTileK = 64;           // values of one k-tile: two groups
+constexpr int kTileBytes = 32;       // bytes of one (k-tile, row)
+constexpr int kMaxDecodeScale = 128; // largest exponent byte the decode layout takes (2^(s-1) finite in bf16)
+
+// The value index in the k-tile (0..63) of the low half of register m (0..7) of lane t (0..3).
+LMX_MXFP4_FN int register_k(int t, int m) { return 16 * (m / 2) + 2 * t + 8 * (m % 2); }
+
+// Byte and nibble of the code of value k of the k-tile (0..63) in the (k-tile, row)'s 32 bytes.
+struct CodePlace {
+  int byte;
+  int shift;  // 0: low nibble, 4: high nibble
+};
+LMX_MXFP4_FN CodePlace code_place(int k) {
+  const int kk = k / 16, within = k % 16, high = within % 2;  // high: the register's high half
+  const int t = (within % 8) / 2, m = 2 * kk + within / 8;
+  const int word = m / 4, r = m % 4;
+  const int nibble = high ? 7 - r : 3 - r;
+  return {8 * t + 4 * word + nibble / 2, 4 * (nibble % 2)};
+}
+
+// bf16x2 bits of register r (0..3) of a lane's word: both codes times 2^-126 (see the header comment).
+LMX_MXFP4_FN uint32_t decode_register(uint32_t word, int r) {
+  const uint32_t u = word << (4 * r);
+  return ((u >> 6) & 0x01C001C0u) | (u & 0x80008000u);
+}
+
+// bf16x2 bits of 2^(scale - 1) in both halves; PRECOND scale <= kMaxDecodeScale.
+LMX_MXFP4_FN uint32_t scale_multiplier(uint32_t scale) { return ((scale + 126u) << 7) * 0x00010001u; }
+
+}  // namespace lmx::ops::mxfp4
