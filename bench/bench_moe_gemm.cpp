@@ -29,6 +29,7 @@
 #include "backends/cuda/moe_lora_small.cuh"
 #include "bench/cuda_timing.h"
 #include "core/rng.h"
+#include "model/mxfp4.h"
 #include "ops/moe.h"
 
 namespace lmx {
@@ -74,6 +75,9 @@ void print_row(const char* what, int64_t tokens, double bytes, double flops, dou
 
 struct Layer {
   OwnedTensor gate_up, gate_up_bias, down, down_bias;  // [E, 2I, H], [E, 2I], [E, H, I], [E, H] bf16
+  // GPT-OSS (interleaved): the experts' MXFP4 copies in the decode layout (ops/mxfp4.h), generated; their
+  // values are not the bf16 weights' (timing only: the "MXFP4 experts" rows read nothing else)
+  OwnedTensor gate_up_blocks, gate_up_scales, down_blocks, down_scales;
 };
 
 // cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx: one call, one group per expert) on moe_block's gathered
@@ -230,11 +234,15 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                                .tiles = tiles, .d = d, .block_n = block_n, .cta_group = cta_group,
                                .decode_stages = decode_stages};
   };
-  auto block = [&](int layer, bool gemm_pdl = true) {
-    const ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = layers[layer].gate_up,
-                           .gate_up_bias = layers[layer].gate_up_bias, .down = layers[layer].down,
-                           .down_bias = layers[layer].down_bias, .activation = m.activation, .layout = m.layout,
-                           .out = out};
+  auto block = [&](int layer, bool gemm_pdl = true, bool mxfp4 = false) {
+    ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = layers[layer].gate_up,
+                     .gate_up_bias = layers[layer].gate_up_bias, .down = layers[layer].down,
+                     .down_bias = layers[layer].down_bias, .activation = m.activation, .layout = m.layout,
+                     .out = out};
+    if (mxfp4) {
+      p.gate_up_mxfp4 = {.blocks = layers[layer].gate_up_blocks, .scales = layers[layer].gate_up_scales};
+      p.down_mxfp4 = {.blocks = layers[layer].down_blocks, .scales = layers[layer].down_scales};
+    }
     cuda::moe_block(p, {.shape = shape, .memory = workspace}, stream, {.gemm_pdl = gemm_pdl});
   };
   auto gate_up_gathered = [&](int layer, int block_n = 0, int cta_group = 0) {  // fused, A rows gathered for TMA
@@ -292,6 +300,15 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (block_m == cuda::kMoeGemmBlockMDecode && layers[0].gate_up_blocks.view.defined()) {
+    // --mxfp4-experts: the decode GEMMs stream the MXFP4 copies (17 bytes per 32 values instead of 64)
+    block(0, true, true);  // first call outside the graph (kernel attributes)
+    const double fp4 = 17.0 / 64.0;
+    const double weight_bytes = experts_touched * (3.0 * I * H * 2) * (1.0 - fp4);
+    print_row("block (no LoRA), MXFP4 experts", tokens,
+              align_bytes + gate_up_bytes + down_bytes + combine_bytes - weight_bytes, gate_up_flops + down_flops,
+              time([&](int i) { block(i % kCopies, true, true); }));
+  }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before: gate_up writes a by pair, down gathers it again
     cuda::set_moe_block_a_in_tile_order(false);
     print_row("block (no LoRA), a by pair and gathered for down", tokens,
@@ -633,6 +650,14 @@ int main(int argc, char** argv) {
       if (m.biases) {
         layer.gate_up_bias = random_device_bf16(rng, {m.experts, 2 * m.inter});
         layer.down_bias = random_device_bf16(rng, {m.experts, m.hidden});
+      }
+      if (m.layout == ops::GateUpLayout::kInterleaved && m.hidden % 64 == 0 && m.inter % 64 == 0) {
+        const model::Mxfp4Decode gu = model::generate_mxfp4_decode(m.experts, 2 * m.inter, m.hidden, rng.next_u64(), 119);
+        const model::Mxfp4Decode dn = model::generate_mxfp4_decode(m.experts, m.hidden, m.inter, rng.next_u64(), 119);
+        layer.gate_up_blocks = cuda::upload(gu.blocks);
+        layer.gate_up_scales = cuda::upload(gu.scales);
+        layer.down_blocks = cuda::upload(dn.blocks);
+        layer.down_scales = cuda::upload(dn.scales);
       }
       layers.push_back(std::move(layer));
     }
