@@ -729,27 +729,36 @@ __global__ static void __launch_bounds__(128, 4) grouped_gemm_mxfp4_kernel(const
   const bool a_valid = a_pair < p.pairs;
   const __nv_bfloat16* a_src = a_valid ? p.x + int64_t(a_pair / p.row_div) * p.in + a_chunk * 8 : p.x;
   const int k_tiles = p.in / kBlockK;
-  // B: the (expert, k-tile) span starts at ((expert · k_tiles + kt) · n + n0) rows; rows past n zero-filled.
-  const int64_t span_rows = int64_t(p.n);
+  // B: the (expert, k-tile) span starts at ((expert · k_tiles + kt) · n + n0) rows, one k-tile n rows after the
+  // last; rows past n are zero-filled. The thread's sources and their validity are fixed across k-tiles, so
+  // each k-tile only adds kt spans (the loads' address arithmetic stays out of the k-loop's way).
+  constexpr int kRawLoads = kRawChunks / kThreads;
   const int rows_left = p.n - n0;
+  const int64_t first_row = int64_t(expert) * k_tiles * p.n + n0;
+  const int64_t code_span = int64_t(p.n) * ops::mxfp4::kTileBytes, scale_span = int64_t(p.n) * 2;
+  const uint8_t* code_src[kRawLoads];
+  bool code_ok[kRawLoads];
+#pragma unroll
+  for (int j = 0; j < kRawLoads; ++j) {
+    const int chunk = threadIdx.x + kThreads * j;  // two per row
+    code_ok[j] = chunk / 2 < rows_left;
+    code_src[j] = p.fp4_blocks + first_row * ops::mxfp4::kTileBytes + chunk * 16;
+  }
+  const bool scale_ok = threadIdx.x < kScaleChunks && int(threadIdx.x) * 8 < rows_left;  // 8 rows a chunk; n % 8 == 0
+  const uint8_t* scale_src = p.fp4_scales + first_row * 2 + threadIdx.x * 16;
   auto load_a = [&](int stage, int kt) {
     __nv_bfloat16* a_dst = reinterpret_cast<__nv_bfloat16*>(stages + stage * kStageBytes);
     cp_async16(a_dst + swizzled(a_row, a_chunk), a_valid ? a_src + kt * kBlockK : p.x, a_valid);
   };
   auto load_b = [&](int stage, int kt) {
     char* dst = stages + stage * kStageBytes + kBlockM * kBlockK * 2;
-    const int64_t first_row = (int64_t(expert) * k_tiles + kt) * span_rows + n0;
-    const uint8_t* codes = p.fp4_blocks + first_row * ops::mxfp4::kTileBytes;
 #pragma unroll
-    for (int j = 0; j < kRawChunks / kThreads; ++j) {
-      const int chunk = threadIdx.x + kThreads * j;  // two per row
-      const bool ok = chunk / 2 < rows_left;
-      cp_async16(dst + chunk * 16, ok ? codes + chunk * 16 : p.fp4_blocks, ok);
+    for (int j = 0; j < kRawLoads; ++j) {
+      cp_async16(dst + (threadIdx.x + kThreads * j) * 16, code_ok[j] ? code_src[j] + kt * code_span : p.fp4_blocks,
+                 code_ok[j]);
     }
-    if (threadIdx.x < kScaleChunks) {  // 8 rows per chunk; n % 8 == 0
-      const int chunk = threadIdx.x;
-      const bool ok = chunk * 8 < rows_left;
-      cp_async16(dst + kRawBytes + chunk * 16, ok ? p.fp4_scales + first_row * 2 + chunk * 16 : p.fp4_scales, ok);
+    if (threadIdx.x < kScaleChunks) {
+      cp_async16(dst + kRawBytes + threadIdx.x * 16, scale_ok ? scale_src + kt * scale_span : p.fp4_scales, scale_ok);
     }
   };
 
