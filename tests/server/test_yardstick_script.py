@@ -47,6 +47,8 @@ def test_yardstick_script_serves_benches_and_stops(dataset):
         config = [line.split() for line in serve_log.splitlines() if line.startswith("  ")]
         assert ["max-num-batched-tokens", "512"] in config, serve_log[:2000]
         assert ["prefix", "caching", "off"] in config, serve_log[:2000]
+        # the server's metrics summary, the refill wait's holds included
+        assert "engine refill holds:" in p.stdout, p.stdout[-2000:]
         # The server is gone: its port is free again.
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
