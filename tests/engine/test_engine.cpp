@@ -90,6 +90,43 @@ TEST(Engine, MixedBatchEqualsEachRequestAlone) {
   EXPECT_NE(both[0].logits[0], both[1].logits[0]);
 }
 
+// --mxfp4-experts on the cpu backend: the forward pass hands the experts' MXFP4 copies to the MoE op (its
+// contract checks them), and a backend without an MXFP4 kernel reads the bf16 experts, which are their exact
+// values: the same logits, bit for bit, as the same weights without the copies, adapters included.
+struct MoeRecordingBackend : cpu::CpuBackend {  // counts MoE calls, and those that carried both MXFP4 copies
+  int calls = 0, with_copies = 0;
+  void moe(const ops::MoeParams& p) override {
+    ++calls;
+    with_copies += p.gate_up_mxfp4.defined() && p.down_mxfp4.defined() ? 1 : 0;
+    cpu::CpuBackend::moe(p);
+  }
+};
+
+TEST(Engine, Mxfp4ExpertCopiesChangeNothingOnTheCpu) {
+  model::ModelConfig c = model::preset_config("tiny-moe").value();
+  c.moe_intermediate_size = 64;  // the decode layout's k-tiles
+  Result<model::ModelWeights> with_copies = model::make_random_weights(c, 3, nullptr, true);
+  ASSERT_TRUE(with_copies.ok()) << with_copies.status().message();
+  ASSERT_TRUE(with_copies->layers[0].gate_up_mxfp4.defined());
+  model::ModelWeights without = *with_copies;
+  for (model::LayerWeights& l : without.layers) l.gate_up_mxfp4 = l.down_mxfp4 = {};
+  const lora::BaseModelShapes shapes = lora_shapes(c);
+  std::vector<std::vector<RunResult>> results;
+  for (const model::ModelWeights* w : {&*with_copies, &without}) {
+    MoeRecordingBackend backend;
+    EngineConfig config;
+    Result<std::unique_ptr<Engine>> e = Engine::create(*w, backend, config);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE((*e)->add_adapter(lora::make_dummy_adapter("a" + std::to_string(i), shapes, 8, 40 + uint64_t(i))).ok());
+    }
+    results.push_back(run_all(**e, mixed_requests(2, 6)));
+    EXPECT_GT(backend.calls, 0);
+    EXPECT_EQ(backend.with_copies, w == &without ? 0 : backend.calls);  // every layer's MoE op got them
+  }
+  expect_same(results[0], results[1]);
+}
+
 TEST(Engine, DecodeGraphBucketsCoverEveryBatchSize) {
   EXPECT_EQ(decode_graph_buckets(1), (std::vector<int>{1}));
   EXPECT_EQ(decode_graph_buckets(12), (std::vector<int>{1, 2, 4, 8, 12}));
