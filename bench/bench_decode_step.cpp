@@ -574,6 +574,13 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     cuda_backend.set_programmatic_launches(true);
+    // After (off by default until measured): the overlapped decode GEMMs trigger their dependents at their start.
+    cuda::set_moe_gemm_early_trigger(true);
+    cuda_backend.set_programmatic_launches(true);
+    row("same, decode MoE GEMMs trigger their dependents at their start", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda::set_moe_gemm_early_trigger(false);
+    cuda_backend.set_programmatic_launches(true);
     cuda_backend.set_linear_autotune(false);  // before/after of timing cuBLASLt's candidates for few-row products
     row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);

@@ -387,6 +387,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
         print_row((std::string("block + MoE-LoRA, ") + name + ", " + in_gemm + ", GEMMs waiting for the shrinks").c_str(),
                   tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { lora_block(i % kCopies, false); }));
+        // after (off by default until measured): the overlapped GEMMs let their dependents launch at their start
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+        cuda::set_moe_gemm_early_trigger(true);
+        print_row((std::string("block + MoE-LoRA, ") + name + ", " + in_gemm + ", GEMMs triggering early").c_str(),
+                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { lora_block(i % kCopies); }));
+        cuda::set_moe_gemm_early_trigger(false);
       }
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     }

@@ -401,6 +401,10 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the GEMM accumulators";
     EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, -1, {.decode_lora_overlap = false}), want))
         << "LoRA in the GEMM accumulators, decode GEMMs waiting for their shrinks first";
+    cuda::set_moe_gemm_early_trigger(true);  // the overlapped decode GEMMs let their dependents launch at their start
+    EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want))
+        << "LoRA in the GEMM accumulators, decode GEMMs triggering their dependents early";
+    cuda::set_moe_gemm_early_trigger(false);
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     for (int64_t scattered : {int64_t(0), c.tokens / 8, c.tokens}) {  // T / 8: warp-aligned slot groups at 128 rows
@@ -463,6 +467,11 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
       const OwnedTensor mxfp4_path = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
       ASSERT_EQ(std::memcmp(mxfp4_path.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0)
           << "the MXFP4 decode GEMM differs from the bf16 one";
+      cuda::set_moe_gemm_early_trigger(true);  // the same bits when the overlapped GEMMs trigger early
+      const OwnedTensor early = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
+      cuda::set_moe_gemm_early_trigger(false);
+      EXPECT_EQ(std::memcmp(early.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0)
+          << "the MXFP4 decode GEMM with an early trigger";
       cpu::CpuBackend cpu;
       BlockCase oracle_case = c;
       if (!with_lora) oracle_case.slots = 0;

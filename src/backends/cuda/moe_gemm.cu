@@ -91,6 +91,7 @@ struct GemmKernelParams {
   bool pdl;                     // grouped_gemm_kernel: launched as a programmatic dependent (MoeGateUpParams::pdl)
   bool routing_before_wait;     // with pdl: tiles and the first weight stages are read before the wait
   bool wait_before_epilogue;    // with pdl: the whole k-loop before the wait (grouped_gemm_kernel only)
+  bool early_trigger;           // with wait_before_epilogue: launch_dependents at the start (MoeGateUpParams)
   bool lora_l1_prefetch;        // persistent kernel: each warp's z rows and first slot's B slice into L1 during
                                 // the item's k-loop (LoraL1Prefetch)
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
@@ -582,6 +583,9 @@ __device__ __forceinline__ DecodeTileStart decode_tile_start(const GemmKernelPar
   const bool late_wait = p.pdl && p.wait_before_epilogue;
   const bool weights_first = p.pdl && p.routing_before_wait && !late_wait;
   if (p.pdl && !weights_first && !late_wait) wait_then_allow_dependents();
+  // early_trigger: the dependent may become resident as this grid's last CTAs start instead of as they reach
+  // their epilogue; it still finds this grid complete at its own wait (every CTA here waits before it exits).
+  if (late_wait && p.early_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) {
     if (weights_first || late_wait) wait_then_allow_dependents();
@@ -1902,6 +1906,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
+bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
 bool shrink_runs_hint = true;                       // set_moe_lora_shrink_runs_hint
@@ -2339,6 +2344,7 @@ void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
+void set_moe_gemm_early_trigger(bool on) { gemm_early_trigger = on; }
 void set_moe_lora_gemm_wgmma(bool on) { lora_gemm_wgmma = on; }
 // The most partial accumulators one SM's persistent CTAs hold: two pieces × 256 consumer threads × 128 (BLOCK_M
 // 128 × BLOCK_N 256), or two CTAs of half that (BLOCK_M 64).
@@ -2580,6 +2586,7 @@ void moe_gate_up(const MoeGateUpParams& p, cudaStream_t stream) {
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
                           .wait_before_epilogue = p.wait_before_epilogue,
+                          .early_trigger = p.early_trigger,
                           .weight_map = {},
                           .a_map = {},
                           .lora_h = p.lora_h.defined() ? static_cast<const __nv_bfloat16*>(p.lora_h.data) : nullptr,
@@ -2679,6 +2686,7 @@ void moe_down(const MoeDownParams& p, cudaStream_t stream) {
                           .pdl = p.pdl,
                           .routing_before_wait = p.routing_before_wait,
                           .wait_before_epilogue = p.wait_before_epilogue,
+                          .early_trigger = p.early_trigger,
                           .weight_map = {},
                           .a_map = {},
                           .lora_h = nullptr,
@@ -3039,6 +3047,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
       gate_up.lora = decode_lora(p.lora_gate_up, p.x, h, 0, true);
       gate_up.routing_before_wait = gate_up.pdl && !overlap;
       gate_up.wait_before_epilogue = gate_up.pdl && overlap;
+      gate_up.early_trigger = gemm_early_trigger;
     }
     moe_gate_up(gate_up, stream);
   } else if (gemm_lora_gu) {
@@ -3075,6 +3084,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
             .cta_group = cta_group,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
+            .early_trigger = gemm_early_trigger,
             .sorted_rows = gather_rows && !a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter})
                                                     : Tensor(),
             .max_sms = config.max_sms, .lora = down_lora, .top_k = top_k, .a_in_tile_order = a_by_row,

@@ -54,6 +54,9 @@ void set_moe_gemm_stream_k(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
+// moe_block's decode GEMMs with the MoE-LoRA in their accumulators (wait_before_epilogue) let their dependents
+// launch at their start (on) or at their wait (off, the default until the H200 measures it). Process-wide.
+void set_moe_gemm_early_trigger(bool on);
 // moe_block's tiled MoE-LoRA shrink as runs of one (slot, expert) group's tiles per CTA (each staged A chunk
 // serves 64 pairs) where moe_lora_shrink_runs_for says so (on, the default), or by the shrink's own size rule
 // (the bench's before row). A tuned config's shrink_tiles_per_cta always wins.
@@ -205,6 +208,13 @@ struct MoeGateUpParams {
   // nothing of the output, and waits in every CTA before it triggers; tiles and x are written two or more
   // launches back. Overrides routing_before_wait.
   bool wait_before_epilogue = false;
+  // With wait_before_epilogue: the GEMM lets its dependents launch at its start instead of at its wait, so the
+  // next kernel's CTAs become resident as this grid's last CTAs start, not as they reach their epilogue (the
+  // tail a late trigger gives up). Every CTA still waits before it exits, so the dependent's wait still finds
+  // this grid and the ones before it complete. PRECOND: the dependent reads nothing before its own wait that
+  // the kernel just before this GEMM writes (moe_block: the down shrink reads routing, rank and A; the
+  // combine nothing).
+  bool early_trigger = false;
   // Scratch [capacity of tiles.sorted_pairs, H] bf16, optional: with the warp-specialized kernel (BLOCK_M
   // 64/128; kAuto picks it when this is given and the weight is one box) x's rows are first gathered here in
   // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
@@ -256,6 +266,7 @@ struct MoeDownParams {
   bool pdl = false;  // as MoeGateUpParams::pdl
   bool routing_before_wait = false;  // as MoeGateUpParams::routing_before_wait
   bool wait_before_epilogue = false;  // as MoeGateUpParams::wait_before_epilogue (x is a)
+  bool early_trigger = false;         // as MoeGateUpParams::early_trigger
   Tensor sorted_rows;  // [capacity, I] bf16, optional: as MoeGateUpParams::sorted_rows, for a's rows
   int max_sms = 0;     // as MoeGateUpParams::max_sms
   MoeGemmLora lora;    // as MoeGateUpParams::lora (b [S, E, H, R])
