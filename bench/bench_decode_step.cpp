@@ -12,7 +12,7 @@
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
-//                     [--moe-lora-wgmma 1]
+//                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +80,8 @@ struct Options {
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
+  int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
+  int mxfp4_block_n = 0, mxfp4_stages = 0;  // --mxfp4-shape NxS: the MXFP4 decode GEMM's CTA (set_moe_gemm_mxfp4_shape)
   int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
@@ -117,6 +120,13 @@ Options parse(int argc, char** argv) {
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
+    else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
+    else if (key == "--mxfp4-shape") {
+      if (std::sscanf(value.c_str(), "%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages) != 2) {
+        std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES (e.g. 128x6), got '%s'\n", value.c_str());
+        std::exit(2);
+      }
+    }
     else if (key == "--mxfp4-experts") o.mxfp4_experts = std::atoi(value.c_str());
     else if (key == "--prefill-lane") o.prefill_lane = std::atoi(value.c_str());
     else if (key == "--prefill-lane-sm-share") o.prefill_lane_sm_share = std::atof(value.c_str());
@@ -432,9 +442,23 @@ int main(int argc, char** argv) {
                                                            ? "none (built-in defaults)" : configs_dir.c_str());
   cuda::CudaBackend cuda_backend(kernel_configs);
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
+  if (o.mxfp4_block_n != 0) {
+    try {
+      cuda::set_moe_gemm_mxfp4_shape(o.mxfp4_block_n, o.mxfp4_stages);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: %s\n", e.what());
+      return 2;
+    }
+    std::printf("every row: the MXFP4 decode GEMM at %d columns x %d stages\n", o.mxfp4_block_n, o.mxfp4_stages);
+  }
+  if (o.fuse_route) {
+    cuda_backend.set_fuse_route(true);
+    std::printf("every row: the router's product and top-k as one kernel (--fuse-route 1)\n");
+  }
   const auto t_load = std::chrono::steady_clock::now();
   Result<model::ModelWeights> weights =
-      engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend, o.mxfp4_experts != 0);
+      engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend,
+                              o.mxfp4_experts != 0 ? engine::Mxfp4Experts::kOn : engine::Mxfp4Experts::kOff);
   if (!weights.ok()) {
     std::fprintf(stderr, "bench_decode_step: %s\n", weights.status().message().c_str());
     return 1;
@@ -541,6 +565,12 @@ int main(int argc, char** argv) {
           with_lora.total() / kBytesPerSecond);
       cuda::set_moe_gemm_mxfp4(true);
       cuda_backend.set_programmatic_launches(true);
+      cuda::set_moe_lora_in_mxfp4_gemm(true);  // before (run 118's default): the LoRA in the MXFP4 GEMMs
+      cuda_backend.set_programmatic_launches(true);
+      row("same, MoE-LoRA in the MXFP4 GEMMs' accumulators", time_decode(**engine, o, vocab, rng, spread),
+          with_lora.total() / kBytesPerSecond);
+      cuda::set_moe_lora_in_mxfp4_gemm(false);
+      cuda_backend.set_programmatic_launches(true);
     }
     if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)
       for (const char* prefix : {"attn", "mlp"}) {
@@ -581,6 +611,12 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_gemm_early_trigger(false);
     cuda_backend.set_programmatic_launches(true);
+    if (!o.fuse_route) {  // after (off by default until measured): the router's product and top-k as one kernel
+      cuda_backend.set_fuse_route(true);
+      row("same, router product and top-k as one kernel", time_decode(**engine, o, vocab, rng, spread),
+          with_lora.total() / kBytesPerSecond);
+      cuda_backend.set_fuse_route(false);
+    }
     cuda_backend.set_linear_autotune(false);  // before/after of timing cuBLASLt's candidates for few-row products
     row("same, cuBLASLt's heuristic choice for every projection", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);

@@ -63,6 +63,7 @@ class OpProfiler final : public ops::Backend {
   }
   void attention(const ops::AttentionParams& p) override { timed("attention", [&] { inner_.attention(p); }); }
   void router_topk(const ops::RouterTopKParams& p) override { timed("router_topk", [&] { inner_.router_topk(p); }); }
+  void route(const ops::RouteParams& p) override { timed("route", [&] { inner_.route(p); }); }
   void moe(const ops::MoeParams& p) override {
     timed(p.lora_gate_up.defined() || p.lora_down.defined() ? "moe (+lora)" : "moe", [&] { inner_.moe(p); });
   }

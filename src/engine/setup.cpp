@@ -12,7 +12,9 @@
 #include "backends/cuda/make_backend.h"
 #endif
 #include "lora/adapter.h"
+#include "model/config.h"
 #include "model/presets.h"
+#include "ops/mxfp4.h"
 
 namespace lmx::engine {
 
@@ -41,13 +43,35 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device, co
   return invalid_argument("unknown device '" + device + "' (expected cpu or cuda)");
 }
 
-Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size,
-                                            ops::Backend* backend, bool mxfp4_experts) {
+Result<bool> resolve_mxfp4_experts(Mxfp4Experts mode, const std::string& model, const ops::Backend* backend) {
+  if (mode != Mxfp4Experts::kAuto) return mode == Mxfp4Experts::kOn;
+  if (backend == nullptr || backend->device() != Device::kCuda) return false;
   const std::string prefix = "preset:";
-  if (model.rfind(prefix, 0) == 0) {
-    return model::make_preset_model(model.substr(prefix.size()), seed, preset_vocab_size, backend, mxfp4_experts);
+  Result<model::ModelConfig> config = model.rfind(prefix, 0) == 0 ? model::preset_config(model.substr(prefix.size()))
+                                                                  : model::load_model_config(model);
+  if (!config.ok()) return config.status();
+  const bool preset = model.rfind(prefix, 0) == 0;
+  const bool fits = config->hidden_size % ops::mxfp4::kTileK == 0 && config->moe_intermediate_size % ops::mxfp4::kTileK == 0;
+  return config->family == model::Family::kGptOss && (preset || config->mxfp4_checkpoint) && fits;
+}
+
+bool has_mxfp4_experts(const model::ModelWeights& weights) {
+  return !weights.layers.empty() && weights.layers.front().gate_up_mxfp4.defined();
+}
+
+Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size,
+                                            ops::Backend* backend, Mxfp4Experts mxfp4) {
+  LMX_ASSIGN_OR_RETURN(const bool mxfp4_experts, resolve_mxfp4_experts(mxfp4, model, backend));
+  const std::string prefix = "preset:";
+  Result<model::ModelWeights> weights =
+      model.rfind(prefix, 0) == 0
+          ? model::make_preset_model(model.substr(prefix.size()), seed, preset_vocab_size, backend, mxfp4_experts)
+          : model::load_model(model, mxfp4_experts);
+  if (!weights.ok() && mxfp4 == Mxfp4Experts::kAuto && mxfp4_experts) {
+    return weights.status().with_context("MXFP4 experts are on by default for GPT-OSS on cuda; --no-mxfp4-experts "
+                                         "serves the bf16 experts only");
   }
-  return model::load_model(model, mxfp4_experts);
+  return weights;
 }
 
 Result<std::string> find_default_model_dir() {

@@ -18,10 +18,26 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device, co
 // sizes a preset's vocabulary (to fit an attached tokenizer, see make_preset_model); directories ignore it,
 // their vocabulary is the checkpoint's.
 // With a GPU `backend`, a preset's weights are generated in its memory (seconds for 21B, no host copy).
-// mxfp4_experts (--mxfp4-experts, GPT-OSS): keep the experts' MXFP4 copies for the CUDA decode GEMMs (a
-// checkpoint's own; a preset's generated as MXFP4 on the host, ~10 s more for 21B), see make_preset_model.
+// mxfp4 (--mxfp4-experts / --no-mxfp4-experts, GPT-OSS): whether to keep the experts' MXFP4 copies for the
+// CUDA decode GEMMs (a checkpoint's own; a preset's generated as MXFP4 on the host, ~15 s more for 21B), see
+// make_preset_model. Prefill keeps reading their exact bf16 dequantization, so results do not change.
+enum class Mxfp4Experts {
+  kAuto,  // on where `backend` is a GPU one and the model is GPT-OSS with MXFP4 experts (a gpt-oss preset, or a
+          // checkpoint whose config.json says quant_method mxfp4: GPT-OSS's own format, as vLLM serves it) whose
+          // hidden and expert sizes fit the decode layout (multiples of 64)
+  kOn,    // on; an error where the model has no MXFP4 experts
+  kOff,
+};
+// Whether kAuto / kOn / kOff keeps the MXFP4 copies of `model` (a preset name or directory) on `backend`.
+Result<bool> resolve_mxfp4_experts(Mxfp4Experts mode, const std::string& model, const ops::Backend* backend);
 Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size = 0,
-                                            ops::Backend* backend = nullptr, bool mxfp4_experts = false);
+                                            ops::Backend* backend = nullptr, Mxfp4Experts mxfp4 = Mxfp4Experts::kOff);
+// The CLI's choice: --mxfp4-experts (1), --no-mxfp4-experts (0), neither (-1: kAuto).
+inline Mxfp4Experts mxfp4_mode(int flag) {
+  return flag < 0 ? Mxfp4Experts::kAuto : flag ? Mxfp4Experts::kOn : Mxfp4Experts::kOff;
+}
+// Whether load_base_model kept MXFP4 copies of the experts (the start-up summary's line).
+bool has_mxfp4_experts(const model::ModelWeights& weights);
 
 // The built-in default model (models/default: a small trained Qwen3-MoE with a tokenizer and adapters, made
 // by tools/train_default.py), used when --model is not given. Searched in order: $LORAMUX_DEFAULT_MODEL

@@ -399,6 +399,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     if (!(gpt_oss && q->is_object() && q->value("quant_method", json()) == "mxfp4"))
       return unsupported(source + ": field 'quantization_config': quantization " + method +
                          " is not supported (only GPT-OSS mxfp4 experts)");
+    c.mxfp4_checkpoint = true;
   }
   LMX_ASSIGN_OR_RETURN(std::string act, f.string("hidden_act", std::string("silu")));
   if (act != "silu") return unsupported(source + ": field 'hidden_act': activation '" + act + "' is not supported (silu)");

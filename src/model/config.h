@@ -50,6 +50,8 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
   int bos_token_id = -1;
 
+  // config.json's quantization_config is GPT-OSS's mxfp4: the checkpoint's experts are MXFP4 blocks.
+  bool mxfp4_checkpoint = false;
   bool is_moe() const { return num_experts > 0; }
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }

@@ -206,14 +206,16 @@ void Model::mlp_block(int layer, const BatchView& batch, const LoraLookup& lora,
   Tensor out = block_out_.view.rows(0, T);
   if (config_.is_moe()) {
     Tensor logits = router_logits_.view.rows(0, T);
-    backend_.linear({.x = normed, .weight = w.router, .bias = w.router_bias, .out = logits});
     Tensor ids = topk_ids_.view.rows(0, T), weights = topk_weights_.view.rows(0, T);
-    backend_.router_topk({.logits = logits,
-                          .rule = config_.routing,
-                          .renormalize = config_.norm_topk_prob,
-                          .top_k = config_.experts_per_token,
-                          .topk_ids = ids,
-                          .topk_weights = weights});
+    backend_.route({.x = normed,
+                    .weight = w.router,
+                    .bias = w.router_bias,
+                    .logits = logits,
+                    .rule = config_.routing,
+                    .renormalize = config_.norm_topk_prob,
+                    .top_k = config_.experts_per_token,
+                    .topk_ids = ids,
+                    .topk_weights = weights});
     dump("router_logits", layer, logits);
     ops::MoeParams p{.x = normed,
                      .topk_ids = ids,

@@ -31,6 +31,12 @@ void Backend::linear_lora(const LinearLoraParams& p) {
   if (p.token_slot.defined()) lora_outputs(p);
 }
 
+void Backend::route(const RouteParams& p) {
+  require(check(p), "route");
+  linear(p.linear());
+  router_topk(p.topk());
+}
+
 void Backend::lora_outputs(const LinearLoraParams& p) {
   const bool split = p.parts[0].defined();
   LoraParams parts[3];

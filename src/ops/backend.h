@@ -64,6 +64,9 @@ class Backend {
   }
   virtual void attention(const AttentionParams& p) = 0;
   virtual void router_topk(const RouterTopKParams& p) = 0;
+  // The router's product then its top-k (RouteParams): linear then router_topk, or one kernel on backends
+  // that fuse them (cuda at decode sizes).
+  virtual void route(const RouteParams& p);
   virtual void moe(const MoeParams& p) = 0;
   virtual void lora(const LoraParams& p) = 0;
   // Several LoRA targets of the same x and token_slot (a layer's q, k and v) in one call, so a backend may

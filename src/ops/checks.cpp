@@ -329,6 +329,14 @@ Status check(const RouterTopKParams& p) {
                             {"RouterTopKParams.topk_weights", &p.topk_weights}});
 }
 
+Status check(const RouteParams& p) {
+  LMX_RETURN_IF_ERROR(check(p.linear()));
+  if (p.logits.dtype != DType::F32) {
+    return invalid_argument("RouteParams.logits: expected F32, found " + std::string(dtype_name(p.logits.dtype)));
+  }
+  return check(p.topk());
+}
+
 // ---- moe.h ----------------------------------------------------------------------------------------------
 
 Status check(const MoeParams& p) {

@@ -421,8 +421,11 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
 // Which path moe_block's MoE-LoRA takes by mode and the batch's hint (the shapes' own conditions aside).
 // The decode GEMMs on MXFP4 copies (MoeParams::gate_up_mxfp4 / down_mxfp4; BLOCK_M 16, where the mean expert
 // has fewer than 32 pairs). The experts are generated in the decode layout and dequantized into the bf16
-// weights, so both paths multiply the same values in the same k order: the results must agree bit for bit,
-// with and without MoE-LoRA. In the MXFP4 run the bf16 weights are NaN (it must read none of them), and the
+// weights, so both paths multiply the same values in the same k order: the results must agree bit for bit
+// without MoE-LoRA, and with it where one shrink CTA covers `in` (H and I <= 256). Wider shrinks split `in`
+// over CTAs that add into z with fp32 atomics, in an order that changes from run to run (two runs of the bf16
+// path differ too: run 118 on the H200, GPT-OSS-20B shape): there the two paths agree within 1/64 relative.
+// In the MXFP4 run the bf16 weights are NaN (it must read none of them), and the
 // oracle checks the values themselves. Also the switch set_moe_gemm_mxfp4(false): back to the bf16 weights.
 TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
   struct Mxfp4Case {
@@ -464,25 +467,47 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
       nan_weights.d_down = cuda::empty(DType::BF16, {c.experts, c.hidden, c.inter});
       cuda::fill_bytes(nan_weights.d_gate_up.view, 0xff);
       cuda::fill_bytes(nan_weights.d_down.view, 0xff);
+      const bool exact = !with_lora || std::max(c.hidden, c.inter) <= 256;
+      auto same_as_bf16 = [&](const OwnedTensor& got) -> ::testing::AssertionResult {
+        if (!exact) return all_close(got, widen(bf16_path), 1.0 / 64.0);
+        if (std::memcmp(got.view.data, bf16_path.view.data, bf16_path.view.nbytes()) == 0) {
+          return ::testing::AssertionSuccess();
+        }
+        return ::testing::AssertionFailure() << "not bit for bit the bf16 path's result";
+      };
+      cuda::set_moe_lora_in_mxfp4_gemm(true);  // the LoRA in the accumulators, as on the bf16 path
       const OwnedTensor mxfp4_path = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
-      ASSERT_EQ(std::memcmp(mxfp4_path.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0)
-          << "the MXFP4 decode GEMM differs from the bf16 one";
-      cuda::set_moe_gemm_early_trigger(true);  // the same bits when the overlapped GEMMs trigger early
+      ASSERT_TRUE(same_as_bf16(mxfp4_path)) << "the MXFP4 decode GEMM differs from the bf16 one";
+      cuda::set_moe_gemm_early_trigger(true);  // the same result when the overlapped GEMMs trigger early
       const OwnedTensor early = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
       cuda::set_moe_gemm_early_trigger(false);
-      EXPECT_EQ(std::memcmp(early.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0)
-          << "the MXFP4 decode GEMM with an early trigger";
+      EXPECT_TRUE(same_as_bf16(early)) << "the MXFP4 decode GEMM with an early trigger";
+      cuda::set_moe_lora_in_mxfp4_gemm(false);
+      if (with_lora) {  // the default on MXFP4: the LoRA by the expand kernels, h unfused; so on both paths
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+        const OwnedTensor bf16_expand = run_block(c, b, true, stream_);
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+        const OwnedTensor mxfp4_expand = run_block(c, nan_weights, true, stream_, -1, {}, &copies);
+        if (exact) {
+          EXPECT_EQ(std::memcmp(mxfp4_expand.view.data, bf16_expand.view.data, bf16_expand.view.nbytes()), 0)
+              << "MXFP4 with the LoRA by the expand kernels";
+        } else {
+          EXPECT_TRUE(all_close(mxfp4_expand, widen(bf16_expand), 1.0 / 64.0)) << "MXFP4 with the LoRA by the expand kernels";
+        }
+      }
       cpu::CpuBackend cpu;
       BlockCase oracle_case = c;
       if (!with_lora) oracle_case.slots = 0;
       const int64_t stride = c.hidden >= 2048 ? 4 : 1;
       const OwnedTensor want = cpu_block(cpu, oracle_case, b, stride);
       EXPECT_TRUE(close_to_oracle(every_nth_row(mxfp4_path, stride), want));
+      const OwnedTensor mxfp4_default = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(mxfp4_default, stride), want)) << "the default LoRA path on MXFP4";
       // Switched off, moe_block ignores the copies and reads the bf16 weights: the bf16 path's bits.
       cuda::set_moe_gemm_mxfp4(false);
       const OwnedTensor switched_off = run_block(c, b, with_lora, stream_, -1, {}, &copies);
       cuda::set_moe_gemm_mxfp4(true);
-      EXPECT_EQ(std::memcmp(switched_off.view.data, bf16_path.view.data, bf16_path.view.nbytes()), 0);
+      EXPECT_TRUE(same_as_bf16(switched_off)) << "switched off";
     }
   }
 }

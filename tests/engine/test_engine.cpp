@@ -127,6 +127,35 @@ TEST(Engine, Mxfp4ExpertCopiesChangeNothingOnTheCpu) {
   expect_same(results[0], results[1]);
 }
 
+// The MXFP4 copies' default (engine::Mxfp4Experts::kAuto): on only for GPT-OSS with MXFP4 experts (a preset, or
+// a checkpoint whose config.json says mxfp4) that fit the decode layout, on a GPU backend; the flags force
+// either way; an unknown model is an error naming it.
+TEST(Engine, Mxfp4ExpertsAreTheDefaultOnlyForGptOssOnAGpu) {
+  struct GpuLike : cpu::CpuBackend {
+    Device device() const override { return Device::kCuda; }
+  };
+  GpuLike gpu;
+  cpu::CpuBackend cpu;
+  auto resolved = [](Mxfp4Experts mode, const std::string& model, const ops::Backend* backend) {
+    Result<bool> r = resolve_mxfp4_experts(mode, model, backend);
+    EXPECT_TRUE(r.ok()) << model << ": " << r.status().message();
+    return r.ok() && *r;
+  };
+  using M = Mxfp4Experts;
+  EXPECT_TRUE(resolved(M::kAuto, "preset:gpt-oss-20b", &gpu));
+  EXPECT_TRUE(resolved(M::kAuto, "preset:gpt-oss-120b", &gpu));
+  EXPECT_FALSE(resolved(M::kAuto, "preset:gpt-oss-20b", &cpu));
+  EXPECT_FALSE(resolved(M::kAuto, "preset:gpt-oss-20b", nullptr));
+  EXPECT_FALSE(resolved(M::kAuto, "preset:qwen3-30b-a3b", &gpu));
+  EXPECT_FALSE(resolved(M::kOff, "preset:gpt-oss-20b", &gpu));
+  EXPECT_TRUE(resolved(M::kOn, "preset:qwen3-30b-a3b", &cpu));  // as asked; loading then refuses it
+  // The GPT-OSS fixture has MXFP4 experts, but I 96 is not a multiple of the decode layout's 64-value k-tiles.
+  EXPECT_FALSE(resolved(M::kAuto, std::string(LORAMUX_SOURCE_DIR) + "/tests/fixtures/gpt_oss/model", &gpu));
+  Result<bool> unknown = resolve_mxfp4_experts(M::kAuto, "preset:nope", &gpu);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("nope"), std::string::npos) << unknown.status().message();
+}
+
 TEST(Engine, DecodeGraphBucketsCoverEveryBatchSize) {
   EXPECT_EQ(decode_graph_buckets(1), (std::vector<int>{1}));
   EXPECT_EQ(decode_graph_buckets(12), (std::vector<int>{1, 2, 4, 8, 12}));

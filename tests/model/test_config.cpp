@@ -102,6 +102,7 @@ TEST(Config, GptOss20bPublished) {
   EXPECT_EQ(c.family, Family::kGptOss);
   EXPECT_EQ(family_name(c.family), "gpt_oss");
   EXPECT_EQ(c.architecture, "GptOssForCausalLM");
+  EXPECT_TRUE(c.mxfp4_checkpoint);  // quantization_config: mxfp4
   EXPECT_EQ(c.vocab_size, 201088);
   EXPECT_EQ(c.hidden_size, 2880);
   EXPECT_EQ(c.num_layers, 24);
@@ -161,6 +162,7 @@ TEST(Config, GptOssDefaultsWhenFieldsAbsent) {
   auto r = parse(minimal);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->head_dim, 64);  // class default, not hidden/heads = 32
+  EXPECT_FALSE(r->mxfp4_checkpoint);
   EXPECT_EQ(r->experts_per_token, 4);
   EXPECT_EQ(r->sliding_window, 128);
   EXPECT_EQ(r->layer_sliding, (std::vector<bool>{true, false, true}));

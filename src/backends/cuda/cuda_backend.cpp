@@ -217,6 +217,11 @@ void CudaBackend::attention(const ops::AttentionParams& p) {
 }
 void CudaBackend::router_topk(const ops::RouterTopKParams& p) { cuda::router_topk(p, stream_); }
 
+void CudaBackend::route(const ops::RouteParams& p) {
+  if (fuse_route_ && linear_.route(p, stream_)) return;
+  Backend::route(p);
+}
+
 void CudaBackend::moe(const ops::MoeParams& p) {
   MoeWorkspaceShape want{.max_tokens = p.x.dim(0),
                          .top_k = p.topk_ids.dim(1),

@@ -49,6 +49,7 @@ class CudaBackend final : public ops::Backend {
   void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) override;
   void attention(const ops::AttentionParams& p) override;
   void router_topk(const ops::RouterTopKParams& p) override;
+  void route(const ops::RouteParams& p) override;
   void moe(const ops::MoeParams& p) override;
   void lora(const ops::LoraParams& p) override;
   void lora_group(std::span<const ops::LoraParams> parts) override;
@@ -84,6 +85,12 @@ class CudaBackend final : public ops::Backend {
     fuse_linear_lora_ = on;
     ++memory_epoch_;
   }
+  // true: route runs the router's product and its top-k as one kernel at decode sizes (LinearRunner::route);
+  // false (default until measured on the H200): the product, then the top-k kernel. Bumps memory_epoch().
+  void set_fuse_route(bool on) {
+    fuse_route_ = on;
+    ++memory_epoch_;
+  }
   // LinearRunner::set_skinny_max_out (bench before/after); bumps memory_epoch() so graphs are recorded again.
   void set_skinny_max_out(int64_t out) {
     linear_.set_skinny_max_out(out);
@@ -117,6 +124,7 @@ class CudaBackend final : public ops::Backend {
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   bool fuse_linear_lora_ = true;
+  bool fuse_route_ = false;
   ops::KernelConfigs kernel_configs_;
   LinearRunner linear_;
   std::unique_ptr<MoeBlockState> moe_;

@@ -1,8 +1,10 @@
 // Internal to src/backends/cuda: the device helpers the kernels share (bf16 <-> fp32, 16-byte vectors,
-// block reduction). Included by .cu files only; not an entry-point header.
+// block reduction, a warp's router top-k). Included by .cu files only; not an entry-point header.
 #pragma once
 #include <cuda_bf16.h>
 
+#include <cfloat>
+#include <climits>
 #include <cstdint>
 
 namespace lmx::cuda::detail {
@@ -89,6 +91,85 @@ __device__ __forceinline__ void copy_units(Unit* dst, const Unit* src, int64_t u
     for (int j = 0; j < kCopyUnroll; ++j) {
       if (base + j * stride < units) dst[base + j * stride] = staged[j];
     }
+  }
+}
+
+// ---- router top-k of one token (routing.cu's kernel; the router product's fused tail in linear.cu) -----
+
+constexpr int kRouterMaxTopK = 32;  // the chosen logits of a token live in one register per lane
+
+// (value, id) ranks before (other_value, other_id): the oracle's order (logit descending, ties to the lower id).
+__device__ __forceinline__ bool ranks_before(float value, int id, float other_value, int other_id) {
+  return value > other_value || (value == other_value && id < other_id);
+}
+
+// One token's top-k by the whole warp: a max pass, a sum-of-exp pass (softmax-then-top-k only), then K
+// selection passes, each a warp argmax over the logits strictly after the previous pick in the total order —
+// no per-token scratch, so any E. The order is taken on the logits for both rules: softmax is monotone, so it
+// is the oracle's order unless two probabilities round to the same fp32 value (docs/NUMERICS.md). Logits are
+// read through L2 (ld.global.cg), so values other CTAs of the same grid wrote before a fence are seen.
+// PRECOND: all 32 lanes call it; 1 <= K <= min(E, kRouterMaxTopK); no NaN logits (the oracle rejects them; a
+// NaN never ranks before anything, so it is never picked here).
+__device__ __forceinline__ void router_topk_warp(const float* logits, int experts, int top_k, bool softmax_first,
+                                                 bool renormalize, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x % 32;
+  float max_logit = -FLT_MAX;
+  for (int e = lane; e < experts; e += 32) max_logit = fmaxf(max_logit, __ldcg(logits + e));
+  for (int offset = 16; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(~0u, max_logit, offset));
+  float sum_exp = 0.0f;
+  if (softmax_first) {
+    for (int e = lane; e < experts; e += 32) sum_exp += expf(__ldcg(logits + e) - max_logit);
+    for (int offset = 16; offset > 0; offset /= 2) sum_exp += __shfl_xor_sync(~0u, sum_exp, offset);
+  }
+
+  // Lane k keeps the k-th pick's logit and id.
+  float prev_value = FLT_MAX, my_value = 0.0f;
+  int prev_id = -1, my_id = 0;
+  for (int k = 0; k < top_k; ++k) {
+    float best_value = -FLT_MAX;
+    int best_id = INT_MAX;
+    for (int e = lane; e < experts; e += 32) {
+      const float v = __ldcg(logits + e);
+      if (ranks_before(prev_value, prev_id, v, e) && ranks_before(v, e, best_value, best_id)) {
+        best_value = v;
+        best_id = e;
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other_value = __shfl_xor_sync(~0u, best_value, offset);
+      const int other_id = __shfl_xor_sync(~0u, best_id, offset);
+      if (ranks_before(other_value, other_id, best_value, best_id)) {
+        best_value = other_value;
+        best_id = other_id;
+      }
+    }
+    if (lane == k) {
+      my_value = best_value;
+      my_id = best_id;
+    }
+    prev_value = best_value;
+    prev_id = best_id;
+  }
+
+  // Weights in the oracle's order of operations (sequential sums over k).
+  float weight = 0.0f;
+  if (softmax_first) {
+    weight = expf(my_value - max_logit) / sum_exp;
+    if (renormalize) {
+      float chosen_sum = 0.0f;
+      for (int k = 0; k < top_k; ++k) chosen_sum += __shfl_sync(~0u, weight, k);
+      weight /= chosen_sum;
+    }
+  } else {
+    const float top = __shfl_sync(~0u, my_value, 0);
+    weight = expf(my_value - top);
+    float sum = 0.0f;
+    for (int k = 0; k < top_k; ++k) sum += __shfl_sync(~0u, weight, k);
+    weight /= sum;
+  }
+  if (lane < top_k) {
+    ids[lane] = my_id;
+    weights[lane] = weight;
   }
 }
 

@@ -34,6 +34,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cuda/check.h"
@@ -91,6 +92,12 @@ struct SkinnyKernelParams {
   const __nv_bfloat16* bias;  // [out] bf16 or null
   void* y;                    // [T, out] bf16 or f32
   int tokens, in, out;
+  // The router's top-k as the grid's tail (LinearRunner::route; y then holds the f32 logits): null unless.
+  int* done;              // counter of CTAs that stored their outputs; 0 between launches (the last resets it)
+  int32_t* topk_ids;      // [T, K] i32
+  float* topk_weights;    // [T, K] f32
+  int top_k;
+  bool softmax_first, renormalize;
 };
 
 constexpr int kSkinnyMaxRows = 16;
@@ -119,8 +126,13 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 // cluster of kSplit CTAs along y splits `in`; each CTA reduces its warps in shared memory, then CTA 0 of
 // the cluster adds the peers' partials through distributed shared memory in rank order (deterministic),
 // adds the bias and stores.
+// With p.done (the router, LinearRunner::route): each CTA that stored outputs (rank 0 of each cluster) counts
+// itself on p.done after a device-scope fence; the last one ranks every token's logits with
+// detail::router_topk_warp (a warp a token, logits read through L2), the same function as routing.cu's
+// kernel, so ids and weights match the two kernels one after the other bit for bit; then it resets p.done.
 // PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements; launched with cluster
-// dims (1, kSplit, 1) and gridDim.y == kSplit when kSplit > 1.
+// dims (1, kSplit, 1) and gridDim.y == kSplit when kSplit > 1; with p.done: Out is float, *p.done == 0 and no
+// other grid uses p.done meanwhile (one counter per stream), 1 <= K <= min(out, kRouterMaxTopK).
 template <typename Out, int kSplit>
 __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
   const int n0 = blockIdx.x * kSkinnyOutPerCta;
@@ -194,9 +206,29 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const 
     cluster.sync();  // the peers' shared memory stays alive until rank 0 has read it
     if (cluster.block_rank() != 0) return;
   }
-  if (row >= p.tokens || n >= p.out) return;
-  if (p.bias != nullptr) sum += __bfloat162float(p.bias[n]);
-  static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
+  if (row < p.tokens && n < p.out) {
+    if (p.bias != nullptr) sum += __bfloat162float(p.bias[n]);
+    static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
+  }
+  if constexpr (std::is_same_v<Out, float>) {
+    if (p.done == nullptr) return;
+    __shared__ bool last;
+    __syncthreads();  // every store of this CTA issued
+    if (threadIdx.x == 0) {
+      __threadfence();  // cumulative: the CTA's stores, ordered before by the barrier, are visible first
+      const int finished = atomicAdd(p.done, 1);
+      __threadfence();  // acquire: the other CTAs' stores, fenced before their counts, are visible after
+      last = finished == int(gridDim.x) - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int token = warp; token < p.tokens; token += kSkinnyWarps) {
+      detail::router_topk_warp(static_cast<const float*>(p.y) + int64_t(token) * p.out, p.out, p.top_k,
+                               p.softmax_first, p.renormalize, p.topk_ids + int64_t(token) * p.top_k,
+                               p.topk_weights + int64_t(token) * p.top_k);
+    }
+    if (threadIdx.x == 0) *p.done = 0;  // seen by the next launch: it waits for this grid (launch.cuh)
+  }
 }
 
 // Launch of skinny_kernel<Out, kSplit>: PDL as launch.cuh, plus the cluster dims when kSplit > 1.
@@ -294,11 +326,14 @@ struct LinearRunner::State {
   void* padded = nullptr;  // a ragged product's rows padded to 16 bytes (see the top), grown outside captures
   size_t padded_bytes = 0;
   uint64_t epoch = 0;      // bumped when `padded` moves
+  int* route_done = nullptr;  // route()'s counter of finished CTAs (skinny_kernel), 0 between launches
 };
 
 LinearRunner::LinearRunner() : state_(std::make_unique<State>()) {
   LMX_CUBLAS_CHECK(cublasLtCreate(&state_->handle));
   LMX_CUDA_CHECK(cudaMalloc(&state_->workspace, kWorkspaceBytes));
+  LMX_CUDA_CHECK(cudaMalloc(&state_->route_done, sizeof(int)));
+  LMX_CUDA_CHECK(cudaMemset(state_->route_done, 0, sizeof(int)));
 }
 
 void LinearRunner::set_autotune(bool on) {
@@ -309,6 +344,7 @@ void LinearRunner::set_autotune(bool on) {
 LinearRunner::~LinearRunner() {
   if (state_->workspace) cudaFree(state_->workspace);
   if (state_->padded) cudaFree(state_->padded);
+  if (state_->route_done) cudaFree(state_->route_done);
   if (state_->handle) cublasLtDestroy(state_->handle);
 }
 
@@ -425,8 +461,10 @@ void LinearRunner::accumulate(const Tensor& x, const Tensor& weight, int64_t wei
   }
 }
 
-void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
-  ops::require(ops::check(p), "cuda::linear");
+namespace {
+
+// run()'s and route()'s checks beyond ops::check: where the tensors live and their dtypes on cuda.
+void require_cuda_linear(const ops::LinearParams& p) {
   detail::require_cuda("linear", {{"x", &p.x}, {"weight", &p.weight}, {"out", &p.out}});
   detail::require_bf16_activation("linear", "x", p.x);
   if (p.weight.dtype != DType::BF16) detail::contract_failure("linear", "weight", p.weight, "[out, in] BF16");
@@ -436,31 +474,47 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
   if (p.bias.defined() && (p.bias.device != Device::kCuda || p.bias.dtype != DType::BF16)) {
     detail::contract_failure("linear", "bias", p.bias, "[out] BF16 on cuda");
   }
+}
+
+// The skinny kernel for p (LinearRunner::takes_skinny(p) holds), with the router's top-k tail when `topk` has
+// its `done` counter set (its other fields are the tail's; f32 out).
+void run_skinny(const ops::LinearParams& p, const SkinnyKernelParams& topk, cudaStream_t stream) {
+  const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
+  LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
+  SkinnyKernelParams params = topk;
+  params.x = static_cast<const __nv_bfloat16*>(p.x.data);
+  params.w = static_cast<const __nv_bfloat16*>(p.weight.data);
+  params.bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr;
+  params.y = p.out.data;
+  params.tokens = int(tokens);
+  params.in = int(in);
+  params.out = int(out);
+  const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
+  // Fewer column blocks than a quarter of the SMs (the router: 2): split `in` over a cluster of 8 CTAs.
+  const bool split = blocks * 4 < 132 && in >= 32 * 8 * kSkinnySplit;
+  if (p.out.dtype == DType::F32) {
+    if (split) launch_skinny<float, kSkinnySplit>(params, blocks, stream);
+    else launch_skinny<float, 1>(params, blocks, stream);
+  } else {
+    LMX_CHECK(params.done == nullptr);
+    if (split) launch_skinny<__nv_bfloat16, kSkinnySplit>(params, blocks, stream);
+    else launch_skinny<__nv_bfloat16, 1>(params, blocks, stream);
+  }
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::linear");
+  require_cuda_linear(p);
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
   if (tokens == 0 || out == 0) return;
   if (path_ == LinearPath::kSkinny && !(tokens <= kSkinnyMaxRows && in % 8 == 0)) {
     detail::contract_failure("linear", "x", p.x, "T <= 16 and in % 8 == 0 for the forced skinny path");
   }
   if (takes_skinny(p)) {
-    LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
-    const SkinnyKernelParams params{.x = static_cast<const __nv_bfloat16*>(p.x.data),
-                                    .w = static_cast<const __nv_bfloat16*>(p.weight.data),
-                                    .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) : nullptr,
-                                    .y = p.out.data,
-                                    .tokens = int(tokens),
-                                    .in = int(in),
-                                    .out = int(out)};
-    const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
-    // Fewer column blocks than a quarter of the SMs (the router: 2): split `in` over a cluster of 8 CTAs.
-    const bool split = blocks * 4 < 132 && in >= 32 * 8 * kSkinnySplit;
-    if (p.out.dtype == DType::F32) {
-      if (split) launch_skinny<float, kSkinnySplit>(params, blocks, stream);
-      else launch_skinny<float, 1>(params, blocks, stream);
-    } else {
-      if (split) launch_skinny<__nv_bfloat16, kSkinnySplit>(params, blocks, stream);
-      else launch_skinny<__nv_bfloat16, 1>(params, blocks, stream);
-    }
-    LMX_CUDA_CHECK_LAUNCH();
+    run_skinny(p, SkinnyKernelParams{}, stream);
     return;
   }
   const cudaDataType_t out_type = p.out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -513,6 +567,23 @@ void LinearRunner::run(const ops::LinearParams& p, cudaStream_t stream) {
     else detail::launch(finish_product_kernel<__nv_bfloat16>, grid, dim3(256), 0, stream, params);
     LMX_CUDA_CHECK_LAUNCH();
   }
+}
+
+bool LinearRunner::route(const ops::RouteParams& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::route");
+  const ops::LinearParams product = p.linear();
+  require_cuda_linear(product);
+  detail::require_cuda("route", {{"topk_ids", &p.topk_ids}, {"topk_weights", &p.topk_weights}});
+  if (p.x.dim(0) == 0 || !takes_skinny(product) || p.top_k > detail::kRouterMaxTopK) return false;
+  SkinnyKernelParams topk{};
+  topk.done = state_->route_done;
+  topk.topk_ids = static_cast<int32_t*>(p.topk_ids.data);
+  topk.topk_weights = static_cast<float*>(p.topk_weights.data);
+  topk.top_k = p.top_k;
+  topk.softmax_first = p.rule == ops::RoutingRule::kSoftmaxThenTopK;
+  topk.renormalize = p.renormalize;
+  run_skinny(product, topk, stream);
+  return true;
 }
 
 }  // namespace lmx::cuda

@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "ops/basic.h"
+#include "ops/routing.h"
 
 namespace lmx::cuda {
 
@@ -33,6 +34,12 @@ class LinearRunner {
   // of at most 16 rows, which times cuBLASLt's candidates (set_autotune). The first call of a shape asks
   // cuBLASLt's heuristic (host work): warm every shape up before capturing a CUDA graph.
   void run(const ops::LinearParams& p, cudaStream_t stream);
+  // The router's product and top-k (ops::RouteParams) as one kernel where the product takes the skinny path
+  // (T <= 16; K <= 32): the last CTA to store its logits ranks them (skinny_kernel). Logits, ids and weights
+  // are bit for bit those of run() then router_topk (routing.cuh). Returns false, enqueuing nothing, where
+  // it does not apply (the caller then runs the two). One route() at a time per runner: its counter is the
+  // runner's, so runners whose streams run side by side (a prefill lane's backend) each need their own.
+  bool route(const ops::RouteParams& p, cudaStream_t stream);
   void set_path(LinearPath path) { path_ = path; }
   // kAuto's skinny path takes T <= 16 products of at most this many outputs (a huge value puts q|k|v and
   // o_proj on it too: the bench's comparison row).

@@ -712,8 +712,8 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-template <int kBlockN, int kStages>
-__global__ static void __launch_bounds__(128, 4) grouped_gemm_mxfp4_kernel(const __grid_constant__ GemmKernelParams p) {
+template <int kBlockN, int kStages, int kMinBlocks>
+__global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 16, kThreads = 128, kWarpN = kBlockN / 4, kNi = kWarpN / 8;
   constexpr int kStageBytes = kMxfp4StageBytes<kBlockN>;
   constexpr int kRawBytes = kBlockN * ops::mxfp4::kTileBytes, kRawChunks = kRawBytes / 16;
@@ -1906,6 +1906,8 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
+int gemm_mxfp4_block_n = 128, gemm_mxfp4_stages = 8;  // set_moe_gemm_mxfp4_shape
+bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
@@ -2003,16 +2005,25 @@ PreparedKernel prepared_kernel() {
   return {kernel, 32 * kWarpsM * kWarpsN, shared_bytes};
 }
 
-constexpr int kMxfp4BlockN = 128, kMxfp4Stages = 8;  // 51 KB a CTA, 4 CTAs an SM: ~120 KB of weight in flight
+// The MXFP4 decode GEMM's shapes (set_moe_gemm_mxfp4_shape). Default 128 columns × 8 stages: 51 KB a CTA,
+// 4 CTAs an SM, ~120 KB of weight in flight — Nsight (perf-log run 121): 16 warps an SM issue on 54% of the
+// cycles, DRAM at 41%: latency-bound. The others trade stages for resident warps (registers allowing).
+template <int kBlockN, int kStages, int kMinBlocks>
 PreparedKernel prepared_mxfp4_kernel() {
-  const size_t shared_bytes = size_t(kMxfp4Stages) * kMxfp4StageBytes<kMxfp4BlockN>;
-  GemmKernel kernel = grouped_gemm_mxfp4_kernel<kMxfp4BlockN, kMxfp4Stages>;
+  const size_t shared_bytes = size_t(kStages) * kMxfp4StageBytes<kBlockN>;
+  GemmKernel kernel = grouped_gemm_mxfp4_kernel<kBlockN, kStages, kMinBlocks>;
   static const bool attribute_set = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
   }();
   (void)attribute_set;
   return {kernel, 128, shared_bytes};
+}
+PreparedKernel prepared_mxfp4_kernel(int block_n, int stages) {
+  if (block_n == 64) return prepared_mxfp4_kernel<64, 8, 6>();
+  if (stages == 4) return prepared_mxfp4_kernel<128, 4, 6>();
+  if (stages == 6) return prepared_mxfp4_kernel<128, 6, 5>();
+  return prepared_mxfp4_kernel<128, 8, 4>();
 }
 
 template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages>
@@ -2183,7 +2194,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
                  const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, int max_sms, cudaStream_t stream) {
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   const bool mxfp4 = params.fp4_blocks != nullptr;  // host-checked: BLOCK_M 16
-  if (mxfp4) block_n = kMxfp4BlockN;
+  if (mxfp4) block_n = gemm_mxfp4_block_n;
   if (block_n == 0) {  // the defaults, in one place
     block_n = block_m == kMoeGemmBlockMDecode                                    ? 64
               : block_m == kMoeGemmBlockMLarge && kernel == MoeGemmKernel::kWgmmaWarpSpecialized
@@ -2204,7 +2215,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
   const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || kernel == MoeGemmKernel::kMmaSync;
   if (mxfp4) {
     LMX_CHECK(block_m == kMoeGemmBlockMDecode && even_k);
-    k = prepared_mxfp4_kernel();
+    k = prepared_mxfp4_kernel(gemm_mxfp4_block_n, gemm_mxfp4_stages);
   } else if (block_m == kMoeGemmBlockMDecode) {
     if (block_n == 128) k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
     else if (decode_stages == 4) k = prepared_kernel<16, 64, 1, 4, 4>(even_k);
@@ -2344,6 +2355,16 @@ void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
+void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
+void set_moe_gemm_mxfp4_shape(int block_n, int stages) {
+  const bool known = (block_n == 128 && (stages == 4 || stages == 6 || stages == 8)) || (block_n == 64 && stages == 8);
+  if (!known) {
+    throw std::invalid_argument("set_moe_gemm_mxfp4_shape: built shapes are 128 columns x 4, 6 or 8 stages and 64 x 8, "
+                                "got " + std::to_string(block_n) + " x " + std::to_string(stages));
+  }
+  gemm_mxfp4_block_n = block_n;
+  gemm_mxfp4_stages = stages;
+}
 void set_moe_gemm_early_trigger(bool on) { gemm_early_trigger = on; }
 void set_moe_lora_gemm_wgmma(bool on) { lora_gemm_wgmma = on; }
 // The most partial accumulators one SM's persistent CTAs hold: two pieces × 256 consumer threads × 128 (BLOCK_M
@@ -2894,8 +2915,13 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // Decode (16-row tiles, the direct path): the direct shrinks write z, the decode GEMMs add z·Bᵀ (any
   // layout), gate_up keeps its fused activation, and the combine clears z. Without it: gate_up → h, shrink,
   // expand, activation, down, shrink, expand — three launches and h's round trip more.
-  const bool decode_gemm_lora =
-      lora && small && moe_lora_small_fits(pairs) && in_gemm && block_m == kMoeGemmBlockMDecode;  // z's room
+  // Not where the decode GEMMs read MXFP4 experts (unless set_moe_lora_in_mxfp4_gemm): their k-loops are ~2x
+  // shorter, so the LoRA pass after them weighs more than the expand kernels' launches (perf-log run 118:
+  // decode step 7.49 ms in the accumulators, 7.13 by the expand kernels).
+  const bool mxfp4_decode = block_m == kMoeGemmBlockMDecode && gemm_mxfp4 &&
+                            (p.gate_up_mxfp4.defined() || p.down_mxfp4.defined());
+  const bool decode_gemm_lora = lora && small && moe_lora_small_fits(pairs) && in_gemm &&
+                                block_m == kMoeGemmBlockMDecode && (!mxfp4_decode || lora_in_mxfp4_gemm);  // z's room
   // Then each expert's pairs are ordered by slot (moe_align order_by_slot), so a warp's 16 rows hold one or
   // two adapters even where adapters interleave token by token; where moe_lora_warp_groups_for says so, each
   // slot's rows start at a warp boundary where the expert's tiles have room, so no warp holds two.

@@ -54,6 +54,13 @@ void set_moe_gemm_stream_k(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
+// The MXFP4 decode GEMM's CTA shape: 128 columns with 4, 6 or 8 (the default) cp.async stages, or 64 columns
+// with 8 (bench sweeps; graphs must be recorded again). Throws std::invalid_argument for other shapes.
+void set_moe_gemm_mxfp4_shape(int block_n, int stages);
+// true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
+// default, perf-log run 118): where the decode GEMMs read MXFP4 experts, the LoRA runs as shrink + expand
+// kernels around them (the before/after row; tests compare each path with its bf16 twin).
+void set_moe_lora_in_mxfp4_gemm(bool on);
 // moe_block's decode GEMMs with the MoE-LoRA in their accumulators (wait_before_epilogue) let their dependents
 // launch at their start (on) or at their wait (off, the default until the H200 measures it). Process-wide.
 void set_moe_gemm_early_trigger(bool on);
