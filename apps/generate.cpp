@@ -44,7 +44,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   engine::EngineConfig engine;
   uint64_t weight_seed = 0;
-  int mxfp4_experts = -1;  // --mxfp4-experts 1, --no-mxfp4-experts 0, unset -1: engine::Mxfp4Experts::kAuto
+  bool mxfp4_experts = false, no_mxfp4_experts = false;  // neither: engine::Mxfp4Experts::kAuto
   std::string dump_dir;
 };
 
@@ -181,7 +181,7 @@ int run_generate(GenerateOptions o) {
   const bool is_preset = o.model.rfind("preset:", 0) == 0;
   Result<model::ModelWeights> weights =
       engine::load_base_model(o.model, o.weight_seed, is_preset && text->tok ? text->tok->vocab_size() : 0,
-                              backend->get(), engine::mxfp4_mode(o.mxfp4_experts));
+                              backend->get(), engine::mxfp4_mode(o.mxfp4_experts, o.no_mxfp4_experts));
   if (!weights.ok()) return fail(weights.status());
   Status attached = attach_tokenizer(*text, weights->config);
   if (!attached.ok()) return fail(attached);
@@ -337,9 +337,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--dump-activations", opts->dump_dir,
                   "Write every layer's named activations of each step to DIR/step<N>.safetensors");
   cmd->add_option("--weight-seed", opts->weight_seed, "Seed of preset weights and dummy adapters")->capture_default_str();
-  cmd->add_flag("--mxfp4-experts{1},--no-mxfp4-experts{0}", opts->mxfp4_experts,
+  CLI::Option* mxfp4_on = cmd->add_flag("--mxfp4-experts", opts->mxfp4_experts,
                 "GPT-OSS: keep the experts' MXFP4 copy (the checkpoint's own blocks; a preset generates MXFP4 experts) "
                 "and run decode-sized MoE GEMMs on it (cuda). Default: on for GPT-OSS with MXFP4 experts on cuda");
+  cmd->add_flag("--no-mxfp4-experts", opts->no_mxfp4_experts, "GPT-OSS: decode on the bf16 experts only")
+      ->excludes(mxfp4_on);
   return [opts, cmd]() { return cmd->parsed() ? run_generate(*opts) : 0; };
 }
 

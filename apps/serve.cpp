@@ -34,7 +34,7 @@ struct ServeOptions {
   int dummy_loras = 0;
   int dummy_lora_rank = 16;
   uint64_t weight_seed = 0;
-  int mxfp4_experts = -1;  // --mxfp4-experts 1, --no-mxfp4-experts 0, unset -1: engine::Mxfp4Experts::kAuto
+  bool mxfp4_experts = false, no_mxfp4_experts = false;  // neither: engine::Mxfp4Experts::kAuto
   engine::EngineConfig engine;
   server::ServerOptions server;
   double refill_wait_ms = 3.0;  // server::EngineLoopOptions, in the flag's unit
@@ -127,7 +127,7 @@ int run_serve(ServeOptions o) {
   }
   const int tokenizer_vocab = text ? int(text->tokenizer().vocab_size()) : 0;
   Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, is_preset ? tokenizer_vocab : 0,
-                                                                         backend->get(), engine::mxfp4_mode(o.mxfp4_experts));
+                                                                         backend->get(), engine::mxfp4_mode(o.mxfp4_experts, o.no_mxfp4_experts));
   if (!weights.ok()) return fail(weights.status());
   if (text) {
     // Checkpoints often pad V beyond the tokenizer (fine); a tokenizer with ids past V would index past the
@@ -182,7 +182,7 @@ int run_serve(ServeOptions o) {
             << "  max-lora-rank           " << ec.max_lora_rank << "\n"
             << "  max-cpu-loras           " << ec.max_cpu_loras << "\n"
             << "  mxfp4 experts           " << (engine::has_mxfp4_experts(*weights) ? "on (decode GEMMs)" : "off")
-            << (o.mxfp4_experts < 0 ? " (default for this model and device)" : "") << "\n"
+            << (o.mxfp4_experts || o.no_mxfp4_experts ? "" : " (default for this model and device)") << "\n"
             << "  prefix caching          " << (ec.scheduler.enable_prefix_caching ? "on" : "off") << "\n"
             << "  decode graphs           " << (ec.enforce_eager ? "off (--enforce-eager)" : "on where the device records them") << "\n"
             << "  prefill lane            "
@@ -238,10 +238,12 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--dummy-loras", o->dummy_loras, "Generate N random adapters lora0.. (as generate does)")->capture_default_str();
   cmd->add_option("--dummy-lora-rank", o->dummy_lora_rank, "Rank of generated adapters")->capture_default_str();
   cmd->add_option("--weight-seed", o->weight_seed, "Seed of preset weights and dummy adapters")->capture_default_str();
-  cmd->add_flag("--mxfp4-experts{1},--no-mxfp4-experts{0}", o->mxfp4_experts,
+  CLI::Option* mxfp4_on = cmd->add_flag("--mxfp4-experts", o->mxfp4_experts,
                 "GPT-OSS: keep the experts' MXFP4 copy (the checkpoint's own blocks; a preset generates MXFP4 experts) "
                 "and run decode-sized MoE GEMMs on it, 3.8x fewer weight bytes (cuda; prefill stays bf16, the same "
                 "values). Default: on for GPT-OSS with MXFP4 experts on cuda, off otherwise");
+  cmd->add_flag("--no-mxfp4-experts", o->no_mxfp4_experts, "GPT-OSS: decode on the bf16 experts only")
+      ->excludes(mxfp4_on);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port (0 = any free port)")->capture_default_str();
   cmd->add_option("--backlog", o->server.backlog, "listen(2) backlog")->capture_default_str();

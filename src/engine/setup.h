@@ -32,9 +32,9 @@ enum class Mxfp4Experts {
 Result<bool> resolve_mxfp4_experts(Mxfp4Experts mode, const std::string& model, const ops::Backend* backend);
 Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t seed, int preset_vocab_size = 0,
                                             ops::Backend* backend = nullptr, Mxfp4Experts mxfp4 = Mxfp4Experts::kOff);
-// The CLI's choice: --mxfp4-experts (1), --no-mxfp4-experts (0), neither (-1: kAuto).
-inline Mxfp4Experts mxfp4_mode(int flag) {
-  return flag < 0 ? Mxfp4Experts::kAuto : flag ? Mxfp4Experts::kOn : Mxfp4Experts::kOff;
+// The CLI's choice: --mxfp4-experts (on), --no-mxfp4-experts (off; the two exclude each other), neither (kAuto).
+inline Mxfp4Experts mxfp4_mode(bool on, bool off) {
+  return on ? Mxfp4Experts::kOn : off ? Mxfp4Experts::kOff : Mxfp4Experts::kAuto;
 }
 // Whether load_base_model kept MXFP4 copies of the experts (the start-up summary's line).
 bool has_mxfp4_experts(const model::ModelWeights& weights);

@@ -425,8 +425,8 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
 // without MoE-LoRA, and with it where one shrink CTA covers `in` (H and I <= 256). Wider shrinks split `in`
 // over CTAs that add into z with fp32 atomics, in an order that changes from run to run (two runs of the bf16
 // path differ too: run 118 on the H200, GPT-OSS-20B shape): there the two paths agree within 1/64 relative.
-// In the MXFP4 run the bf16 weights are NaN (it must read none of them), and the
-// oracle checks the values themselves. Also the switch set_moe_gemm_mxfp4(false): back to the bf16 weights.
+// Every built CTA shape (set_moe_gemm_mxfp4_shape) gives the same result. In the MXFP4 run the bf16 weights
+// are NaN (it must read none of them), and the oracle checks the values themselves. Also the switch set_moe_gemm_mxfp4(false): back to the bf16 weights.
 TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
   struct Mxfp4Case {
     BlockCase c;
@@ -483,6 +483,14 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
       cuda::set_moe_gemm_early_trigger(false);
       EXPECT_TRUE(same_as_bf16(early)) << "the MXFP4 decode GEMM with an early trigger";
       cuda::set_moe_lora_in_mxfp4_gemm(false);
+      for (const auto& [block_n, stages] : {std::pair{128, 4}, std::pair{128, 6}, std::pair{64, 8}}) {
+        cuda::set_moe_gemm_mxfp4_shape(block_n, stages);  // the bench's other CTA shapes: the same result
+        cuda::set_moe_lora_in_mxfp4_gemm(true);
+        const OwnedTensor shaped = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
+        cuda::set_moe_lora_in_mxfp4_gemm(false);
+        EXPECT_TRUE(same_as_bf16(shaped)) << block_n << " columns x " << stages << " stages";
+      }
+      cuda::set_moe_gemm_mxfp4_shape(128, 8);
       if (with_lora) {  // the default on MXFP4: the LoRA by the expand kernels, h unfused; so on both paths
         cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
         const OwnedTensor bf16_expand = run_block(c, b, true, stream_);

@@ -98,6 +98,12 @@ TEST(Cli, BadArgumentsFailWithMessage) {
   CliRun bad_ids = run_cli("generate --prompt-ids 1,x");
   EXPECT_NE(bad_ids.exit_code, 0);
   EXPECT_NE(bad_ids.out.find("'x'"), std::string::npos) << bad_ids.out;
+  CliRun both_mxfp4 = run_cli("generate --model preset:tiny-moe --mxfp4-experts --no-mxfp4-experts");
+  EXPECT_NE(both_mxfp4.exit_code, 0);
+  EXPECT_NE(both_mxfp4.out.find("excludes"), std::string::npos) << both_mxfp4.out;
+  CliRun forced_mxfp4 = run_cli("generate --model preset:tiny-moe --mxfp4-experts --prompt-ids 1,2 --max-tokens 1");
+  EXPECT_NE(forced_mxfp4.exit_code, 0);  // forced on: tiny-moe's experts do not fit the decode layout
+  EXPECT_NE(forced_mxfp4.out.find("--mxfp4-experts"), std::string::npos) << forced_mxfp4.out;
   CliRun bad_device = run_cli("generate --device tpu");
   EXPECT_NE(bad_device.exit_code, 0);
   EXPECT_NE(bad_device.out.find("tpu"), std::string::npos) << bad_device.out;

@@ -111,6 +111,8 @@ def test_chat_stream_and_non_stream_for_base_and_adapter(server):
     # The tokenizer's EOS (<|im_end|>) ends generation; the preset's vocabulary is the tokenizer's.
     log = open(server.log.name).read()
     assert "vocab 151669" in log and re.search(r"eos ids +151645\n", log), log
+    # No MXFP4 flag given: the default (kAuto), which is off for a Qwen3 preset on the cpu.
+    assert re.search(r"mxfp4 experts +off \(default for this model and device\)\n", log), log
 
 
 def test_stop_strings_cut_output_and_are_not_emitted(server):
