@@ -308,8 +308,8 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row("block (no LoRA), MXFP4 experts", tokens,
               align_bytes + gate_up_bytes + down_bytes + combine_bytes - weight_bytes, gate_up_flops + down_flops,
               time([&](int i) { block(i % kCopies, true, true); }));
-    // The CTA shapes beside the default (128 columns, 8 stages): fewer stages, more resident warps (run 121)
-    for (const auto& [block_n, stages] : {std::pair{128, 4}, std::pair{128, 6}, std::pair{64, 8}}) {
+    // The CTA shapes beside the default (128 columns, 4 stages): more stages, fewer resident warps (run 121)
+    for (const auto& [block_n, stages] : {std::pair{128, 8}, std::pair{128, 6}, std::pair{64, 8}}) {
       cuda::set_moe_gemm_mxfp4_shape(block_n, stages);
       block(0, true, true);  // kernel attributes outside the graph
       const std::string what = "block (no LoRA), MXFP4 experts, " + std::to_string(block_n) + " columns x " +
@@ -317,7 +317,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes - weight_bytes,
                 gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, true, true); }));
     }
-    cuda::set_moe_gemm_mxfp4_shape(128, 8);
+    cuda::set_moe_gemm_mxfp4_shape(128, 4);
   }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before: gate_up writes a by pair, down gathers it again
     cuda::set_moe_block_a_in_tile_order(false);

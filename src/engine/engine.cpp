@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <future>
 #include <limits>
 
@@ -60,6 +61,37 @@ std::vector<int> decode_graph_buckets(int max_seqs) {
   return buckets;
 }
 
+namespace {
+
+// Workspaces the backend grows on first use after start (MoE, attention split-KV, LoRA scratch, cuBLASLt):
+// kept out of the KV budget (twice with the prefill lane: its backend grows its own).
+constexpr uint64_t kKvHeadroomBytes = uint64_t(2) << 30;
+
+std::string gib(double bytes) {  // "1.5 GiB", or "12.3 MiB" below one GiB
+  char text[32];
+  const bool small = bytes < double(uint64_t(1) << 30);
+  std::snprintf(text, sizeof text, small ? "%.1f MiB" : "%.1f GiB", bytes / double(uint64_t(1) << (small ? 20 : 30)));
+  return text;
+}
+
+// The adapter slots are allocated whole at start: a plan that cannot fit is refused here, naming the flags,
+// before an allocation fails (which aborts). Slots that fit but leave too little for the KV cache get
+// kv_pages_from_memory's error instead.
+Status check_slots_fit(const model::ModelWeights& weights, const ops::Backend& backend, const EngineConfig& config) {
+  const uint64_t free_bytes = backend.available_bytes();
+  if (free_bytes == 0) return Status();  // unknown
+  const uint64_t need = lora::SlotTable::device_bytes(lora_shapes(weights.config), config.max_loras,
+                                                      config.max_lora_rank, backend.lora_dtype());
+  if (need <= free_bytes) return Status();
+  return out_of_range("--max-loras " + std::to_string(config.max_loras) + " adapter slots of --max-lora-rank " +
+                      std::to_string(config.max_lora_rank) + " need " + gib(double(need)) + " of " +
+                      std::string(device_name(backend.device())) + " memory for this model (" +
+                      gib(double(need) / config.max_loras) + " a slot), but only " + gib(double(free_bytes)) +
+                      " is free after the weights; lower --max-loras or --max-lora-rank");
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weights, ops::Backend& backend,
                                                const EngineConfig& config) {
   const SchedulerLimits& lim = config.scheduler;
@@ -86,14 +118,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::ModelWeights& weight
   if (config.gpu_memory_utilization < 0.0 || config.gpu_memory_utilization > 1.0)
     return invalid_argument("gpu_memory_utilization must be in (0, 1] (0 = off), got " +
                             std::to_string(config.gpu_memory_utilization));
+  LMX_RETURN_IF_ERROR(check_slots_fit(weights, backend, config));
   std::unique_ptr<Engine> engine(new Engine(weights, backend, config));
   if (!engine->init_status_.ok()) return engine->init_status_;
   return engine;
 }
-
-// Workspaces the backend grows on first use after start (MoE, attention split-KV, LoRA scratch, cuBLASLt):
-// kept out of the KV budget (twice with the prefill lane: its backend grows its own).
-constexpr uint64_t kKvHeadroomBytes = uint64_t(2) << 30;
 
 Result<int> Engine::kv_pages_from_memory(const model::ModelConfig& mc) const {
   const uint64_t total = backend_.total_bytes(), free_now = backend_.available_bytes();
@@ -105,7 +134,6 @@ Result<int> Engine::kv_pages_from_memory(const model::ModelConfig& mc) const {
   const double headroom = double(kKvHeadroomBytes) * (lane_ ? 2.0 : 1.0);
   const double budget = allowed - double(used) - headroom;
   const double pages = budget > 0 ? std::floor(budget / double(page_bytes)) : 0.0;
-  auto gib = [](double b) { return std::to_string(b / double(uint64_t(1) << 30)).substr(0, 6) + " GiB"; };
   if (pages < max_pages_per_seq_) {
     return invalid_argument("gpu_memory_utilization " + std::to_string(config_.gpu_memory_utilization).substr(0, 4) +
                               " of " + gib(double(total)) + " leaves " + gib(std::max(budget, 0.0)) +

@@ -23,6 +23,8 @@ bool target_present(const BaseModelShapes& base, LoraTarget target) {
   return !detail::is_moe_target(target) || base.num_experts > 0;
 }
 
+int target_capacity(LoraTarget target, int max_rank) { return target == LoraTarget::kMoeGateUp ? 2 * max_rank : max_rank; }
+
 std::string slot_where(const Adapter& adapter, int layer, LoraTarget target) {
   return "adapter '" + adapter.name + "' layer " + std::to_string(layer) + " " +
          std::string(detail::target_label(target));
@@ -42,7 +44,7 @@ SlotTable::SlotTable(ops::Backend& backend, const BaseModelShapes& base, int num
       if (!target_present(base, target)) continue;
       Target& slot = layer[size_t(t)];
       const int64_t in = base.in_features[size_t(t)], out = base.out_features[size_t(t)];
-      slot.capacity = target == LoraTarget::kMoeGateUp ? 2 * max_rank : max_rank;
+      slot.capacity = target_capacity(target, max_rank);
       const int64_t R = slot.capacity;
       if (detail::is_moe_target(target)) {
         slot.a = backend.empty(dtype, {S, E, R, in});   // [S, E, R, in]
@@ -58,6 +60,18 @@ SlotTable::SlotTable(ops::Backend& backend, const BaseModelShapes& base, int num
       slot.host_rank.assign(size_t(S), 0);
     }
   }
+}
+
+uint64_t SlotTable::device_bytes(const BaseModelShapes& base, int num_slots, int max_rank, DType dtype) {
+  uint64_t per_layer = 0;  // one slot's A and B over every target, plus each target's rank entry
+  for (int t = 0; t < ops::kNumLoraTargets; ++t) {
+    const LoraTarget target = LoraTarget(t);
+    if (!target_present(base, target)) continue;
+    const uint64_t in = uint64_t(base.in_features[size_t(t)]), out = uint64_t(base.out_features[size_t(t)]);
+    const uint64_t experts = detail::is_moe_target(target) ? uint64_t(base.num_experts) : 1;
+    per_layer += experts * uint64_t(target_capacity(target, max_rank)) * (in + out) * dtype_size(dtype) + 4;
+  }
+  return per_layer * uint64_t(num_slots) * uint64_t(base.num_layers);
 }
 
 size_t SlotImage::bytes() const {

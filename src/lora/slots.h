@@ -28,6 +28,8 @@ class SlotTable {
   // Allocates stacks for every target the model has. Capacity per target: max_rank, except the MoE
   // gate_up whose capacity is 2 * max_rank (per-expert gate/up adapters merge block-diagonally).
   SlotTable(ops::Backend& backend, const BaseModelShapes& base, int num_slots, int max_rank);
+  // Device bytes such a table allocates in `dtype` (the engine checks them against free memory first).
+  static uint64_t device_bytes(const BaseModelShapes& base, int num_slots, int max_rank, DType dtype);
 
   int num_slots() const { return num_slots_; }
   // Validate `adapter` against the table (targets, shapes, rank within the capacity) and lay it out as a

@@ -361,6 +361,24 @@ TEST(Engine, KvCacheIsSizedFromGpuMemoryUtilization) {
   EXPECT_FALSE(Engine::create(f->weights, roomy, config).ok());
 }
 
+// Adapter slots that cannot fit the free memory are refused before anything is allocated, naming the flags.
+TEST(Engine, AdapterSlotsBeyondFreeMemoryAreRefused) {
+  auto f = make_fixture(0);
+  const uint64_t gib = uint64_t(1) << 30;
+  EngineConfig config;
+  config.max_loras = 1 << 24;  // the tiny model's slots: well over the 3 GiB free
+  config.max_lora_rank = 16;
+  FixedMemoryBackend small(8 * gib, 3 * gib);
+  Result<std::unique_ptr<Engine>> refused = Engine::create(f->weights, small, config);
+  ASSERT_FALSE(refused.ok());
+  const std::string& m = refused.status().message();
+  EXPECT_NE(m.find("--max-loras 16777216"), std::string::npos) << m;
+  EXPECT_NE(m.find("--max-lora-rank 16"), std::string::npos) << m;
+  EXPECT_NE(m.find("only 3.0 GiB is free"), std::string::npos) << m;
+  config.max_loras = 4;
+  EXPECT_TRUE(Engine::create(f->weights, small, config).ok());
+}
+
 TEST(Engine, ChunkedPrefillPreemptionAndSlotEvictionKeepResults) {
   auto f = make_fixture(3);
   EngineConfig roomy;

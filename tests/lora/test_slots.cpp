@@ -19,7 +19,10 @@ class Bf16HostBackend final : public ops::Backend {
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::BF16; }
   DType lora_dtype() const override { return DType::BF16; }
-  Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
+  Buffer allocate(size_t bytes) override {
+    allocated += bytes;
+    return Buffer::host(bytes);
+  }
   void copy(const Tensor& dst, const Tensor& src) override {
     ASSERT_EQ(dst.dtype, src.dtype);
     ASSERT_EQ(dst.numel(), src.numel());
@@ -45,6 +48,7 @@ class Bf16HostBackend final : public ops::Backend {
   void lora(const ops::LoraParams&) override { std::abort(); }
   void sample(const ops::SamplingParams&) override { std::abort(); }
   int copies = 0;
+  uint64_t allocated = 0;
 };
 
 float read_value(const Tensor& t, int64_t i) {
@@ -196,6 +200,17 @@ TEST(SlotTable, Bf16StacksAndRefusals) {
   s = table.load(1, short_adapter);
   EXPECT_NE(s.message().find("has 1 layers, the base model 2"), std::string::npos) << s.message();
   EXPECT_EQ(table.load(2, a).code(), StatusCode::kOutOfRange);
+}
+
+// device_bytes (the engine's start-up check) is exactly what the table allocates, dense and MoE, with the
+// MoE gate_up's doubled capacity.
+TEST(SlotTable, DeviceBytesMatchTheAllocation) {
+  for (const BaseModelShapes& base : {dense_shapes("llama", 2, 8, 12), moe_shapes("qwen3_moe", 3, 16, 8, 4)}) {
+    Bf16HostBackend backend;
+    { SlotTable table(backend, base, 3, 5); }
+    EXPECT_EQ(backend.allocated, SlotTable::device_bytes(base, 3, 5, DType::BF16)) << base.num_experts;
+    EXPECT_EQ(SlotTable::device_bytes(base, 6, 5, DType::BF16), 2 * SlotTable::device_bytes(base, 3, 5, DType::BF16));
+  }
 }
 
 // prepare() lays an adapter out once (any thread); load() of the image only copies, and refuses an image

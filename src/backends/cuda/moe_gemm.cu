@@ -1906,7 +1906,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
-int gemm_mxfp4_block_n = 128, gemm_mxfp4_stages = 8;  // set_moe_gemm_mxfp4_shape
+int gemm_mxfp4_block_n = 128, gemm_mxfp4_stages = 4;  // set_moe_gemm_mxfp4_shape (runs 122-124)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma

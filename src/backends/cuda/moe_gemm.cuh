@@ -54,8 +54,9 @@ void set_moe_gemm_stream_k(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
-// The MXFP4 decode GEMM's CTA shape: 128 columns with 4, 6 or 8 (the default) cp.async stages, or 64 columns
-// with 8 (bench sweeps; graphs must be recorded again). Throws std::invalid_argument for other shapes.
+// The MXFP4 decode GEMM's CTA shape: 128 columns with 4 (the default since run 124: 6 CTAs an SM instead of
+// 4), 6 or 8 cp.async stages, or 64 columns with 8 (bench sweeps; graphs must be recorded again). Throws
+// std::invalid_argument for other shapes.
 void set_moe_gemm_mxfp4_shape(int block_n, int stages);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
 // default, perf-log run 118): where the decode GEMMs read MXFP4 experts, the LoRA runs as shrink + expand
