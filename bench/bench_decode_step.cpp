@@ -12,7 +12,7 @@
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
-//                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6]
+//                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -81,7 +81,7 @@ struct Options {
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
-  int mxfp4_block_n = 0, mxfp4_stages = 0;  // --mxfp4-shape NxS: the MXFP4 decode GEMM's CTA (set_moe_gemm_mxfp4_shape)
+  int mxfp4_block_n = 0, mxfp4_stages = 0, mxfp4_ctas = 0;  // --mxfp4-shape NxS[xC]: set_moe_gemm_mxfp4_shape
   int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
@@ -122,8 +122,9 @@ Options parse(int argc, char** argv) {
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
     else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
     else if (key == "--mxfp4-shape") {
-      if (std::sscanf(value.c_str(), "%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages) != 2) {
-        std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES (e.g. 128x6), got '%s'\n", value.c_str());
+      if (std::sscanf(value.c_str(), "%dx%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages, &o.mxfp4_ctas) < 2) {
+        std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES[xCTAS] (e.g. 128x6, 128x4x8), got '%s'\n",
+                     value.c_str());
         std::exit(2);
       }
     }
@@ -444,12 +445,13 @@ int main(int argc, char** argv) {
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
   if (o.mxfp4_block_n != 0) {
     try {
-      cuda::set_moe_gemm_mxfp4_shape(o.mxfp4_block_n, o.mxfp4_stages);
+      cuda::set_moe_gemm_mxfp4_shape(o.mxfp4_block_n, o.mxfp4_stages, o.mxfp4_ctas);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: %s\n", e.what());
       return 2;
     }
-    std::printf("every row: the MXFP4 decode GEMM at %d columns x %d stages\n", o.mxfp4_block_n, o.mxfp4_stages);
+    std::printf("every row: the MXFP4 decode GEMM at %d columns x %d stages%s\n", o.mxfp4_block_n, o.mxfp4_stages,
+                o.mxfp4_ctas ? (", " + std::to_string(o.mxfp4_ctas) + " CTAs an SM").c_str() : "");
   }
   if (o.fuse_route) {
     cuda_backend.set_fuse_route(true);

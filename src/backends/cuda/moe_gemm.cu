@@ -1906,7 +1906,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
-int gemm_mxfp4_block_n = 128, gemm_mxfp4_stages = 4;  // set_moe_gemm_mxfp4_shape (runs 122-124)
+int gemm_mxfp4_block_n = 128, gemm_mxfp4_stages = 4, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 122-123)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
@@ -2005,9 +2005,10 @@ PreparedKernel prepared_kernel() {
   return {kernel, 32 * kWarpsM * kWarpsN, shared_bytes};
 }
 
-// The MXFP4 decode GEMM's shapes (set_moe_gemm_mxfp4_shape). Default 128 columns × 8 stages: 51 KB a CTA,
-// 4 CTAs an SM, ~120 KB of weight in flight — Nsight (perf-log run 121): 16 warps an SM issue on 54% of the
-// cycles, DRAM at 41%: latency-bound. The others trade stages for resident warps (registers allowing).
+// The MXFP4 decode GEMM's shapes (set_moe_gemm_mxfp4_shape). 128 columns × 8 stages: 51 KB a CTA, 4 CTAs an
+// SM, ~120 KB of weight in flight — Nsight (perf-log run 121): 16 warps an SM issue on 54% of the cycles,
+// DRAM at 41%: latency-bound. The others trade stages for resident warps: 128 × 4 (the default since run
+// 123) at 6 CTAs (80 registers), 128 × 4 and 128 × 3 at 8 (64 registers, a 4-byte spill).
 template <int kBlockN, int kStages, int kMinBlocks>
 PreparedKernel prepared_mxfp4_kernel() {
   const size_t shared_bytes = size_t(kStages) * kMxfp4StageBytes<kBlockN>;
@@ -2019,9 +2020,10 @@ PreparedKernel prepared_mxfp4_kernel() {
   (void)attribute_set;
   return {kernel, 128, shared_bytes};
 }
-PreparedKernel prepared_mxfp4_kernel(int block_n, int stages) {
+PreparedKernel prepared_mxfp4_kernel(int block_n, int stages, int ctas_per_sm) {
   if (block_n == 64) return prepared_mxfp4_kernel<64, 8, 6>();
-  if (stages == 4) return prepared_mxfp4_kernel<128, 4, 6>();
+  if (stages == 3) return prepared_mxfp4_kernel<128, 3, 8>();
+  if (stages == 4) return ctas_per_sm == 8 ? prepared_mxfp4_kernel<128, 4, 8>() : prepared_mxfp4_kernel<128, 4, 6>();
   if (stages == 6) return prepared_mxfp4_kernel<128, 6, 5>();
   return prepared_mxfp4_kernel<128, 8, 4>();
 }
@@ -2215,7 +2217,7 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
   const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || kernel == MoeGemmKernel::kMmaSync;
   if (mxfp4) {
     LMX_CHECK(block_m == kMoeGemmBlockMDecode && even_k);
-    k = prepared_mxfp4_kernel(gemm_mxfp4_block_n, gemm_mxfp4_stages);
+    k = prepared_mxfp4_kernel(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas);
   } else if (block_m == kMoeGemmBlockMDecode) {
     if (block_n == 128) k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
     else if (decode_stages == 4) k = prepared_kernel<16, 64, 1, 4, 4>(even_k);
@@ -2356,14 +2358,22 @@ void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
-void set_moe_gemm_mxfp4_shape(int block_n, int stages) {
-  const bool known = (block_n == 128 && (stages == 4 || stages == 6 || stages == 8)) || (block_n == 64 && stages == 8);
-  if (!known) {
-    throw std::invalid_argument("set_moe_gemm_mxfp4_shape: built shapes are 128 columns x 4, 6 or 8 stages and 64 x 8, "
-                                "got " + std::to_string(block_n) + " x " + std::to_string(stages));
+void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
+  struct Shape {
+    int block_n, stages, ctas;
+  };
+  constexpr Shape kBuilt[] = {{128, 8, 4}, {128, 6, 5}, {128, 4, 6}, {128, 4, 8}, {128, 3, 8}, {64, 8, 6}};
+  for (const Shape& shape : kBuilt) {  // the first of a (columns, stages) pair is its default CTA count
+    if (shape.block_n == block_n && shape.stages == stages && (ctas_per_sm == 0 || ctas_per_sm == shape.ctas)) {
+      gemm_mxfp4_block_n = block_n;
+      gemm_mxfp4_stages = stages;
+      gemm_mxfp4_ctas = shape.ctas;
+      return;
+    }
   }
-  gemm_mxfp4_block_n = block_n;
-  gemm_mxfp4_stages = stages;
+  throw std::invalid_argument("set_moe_gemm_mxfp4_shape: built shapes (columns x stages @ CTAs an SM) are 128x8@4, "
+                              "128x6@5, 128x4@6, 128x4@8, 128x3@8 and 64x8@6, got " + std::to_string(block_n) + "x" +
+                              std::to_string(stages) + (ctas_per_sm ? "@" + std::to_string(ctas_per_sm) : ""));
 }
 void set_moe_gemm_early_trigger(bool on) { gemm_early_trigger = on; }
 void set_moe_lora_gemm_wgmma(bool on) { lora_gemm_wgmma = on; }

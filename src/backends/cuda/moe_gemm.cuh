@@ -54,10 +54,11 @@ void set_moe_gemm_stream_k(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
-// The MXFP4 decode GEMM's CTA shape: 128 columns with 4 (the default since run 124: 6 CTAs an SM instead of
-// 4), 6 or 8 cp.async stages, or 64 columns with 8 (bench sweeps; graphs must be recorded again). Throws
-// std::invalid_argument for other shapes.
-void set_moe_gemm_mxfp4_shape(int block_n, int stages);
+// The MXFP4 decode GEMM's CTA shape: 128 columns with 4 cp.async stages at 6 CTAs an SM (the default since
+// run 123), 4 or 3 stages at 8 (registers capped at 64), 6 or 8 stages, or 64 columns with 8 (bench sweeps;
+// graphs must be recorded again). ctas_per_sm 0: the shape's first built count. Throws
+// std::invalid_argument for shapes not built.
+void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
 // default, perf-log run 118): where the decode GEMMs read MXFP4 experts, the LoRA runs as shrink + expand
 // kernels around them (the before/after row; tests compare each path with its bf16 twin).
