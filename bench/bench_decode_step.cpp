@@ -12,7 +12,7 @@
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
-//                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8]
+//                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -55,6 +55,7 @@
 #include "engine/engine.h"
 #include "engine/setup.h"
 #include "lora/adapter.h"
+#include "model/presets.h"
 #include "ops/kernel_configs.h"
 #include "op_profiler.h"
 
@@ -92,6 +93,7 @@ struct Options {
   // Tuned launch knobs, as loramux serve loads them: "" = the committed configs/kernels, "none" = the
   // backend's built-in defaults (what this bench measured before perf-log run 44).
   std::string kernel_configs;
+  int floor_only = 0;  // 1: print the floors of this shape and exit (no GPU needed)
 };
 
 Options parse(int argc, char** argv) {
@@ -109,6 +111,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--max-num-batched-tokens") o.max_batched_tokens = std::atoi(value.c_str());
     else if (key == "--gpu-memory-utilization") o.gpu_memory_utilization = std::atof(value.c_str());
     else if (key == "--kernel-configs") o.kernel_configs = value;
+    else if (key == "--floor-only") o.floor_only = std::atoi(value.c_str());
     else if (key == "--vocab") o.vocab = std::max(0, std::atoi(value.c_str()));
     else if (key == "--weight-seed") o.weight_seed = std::strtoull(value.c_str(), nullptr, 10);
     else if (key == "--steady-steps") o.steady_steps = std::max(0, std::atoi(value.c_str()));
@@ -197,6 +200,35 @@ double prefill_flops(const model::ModelConfig& c, int tokens) {
 struct Run {
   std::unique_ptr<engine::Engine> engine;
 };
+
+// --floor-only 1: the decode floors (bf16 experts, and MXFP4 for GPT-OSS) and the prefill floor of this
+// shape, as OTPS too, without a GPU: the yardstick's "% of floor" at other batch sizes and models.
+int print_floors(const Options& o) {
+  const std::string prefix = "preset:";
+  if (o.model.rfind(prefix, 0) != 0) {
+    std::fprintf(stderr, "bench_decode_step: --floor-only needs a preset model (preset:NAME), got '%s'\n", o.model.c_str());
+    return 2;
+  }
+  Result<model::ModelConfig> config = model::preset_config(o.model.substr(prefix.size()));
+  if (!config.ok()) {
+    std::fprintf(stderr, "bench_decode_step: %s\n", config.status().message().c_str());
+    return 2;
+  }
+  model::ModelConfig c = std::move(config).value();
+  if (o.vocab > 0) c.vocab_size = o.vocab;
+  std::printf("%s (vocab %d): B %d at context %d, %d adapters of rank %d; bytes over %.1f TB/s, FLOPs over %.0f TFLOP/s\n",
+              o.model.c_str(), c.vocab_size, o.batch, o.context, o.adapters, o.rank, kBytesPerSecond * 1e-12,
+              kFlopsPerSecond * 1e-12);
+  for (const bool mxfp4 : {false, true}) {
+    if (mxfp4 && c.family != model::Family::kGptOss) continue;
+    const double with_lora = decode_floor(c, o.batch, o.context, o.adapters, o.rank, mxfp4).total() / kBytesPerSecond;
+    const double base = decode_floor(c, o.batch, o.context, 0, o.rank, mxfp4).total() / kBytesPerSecond;
+    std::printf("decode floor, %s experts: %.3f ms = %.0f OTPS with the adapters, %.3f ms = %.0f OTPS without\n",
+                mxfp4 ? "MXFP4" : "bf16", with_lora * 1e3, 1.0 / with_lora, base * 1e3, 1.0 / base);
+  }
+  std::printf("prefill floor, %d tokens: %.3f ms\n", o.prefill, prefill_flops(c, o.prefill) / kFlopsPerSecond * 1e3);
+  return 0;
+}
 
 std::vector<int32_t> random_prompt(Rng& rng, int length, int vocab) {
   std::vector<int32_t> ids(static_cast<size_t>(length));
@@ -414,6 +446,7 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
 int main(int argc, char** argv) {
   using namespace lmx;
   const Options o = parse(argc, argv);
+  if (o.floor_only) return print_floors(o);
   if (o.moe_stream_k) {
     cuda::set_moe_gemm_stream_k(true);
     std::printf("every row: the MoE GEMMs with a stream-K tail (--moe-stream-k 1)\n");
