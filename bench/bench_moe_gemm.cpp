@@ -313,7 +313,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     struct Shape {
       int block_n, stages, ctas;
     };
-    for (const Shape& s : {Shape{128, 8, 4}, Shape{128, 6, 5}, Shape{64, 8, 6}, Shape{128, 4, 8}, Shape{128, 3, 8}}) {
+    for (const Shape& s : {Shape{128, 8, 4}, Shape{128, 6, 5}, Shape{64, 8, 6}, Shape{128, 5, 6}, Shape{128, 4, 8}, Shape{128, 3, 8}}) {
       cuda::set_moe_gemm_mxfp4_shape(s.block_n, s.stages, s.ctas);
       block(0, true, true);  // kernel attributes outside the graph
       const std::string what = "block (no LoRA), MXFP4 experts, " + std::to_string(s.block_n) + " columns x " +

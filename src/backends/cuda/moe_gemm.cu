@@ -2008,7 +2008,8 @@ PreparedKernel prepared_kernel() {
 // The MXFP4 decode GEMM's shapes (set_moe_gemm_mxfp4_shape). 128 columns × 8 stages: 51 KB a CTA, 4 CTAs an
 // SM, ~120 KB of weight in flight — Nsight (perf-log run 121): 16 warps an SM issue on 54% of the cycles,
 // DRAM at 41%: latency-bound. The others trade stages for resident warps: 128 × 4 (the default since run
-// 123) at 6 CTAs (80 registers), 128 × 4 and 128 × 3 at 8 (64 registers, a 4-byte spill).
+// 123) and 128 × 5 at 6 CTAs (80 registers), 128 × 4 and 128 × 3 at 8 (64 registers, a 4-byte spill: slower,
+// run 125).
 template <int kBlockN, int kStages, int kMinBlocks>
 PreparedKernel prepared_mxfp4_kernel() {
   const size_t shared_bytes = size_t(kStages) * kMxfp4StageBytes<kBlockN>;
@@ -2023,6 +2024,7 @@ PreparedKernel prepared_mxfp4_kernel() {
 PreparedKernel prepared_mxfp4_kernel(int block_n, int stages, int ctas_per_sm) {
   if (block_n == 64) return prepared_mxfp4_kernel<64, 8, 6>();
   if (stages == 3) return prepared_mxfp4_kernel<128, 3, 8>();
+  if (stages == 5) return prepared_mxfp4_kernel<128, 5, 6>();
   if (stages == 4) return ctas_per_sm == 8 ? prepared_mxfp4_kernel<128, 4, 8>() : prepared_mxfp4_kernel<128, 4, 6>();
   if (stages == 6) return prepared_mxfp4_kernel<128, 6, 5>();
   return prepared_mxfp4_kernel<128, 8, 4>();
@@ -2362,7 +2364,7 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
   struct Shape {
     int block_n, stages, ctas;
   };
-  constexpr Shape kBuilt[] = {{128, 8, 4}, {128, 6, 5}, {128, 4, 6}, {128, 4, 8}, {128, 3, 8}, {64, 8, 6}};
+  constexpr Shape kBuilt[] = {{128, 8, 4}, {128, 6, 5}, {128, 5, 6}, {128, 4, 6}, {128, 4, 8}, {128, 3, 8}, {64, 8, 6}};
   for (const Shape& shape : kBuilt) {  // the first of a (columns, stages) pair is its default CTA count
     if (shape.block_n == block_n && shape.stages == stages && (ctas_per_sm == 0 || ctas_per_sm == shape.ctas)) {
       gemm_mxfp4_block_n = block_n;
@@ -2372,7 +2374,7 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
     }
   }
   throw std::invalid_argument("set_moe_gemm_mxfp4_shape: built shapes (columns x stages @ CTAs an SM) are 128x8@4, "
-                              "128x6@5, 128x4@6, 128x4@8, 128x3@8 and 64x8@6, got " + std::to_string(block_n) + "x" +
+                              "128x6@5, 128x5@6, 128x4@6, 128x4@8, 128x3@8 and 64x8@6, got " + std::to_string(block_n) + "x" +
                               std::to_string(stages) + (ctas_per_sm ? "@" + std::to_string(ctas_per_sm) : ""));
 }
 void set_moe_gemm_early_trigger(bool on) { gemm_early_trigger = on; }

@@ -55,8 +55,8 @@ void set_moe_gemm_stream_k(bool on);
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
 // The MXFP4 decode GEMM's CTA shape: 128 columns with 4 cp.async stages at 6 CTAs an SM (the default since
-// run 123), 4 or 3 stages at 8 (registers capped at 64), 6 or 8 stages, or 64 columns with 8 (bench sweeps;
-// graphs must be recorded again). ctas_per_sm 0: the shape's first built count. Throws
+// run 123), 5 stages at 6, 4 or 3 stages at 8 (registers capped at 64), 6 or 8 stages, or 64 columns with 8
+// (bench sweeps; graphs must be recorded again). ctas_per_sm 0: the shape's first built count. Throws
 // std::invalid_argument for shapes not built.
 void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
