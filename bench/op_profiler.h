@@ -37,6 +37,7 @@ class OpProfiler final : public ops::Backend {
   void copy(const Tensor& dst, const Tensor& src) override { timed("copy", [&] { inner_.copy(dst, src); }); }
   void fill_zero(const Tensor& dst) override { timed("fill_zero", [&] { inner_.fill_zero(dst); }); }
   void fill_generated(const Tensor& t, uint64_t seed, float stddev) override { inner_.fill_generated(t, seed, stddev); }
+  void fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p) override { inner_.fill_generated_mxfp4(p); }
 
   void embedding(const ops::EmbeddingParams& p) override { timed("embedding", [&] { inner_.embedding(p); }); }
   void rms_norm(const ops::RmsNormParams& p) override { timed("rms_norm", [&] { inner_.rms_norm(p); }); }

@@ -7,15 +7,26 @@
 
 #include "core/dtype.h"
 
+// mix64 and rng_output are callable in CUDA device code too (the CUDA backend's weight generators).
+#if defined(__CUDACC__)
+#define LMX_RNG_FN __host__ __device__ __forceinline__
+#else
+#define LMX_RNG_FN inline
+#endif
+
 namespace lmx {
 
 // SplitMix64 finalizer: a good 64-bit mix, used to derive independent streams from (seed, key...).
-inline uint64_t mix64(uint64_t x) {
+LMX_RNG_FN uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+// Output n (0-based) of Rng(seed) without walking the stream: SplitMix64's state after n + 1 steps is
+// mix64(seed) + (n + 1) · golden, and its output the finalizer of that state (mix64 of it minus golden).
+LMX_RNG_FN uint64_t rng_output(uint64_t seed, uint64_t n) { return mix64(mix64(seed) + n * 0x9e3779b97f4a7c15ull); }
 
 class Rng {
  public:

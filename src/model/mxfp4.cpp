@@ -169,19 +169,11 @@ Mxfp4Decode generate_mxfp4_decode(int64_t experts, int64_t rows, int64_t k, uint
   const int64_t tiles = k / layout::kTileK, units = experts * tiles * rows;  // (expert, k-tile, row) units
   uint8_t* blocks = out.blocks.view.ptr<uint8_t>();
   uint8_t* scales = out.scales.view.ptr<uint8_t>();
-  constexpr int64_t kChunk = 4096;  // units per stream: values do not depend on how chunks meet threads
-  parallel_for((units + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t chunk = begin; chunk < end; ++chunk) {
-      Rng rng(seed + uint64_t(chunk));
-      for (int64_t u = chunk * kChunk; u < std::min(units, (chunk + 1) * kChunk); ++u) {
-        for (int b = 0; b < layout::kTileBytes; b += 8) {
-          const uint64_t bits = rng.next_u64();
-          std::memcpy(blocks + u * layout::kTileBytes + b, &bits, 8);
-        }
-        const uint64_t pick = rng.next_u64();
-        scales[u * 2] = uint8_t(scale_lo + int(pick % 3));
-        scales[u * 2 + 1] = uint8_t(scale_lo + int((pick >> 8) % 3));
-      }
+  parallel_for(units, layout::kGeneratedUnits, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const layout::GeneratedUnit g = layout::generated_unit(seed, u, scale_lo);
+      std::memcpy(blocks + u * layout::kTileBytes, g.words, layout::kTileBytes);
+      std::memcpy(scales + u * 2, g.scales, 2);
     }
   });
   return out;

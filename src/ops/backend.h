@@ -38,6 +38,8 @@ class Backend {
   // Generated (dummy) weights in place: `t` (BF16, this backend's memory) gets generate_weights_bf16's
   // values (core/rng.h) for (tensor_seed, stddev), bit for bit the same on every backend.
   virtual void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) = 0;
+  // Generated MXFP4 experts in place (GeneratedMxfp4Params): the same bytes on every backend.
+  virtual void fill_generated_mxfp4(const GeneratedMxfp4Params& p) = 0;
 
   virtual void embedding(const EmbeddingParams& p) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;

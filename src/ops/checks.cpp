@@ -9,6 +9,7 @@
 #include "ops/basic.h"
 #include "ops/lora.h"
 #include "ops/moe.h"
+#include "ops/mxfp4.h"
 #include "ops/rope.h"
 #include "ops/routing.h"
 #include "ops/sampling.h"
@@ -338,6 +339,26 @@ Status check(const RouteParams& p) {
 }
 
 // ---- moe.h ----------------------------------------------------------------------------------------------
+
+Status check(const GeneratedMxfp4Params& p) {
+  LMX_RETURN_IF_ERROR(expect(p.values, "GeneratedMxfp4Params.values", DType::BF16, {-1, -1, -1}));
+  const int64_t experts = p.values.dim(0), rows = p.values.dim(1), k = p.values.dim(2);
+  if (k % mxfp4::kTileK != 0) {
+    return invalid_argument("GeneratedMxfp4Params.values: the MXFP4 decode layout needs K a multiple of 64, found " +
+                            p.values.shape_str());
+  }
+  LMX_RETURN_IF_ERROR(expect(p.weight.blocks, "GeneratedMxfp4Params.weight.blocks", DType::U8,
+                             {experts, k / mxfp4::kTileK, rows, mxfp4::kTileBytes}));
+  LMX_RETURN_IF_ERROR(
+      expect(p.weight.scales, "GeneratedMxfp4Params.weight.scales", DType::U8, {experts, k / mxfp4::kTileK, rows, 2}));
+  if (p.scale_lo < 0 || p.scale_lo + 2 > mxfp4::kMaxDecodeScale) {
+    return invalid_argument("GeneratedMxfp4Params.scale_lo: expected 0 .. " + std::to_string(mxfp4::kMaxDecodeScale - 2) +
+                            ", found " + std::to_string(p.scale_lo));
+  }
+  return expect_one_device({{"GeneratedMxfp4Params.values", &p.values},
+                            {"GeneratedMxfp4Params.weight.blocks", &p.weight.blocks},
+                            {"GeneratedMxfp4Params.weight.scales", &p.weight.scales}});
+}
 
 Status check(const MoeParams& p) {
   LMX_RETURN_IF_ERROR(expect_activation(p.x, "MoeParams.x", {-1, -1}));

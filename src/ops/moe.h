@@ -29,6 +29,17 @@ struct Mxfp4Weight {
   bool defined() const { return blocks.defined(); }
 };
 
+// Generated (dummy) MXFP4 experts in place (presets' --mxfp4-experts): `weight` gets the bytes of
+// ops/mxfp4.h's generated_unit for (seed, scale_lo) and `values` their exact bf16 dequantization, bit for bit
+// the same on every backend (and as model::generate_mxfp4_decode + dequantize_mxfp4_decode on the host).
+struct GeneratedMxfp4Params {
+  Mxfp4Weight weight;  // blocks [E, K/64, N, 32], scales [E, K/64, N, 2] U8
+  Tensor values;       // [E, N, K] bf16
+  uint64_t seed = 0;
+  int scale_lo = 0;    // exponents in [scale_lo, scale_lo + 2]; scale_lo + 2 <= mxfp4::kMaxDecodeScale
+};
+Status check(const GeneratedMxfp4Params& p);
+
 struct MoeParams {
   Tensor x;             // [T, H]
   Tensor topk_ids;      // [T, K] i32

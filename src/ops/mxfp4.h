@@ -20,6 +20,9 @@
 // (2^(scale - 1) must be a finite bf16): pack refuses larger exponents.
 #pragma once
 #include <cstdint>
+#include <cstring>
+
+#include "core/rng.h"
 
 #if defined(__CUDACC__)
 #define LMX_MXFP4_FN __host__ __device__ __forceinline__
@@ -58,5 +61,44 @@ LMX_MXFP4_FN uint32_t decode_register(uint32_t word, int r) {
 
 // bf16x2 bits of 2^(scale - 1) in both halves; PRECOND scale <= kMaxDecodeScale.
 LMX_MXFP4_FN uint32_t scale_multiplier(uint32_t scale) { return ((scale + 126u) << 7) * 0x00010001u; }
+
+// ---- generated (dummy) experts: presets' --mxfp4-experts, the same bytes on the host and the device ----
+// Unit u = (expert, k-tile, row) of the decode layout, u = (e · K/64 + kt) · N + row, takes outputs
+// 5p .. 5p + 4 of the stream Rng(seed + u / kGeneratedUnits), p = u % kGeneratedUnits: its four 8-byte code
+// words (the unit's 32 bytes, little-endian), then the pick of its two exponents, each scale_lo + 0, 1 or 2.
+constexpr int64_t kGeneratedUnits = 4096;
+
+struct GeneratedUnit {
+  uint64_t words[4];
+  uint8_t scales[2];
+};
+
+LMX_MXFP4_FN GeneratedUnit generated_unit(uint64_t seed, int64_t u, int scale_lo) {
+  GeneratedUnit g;
+  const uint64_t stream = seed + uint64_t(u / kGeneratedUnits), first = uint64_t(u % kGeneratedUnits) * 5;
+  for (int j = 0; j < 4; ++j) g.words[j] = rng_output(stream, first + uint64_t(j));
+  const uint64_t pick = rng_output(stream, first + 4);
+  g.scales[0] = uint8_t(scale_lo + int(pick % 3));
+  g.scales[1] = uint8_t(scale_lo + int((pick >> 8) % 3));
+  return g;
+}
+
+// The 4-bit code of value k (0..63) of a unit's k-tile, from its words.
+LMX_MXFP4_FN int unit_code(const uint64_t (&words)[4], int k) {
+  const CodePlace place = code_place(k);
+  return int(words[place.byte / 8] >> (8 * (place.byte % 8) + place.shift)) & 0xf;
+}
+
+// E2M1 `code` times 2^(scale - 127) in fp32, exact for scale <= kMaxDecodeScale: the code's bits placed as
+// fp32 bits give code · 2^-126 (as decode_register's bf16 halves do), then one multiply by 2^(scale - 1).
+// Rounded to bf16 it is model::dequantize_mxfp4_decode's value (exact in bf16 unless it is below 2^-126).
+LMX_MXFP4_FN float code_value(int code, int scale) {
+  const uint32_t value_bits = (uint32_t(code & 8) << 28) | (uint32_t(code & 7) << 22);
+  const uint32_t multiplier_bits = uint32_t(scale + 126) << 23;
+  float value, multiplier;
+  memcpy(&value, &value_bits, 4);
+  memcpy(&multiplier, &multiplier_bits, 4);
+  return value * multiplier;
+}
 
 }  // namespace lmx::ops::mxfp4

@@ -2,8 +2,11 @@
 // add, silu_mul, gather_rows. Shapes cover GPT-OSS sizes, odd sizes (scalar fallbacks), rows longer than
 // one block, misaligned views and the aliasing each contract allows. Outputs are poisoned before each run.
 #include <cstdint>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/basic.cuh"
 #include "backends/cuda/cuda_backend.h"
 #include "core/rng.h"
@@ -207,6 +210,58 @@ TEST_F(CudaBasicOps, GeneratedWeightsEqualTheHostGenerator) {
       cuda::fill_generated(got, seed, stddev, stream_);
       sync();
       EXPECT_TRUE(bitwise_equal(cuda::download(got), want));
+    }
+  }
+}
+
+// MXFP4 experts generated on the GPU equal the CPU backend's (the host path's bytes, tests/model), codes,
+// exponents and bf16 values, over several streams and exponent ranges.
+TEST_F(CudaBasicOps, GeneratedMxfp4ExpertsEqualTheCpuBackend) {
+  cpu::CpuBackend host(2);
+  for (const auto& [experts, rows, k] : {std::tuple{int64_t(3), int64_t(40), int64_t(128)},
+                                          std::tuple{int64_t(4), int64_t(2880), int64_t(192)}}) {
+    for (int scale_lo : {0, 117, 126}) {
+      SCOPED_TRACE(std::to_string(experts) + " x " + std::to_string(rows) + " x " + std::to_string(k) + " scale_lo " +
+                   std::to_string(scale_lo));
+      const uint64_t seed = rng().next_u64();
+      const OwnedTensor want_blocks = host.empty(DType::U8, {experts, k / 64, rows, 32});
+      const OwnedTensor want_scales = host.empty(DType::U8, {experts, k / 64, rows, 2});
+      const OwnedTensor want_values = host.empty(DType::BF16, {experts, rows, k});
+      const ops::GeneratedMxfp4Params want{.weight = {.blocks = want_blocks.view, .scales = want_scales.view},
+                                           .values = want_values.view,
+                                           .seed = seed,
+                                           .scale_lo = scale_lo};
+      host.fill_generated_mxfp4(want);
+      const OwnedTensor blocks = poisoned(DType::U8, {experts, k / 64, rows, 32});
+      const OwnedTensor scales = poisoned(DType::U8, {experts, k / 64, rows, 2});
+      const OwnedTensor values = poisoned(DType::BF16, {experts, rows, k});
+      cuda::fill_generated_mxfp4({.weight = {.blocks = blocks.view, .scales = scales.view},
+                                  .values = values.view,
+                                  .seed = seed,
+                                  .scale_lo = scale_lo},
+                                 stream_);
+      sync();
+      EXPECT_TRUE(bitwise_equal(cuda::download(blocks), want.weight.blocks));
+      EXPECT_TRUE(bitwise_equal(cuda::download(scales), want.weight.scales));
+      EXPECT_TRUE(bitwise_equal(cuda::download(values), want.values));
+    }
+  }
+  // Through the preset generator: a GPT-OSS config's MXFP4 experts generated on the GPU equal the host's.
+  cuda::CudaBackend backend;
+  model::ModelConfig c = model::preset_config("tiny-moe").value();
+  c.moe_intermediate_size = 64;
+  const model::ModelWeights on_host = model::make_random_weights(c, 5, nullptr, true).value();
+  const model::ModelWeights on_device = model::make_random_weights(c, 5, &backend, true).value();
+  backend.synchronize();
+  for (size_t l = 0; l < on_host.layers.size(); ++l) {
+    const model::LayerWeights &a = on_host.layers[l], &b = on_device.layers[l];
+    for (const auto& [h, d] : {std::pair{a.gate_up, b.gate_up}, std::pair{a.down, b.down},
+                               std::pair{a.gate_up_mxfp4.blocks, b.gate_up_mxfp4.blocks},
+                               std::pair{a.gate_up_mxfp4.scales, b.gate_up_mxfp4.scales},
+                               std::pair{a.down_mxfp4.blocks, b.down_mxfp4.blocks},
+                               std::pair{a.down_mxfp4.scales, b.down_mxfp4.scales}}) {
+      ASSERT_EQ(d.device, Device::kCuda);
+      EXPECT_TRUE(bitwise_equal(cuda::download(d), h)) << "layer " << l << " " << h.shape_str();
     }
   }
 }

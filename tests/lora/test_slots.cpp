@@ -33,6 +33,7 @@ class Bf16HostBackend final : public ops::Backend {
   void synchronize() override {}
   uint64_t available_bytes() const override { return 0; }
   void fill_generated(const Tensor&, uint64_t, float) override { std::abort(); }
+  void fill_generated_mxfp4(const ops::GeneratedMxfp4Params&) override { std::abort(); }
   void embedding(const ops::EmbeddingParams&) override { std::abort(); }
   void rms_norm(const ops::RmsNormParams&) override { std::abort(); }
   void linear(const ops::LinearParams&) override { std::abort(); }

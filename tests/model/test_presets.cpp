@@ -6,6 +6,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "backends/cpu/cpu_backend.h"
 #include "model/mxfp4.h"
 #include "model/presets.h"
 
@@ -259,6 +260,59 @@ TEST(Presets, Mxfp4ExpertsAreTheBf16ExpertsValues) {
   EXPECT_NE(qwen.status().message().find("only GPT-OSS models have MXFP4 experts"), std::string::npos)
       << qwen.status().message();
   EXPECT_GT(weight_bytes(preset_config("gpt-oss-20b").value(), true), weight_bytes(preset_config("gpt-oss-20b").value()));
+}
+
+// A backend generates the MXFP4 experts in place (fill_generated_mxfp4): the same bytes as the host path
+// without a backend, which generate_mxfp4_decode and dequantize_mxfp4_decode give; streams cross chunk
+// boundaries (kGeneratedUnits) in the larger shape.
+TEST(Presets, Mxfp4ExpertsGeneratedByTheBackendEqualTheHostPath) {
+  cpu::CpuBackend backend(3);
+  for (const auto& [experts, rows, k] : {std::tuple{int64_t(3), int64_t(40), int64_t(128)},
+                                          std::tuple{int64_t(2), int64_t(1500), int64_t(192)}}) {
+    SCOPED_TRACE(std::to_string(experts) + " x " + std::to_string(rows) + " x " + std::to_string(k));
+    for (int scale_lo : {0, 117, 126}) {
+      const uint64_t seed = 0x1234 + uint64_t(scale_lo);
+      const Mxfp4Decode want = generate_mxfp4_decode(experts, rows, k, seed, scale_lo);
+      const OwnedTensor want_values = dequantize_mxfp4_decode(want.blocks, want.scales, "want").value();
+      const OwnedTensor blocks = backend.empty(DType::U8, {experts, k / 64, rows, 32});
+      const OwnedTensor scales = backend.empty(DType::U8, {experts, k / 64, rows, 2});
+      const OwnedTensor values = backend.empty(DType::BF16, {experts, rows, k});
+      const ops::GeneratedMxfp4Params p{.weight = {.blocks = blocks.view, .scales = scales.view},
+                                        .values = values.view,
+                                        .seed = seed,
+                                        .scale_lo = scale_lo};
+      std::memset(p.values.data, 0xff, p.values.nbytes());  // poisoned
+      backend.fill_generated_mxfp4(p);
+      EXPECT_EQ(std::memcmp(p.weight.blocks.data, want.blocks.view.data, want.blocks.view.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(p.weight.scales.data, want.scales.view.data, want.scales.view.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(p.values.data, want_values.view.data, want_values.view.nbytes()), 0) << scale_lo;
+    }
+  }
+  // And through the preset generator: a backend's weights equal the host's, MXFP4 copies included.
+  ModelConfig c = preset_config("tiny-moe").value();
+  c.moe_intermediate_size = 64;
+  const ModelWeights host = make_random_weights(c, 5, nullptr, true).value();
+  const ModelWeights generated = make_random_weights(c, 5, &backend, true).value();
+  for (size_t layer = 0; layer < host.layers.size(); ++layer) {
+    const LayerWeights &a = host.layers[layer], &b = generated.layers[layer];
+    for (const auto& [x, y] : {std::pair{a.gate_up, b.gate_up}, std::pair{a.down, b.down},
+                               std::pair{a.gate_up_mxfp4.blocks, b.gate_up_mxfp4.blocks},
+                               std::pair{a.down_mxfp4.scales, b.down_mxfp4.scales}}) {
+      ASSERT_EQ(x.nbytes(), y.nbytes());
+      EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << "layer " << layer << " " << x.shape_str();
+    }
+  }
+  // Contract: K must be a multiple of 64, the copy's shape must match.
+  const OwnedTensor bad_blocks = backend.empty(DType::U8, {1, 1, 8, 32});
+  const OwnedTensor bad_scales = backend.empty(DType::U8, {1, 1, 8, 2});
+  const OwnedTensor bad_values = backend.empty(DType::BF16, {1, 8, 96});
+  const ops::GeneratedMxfp4Params bad{.weight = {.blocks = bad_blocks.view, .scales = bad_scales.view},
+                                      .values = bad_values.view,
+                                      .seed = 1,
+                                      .scale_lo = 120};
+  const Status s = ops::check(bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("K a multiple of 64"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/cpu_util.h"
 #include "core/rng.h"
+#include "ops/mxfp4.h"
 
 namespace lmx::cpu {
 
@@ -83,6 +84,32 @@ void CpuBackend::fill_generated(const Tensor& t, uint64_t tensor_seed, float std
   const int64_t chunks = (t.numel() + kGeneratedChunk - 1) / kGeneratedChunk;
   pool_.parallel_for(chunks, kGeneratedChunk, [&](int64_t begin, int64_t end) {
     generate_weights_bf16(out, begin * kGeneratedChunk, std::min(t.numel(), end * kGeneratedChunk), tensor_seed, stddev);
+  });
+}
+
+void CpuBackend::fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p) {
+  ops::require(ops::check(p), "fill_generated_mxfp4");
+  if (p.values.device != Device::kCpu) {
+    contract_violation("fill_generated_mxfp4", "the cpu backend fills host memory, found " + p.values.shape_str() +
+                                                   " on " + std::string(device_name(p.values.device)));
+  }
+  namespace mxfp4 = ops::mxfp4;
+  const int64_t rows = p.values.dim(1), k = p.values.dim(2), tiles = k / mxfp4::kTileK;
+  const int64_t units = p.values.dim(0) * tiles * rows;  // (expert, k-tile, row)
+  uint8_t* blocks = p.weight.blocks.ptr<uint8_t>();
+  uint8_t* scales = p.weight.scales.ptr<uint8_t>();
+  uint16_t* values = p.values.ptr<uint16_t>();
+  pool_.parallel_for(units, 16 * mxfp4::kTileK, [&](int64_t begin, int64_t end) {  // ~16 operations a value
+    for (int64_t u = begin; u < end; ++u) {
+      const mxfp4::GeneratedUnit g = mxfp4::generated_unit(p.seed, u, p.scale_lo);
+      std::memcpy(blocks + u * mxfp4::kTileBytes, g.words, mxfp4::kTileBytes);
+      std::memcpy(scales + u * 2, g.scales, 2);
+      const int64_t row = u % rows, kt = u / rows % tiles, expert = u / (rows * tiles);
+      uint16_t* out = values + (expert * rows + row) * k + kt * mxfp4::kTileK;
+      for (int i = 0; i < mxfp4::kTileK; ++i) {
+        out[i] = f32_to_bf16(mxfp4::code_value(mxfp4::unit_code(g.words, i), g.scales[i / mxfp4::kGroup])).bits;
+      }
+    }
   });
 }
 

@@ -28,6 +28,7 @@ class CpuBackend : public ops::Backend {
   std::unique_ptr<ops::Backend> make_lane(double /*sm_share*/, bool /*lane_first*/) override { return std::make_unique<CpuBackend>(num_threads()); }
   uint64_t available_bytes() const override;
   void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
+  void fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p) override;
 
   void embedding(const ops::EmbeddingParams& p) override;
   void rms_norm(const ops::RmsNormParams& p) override;

@@ -12,6 +12,7 @@
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/device.cuh"
 #include "core/rng.h"
+#include "ops/mxfp4.h"
 #include "ops/backend.h"
 
 namespace lmx::cuda {
@@ -251,13 +252,6 @@ struct GeneratedKernelParams {
   float scale;    // generated_scale(stddev)
 };
 
-__device__ __forceinline__ uint64_t device_mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Thread = 8 consecutive values (one 16-byte store when the tensor allows): value i is step i % chunk of
 // the SplitMix64 stream seeded mix64(tensor_seed + i / chunk), whose j-th output is
 // mix64(state0 + j * golden) — so any value is reachable without walking the stream.
@@ -266,12 +260,12 @@ __global__ static void generated_kernel(const __grid_constant__ GeneratedKernelP
   const int64_t first = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (first >= p.n) return;
   const int64_t chunk = first / kGeneratedChunk;
-  const uint64_t state0 = device_mix64(p.tensor_seed + uint64_t(chunk));
+  const uint64_t state0 = mix64(p.tensor_seed + uint64_t(chunk));
   uint16_t bits[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const uint64_t step = uint64_t(first + e - chunk * kGeneratedChunk);
-    const uint64_t u = device_mix64(state0 + step * 0x9e3779b97f4a7c15ull);
+    const uint64_t u = mix64(state0 + step * 0x9e3779b97f4a7c15ull);
     const int64_t sum = int64_t(u & 0xffff) + int64_t((u >> 16) & 0xffff) + int64_t((u >> 32) & 0xffff) +
                         int64_t(u >> 48) - 131070;
     bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(float(sum) * p.scale));
@@ -280,6 +274,43 @@ __global__ static void generated_kernel(const __grid_constant__ GeneratedKernelP
     *reinterpret_cast<uint4*>(p.out + first) = *reinterpret_cast<const uint4*>(bits);
   } else {
     for (int e = 0; e < 8 && first + e < p.n; ++e) p.out[first + e] = bits[e];
+  }
+}
+
+struct GeneratedMxfp4KernelParams {
+  uint64_t* blocks;  // [E, K/64, N, 32] bytes as four words a unit
+  uint16_t* scales;  // [E, K/64, N, 2] bytes as one 16-bit pair a unit
+  uint4* values;     // [E, N, K] bf16, eight values a vector
+  int64_t units, rows, tiles;
+  uint64_t seed;
+  int scale_lo;
+};
+
+// Thread = one unit (expert, k-tile, row) of ops/mxfp4.h's generated_unit: its 32 code bytes and two
+// exponents, then its 64 values as CpuBackend::fill_generated_mxfp4 computes them (the same helpers; the
+// product is exact, so both roundings to bf16 agree) into the unit's 128 contiguous bytes of `values`.
+__global__ static void generated_mxfp4_kernel(const __grid_constant__ GeneratedMxfp4KernelParams p) {
+  namespace mxfp4 = ops::mxfp4;
+  const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= p.units) return;
+  const mxfp4::GeneratedUnit g = mxfp4::generated_unit(p.seed, u, p.scale_lo);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p.blocks[u * 4 + j] = g.words[j];
+  p.scales[u] = uint16_t(g.scales[0] | (g.scales[1] << 8));
+  const int64_t row = u % p.rows, kt = u / p.rows % p.tiles, expert = u / (p.rows * p.tiles);
+  uint4* out = p.values + ((expert * p.rows + row) * p.tiles + kt) * (mxfp4::kTileK / 8);
+#pragma unroll
+  for (int v = 0; v < mxfp4::kTileK / 8; ++v) {
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = v * 8 + 2 * i;
+      const float lo = mxfp4::code_value(mxfp4::unit_code(g.words, k), g.scales[k / mxfp4::kGroup]);
+      const float hi = mxfp4::code_value(mxfp4::unit_code(g.words, k + 1), g.scales[(k + 1) / mxfp4::kGroup]);
+      packed[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+                  (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+    }
+    out[v] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   }
 }
 
@@ -439,6 +470,31 @@ void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev, cudaStr
                                      .scale = generated_scale(stddev)};
   constexpr int kThreads = 256;
   generated_kernel<<<detail::blocks_for((n + 7) / 8, kThreads), kThreads, 0, stream>>>(params);
+  LMX_CUDA_CHECK_LAUNCH();
+}
+
+void fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p, cudaStream_t stream) {
+  ops::require(ops::check(p), "cuda::fill_generated_mxfp4");
+  detail::require_cuda("fill_generated_mxfp4",
+                       {{"values", &p.values}, {"weight.blocks", &p.weight.blocks}, {"weight.scales", &p.weight.scales}});
+  if (!detail::aligned16(p.values.data) || reinterpret_cast<uintptr_t>(p.weight.blocks.data) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(p.weight.scales.data) % 2 != 0) {
+    detail::contract_failure("fill_generated_mxfp4", "values", p.values,
+                             "values 16-byte, blocks 8-byte and scales 2-byte aligned");
+  }
+  const int64_t rows = p.values.dim(1), tiles = p.values.dim(2) / ops::mxfp4::kTileK;
+  const int64_t units = p.values.dim(0) * tiles * rows;
+  if (units == 0) return;
+  const GeneratedMxfp4KernelParams params{.blocks = static_cast<uint64_t*>(p.weight.blocks.data),
+                                          .scales = static_cast<uint16_t*>(p.weight.scales.data),
+                                          .values = static_cast<uint4*>(p.values.data),
+                                          .units = units,
+                                          .rows = rows,
+                                          .tiles = tiles,
+                                          .seed = p.seed,
+                                          .scale_lo = p.scale_lo};
+  constexpr int kThreads = 128;
+  generated_mxfp4_kernel<<<detail::blocks_for(units, kThreads), kThreads, 0, stream>>>(params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 

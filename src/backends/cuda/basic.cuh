@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ops/basic.h"
+#include "ops/moe.h"
 
 namespace lmx::cuda {
 
@@ -20,5 +21,8 @@ void split_columns(const ops::SplitColumnsParams& p, cudaStream_t stream, const 
 
 // Generated (dummy) weights in place, bit for bit generate_weights_bf16 of core/rng.h: `t` BF16 on cuda.
 void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev, cudaStream_t stream);
+// Generated MXFP4 experts in place, the CPU backend's bytes bit for bit (ops::GeneratedMxfp4Params); every
+// tensor on cuda, `values` 16-byte aligned.
+void fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p, cudaStream_t stream);
 
 }  // namespace lmx::cuda

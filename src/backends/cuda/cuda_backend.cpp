@@ -181,6 +181,7 @@ uint64_t CudaBackend::available_bytes() const {
 void CudaBackend::fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) {
   cuda::fill_generated(t, tensor_seed, stddev, stream_);
 }
+void CudaBackend::fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p) { cuda::fill_generated_mxfp4(p, stream_); }
 
 void CudaBackend::embedding(const ops::EmbeddingParams& p) { cuda::embedding(p, stream_); }
 void CudaBackend::rms_norm(const ops::RmsNormParams& p) { cuda::rms_norm(p, stream_); }

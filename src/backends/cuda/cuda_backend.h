@@ -36,6 +36,7 @@ class CudaBackend final : public ops::Backend {
   uint64_t available_bytes() const override;
   uint64_t total_bytes() const override;
   void fill_generated(const Tensor& t, uint64_t tensor_seed, float stddev) override;
+  void fill_generated_mxfp4(const ops::GeneratedMxfp4Params& p) override;
 
   void embedding(const ops::EmbeddingParams& p) override;
   void rms_norm(const ops::RmsNormParams& p) override;
