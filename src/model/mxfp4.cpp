@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "core/host_parallel.h"
-#include "core/rng.h"
 #include "ops/mxfp4.h"
 
 namespace lmx::model {

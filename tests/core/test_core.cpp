@@ -29,6 +29,14 @@ TEST(DType, Bf16RoundsToNearestEven) {
   }
 }
 
+// rng_output reaches output n of Rng(seed) directly (the device generators rely on it).
+TEST(Rng, OutputReachesAnyStepOfTheStream) {
+  for (uint64_t seed : {uint64_t(0), uint64_t(7), ~uint64_t(0)}) {
+    Rng rng(seed);
+    for (uint64_t n = 0; n < 5000; ++n) ASSERT_EQ(rng_output(seed, n), rng.next_u64()) << seed << " " << n;
+  }
+}
+
 TEST(DType, F16RoundTripAndSpecials) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
