@@ -289,6 +289,8 @@ struct GeneratedMxfp4KernelParams {
 // Thread = one unit (expert, k-tile, row) of ops/mxfp4.h's generated_unit: its 32 code bytes and two
 // exponents, then its 64 values as CpuBackend::fill_generated_mxfp4 computes them (the same helpers; the
 // product is exact, so both roundings to bf16 agree) into the unit's 128 contiguous bytes of `values`.
+// PRECOND: the tensors of ops::check(GeneratedMxfp4Params) on cuda; values 16-byte, blocks 8-byte and scales
+// 2-byte aligned (the launcher checks both).
 __global__ static void generated_mxfp4_kernel(const __grid_constant__ GeneratedMxfp4KernelParams p) {
   namespace mxfp4 = ops::mxfp4;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
