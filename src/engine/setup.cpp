@@ -66,7 +66,7 @@ Result<model::ModelWeights> load_base_model(const std::string& model, uint64_t s
   Result<model::ModelWeights> weights =
       model.rfind(prefix, 0) == 0
           ? model::make_preset_model(model.substr(prefix.size()), seed, preset_vocab_size, backend, mxfp4_experts)
-          : model::load_model(model, mxfp4_experts);
+          : model::load_model(model, mxfp4_experts, backend);
   if (!weights.ok() && mxfp4 == Mxfp4Experts::kAuto && mxfp4_experts) {
     return weights.status().with_context("MXFP4 experts are on by default for GPT-OSS on cuda; --no-mxfp4-experts "
                                          "serves the bf16 experts only");

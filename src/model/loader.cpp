@@ -1,6 +1,7 @@
 // load_model: Hugging Face tensor names -> LayerWeights in loramux's canonical BF16 layouts (weights.h).
 // Handles F32/F16/BF16 checkpoints, per-expert and fused expert tensors, GPT-OSS's transposed fused
-// experts and its MXFP4 blocks. BF16 tensors that need no rearranging stay zero-copy views of the mapping.
+// experts and its MXFP4 blocks. BF16 tensors that need no rearranging stay zero-copy views of the mapping;
+// converted expert tensors go to the device backend, when one is given, as soon as each is built.
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -11,6 +12,7 @@
 #include "core/host_parallel.h"
 #include "model/mxfp4.h"
 #include "model/weights.h"
+#include "ops/backend.h"
 
 namespace lmx::model {
 namespace {
@@ -53,8 +55,10 @@ void convert_range(const Tensor& src, int64_t src_offset, int64_t count, uint16_
 // Reads checkpoint tensors by name with shape checks, converting to bf16 and recording what it used.
 class TensorSource {
  public:
-  TensorSource(const io::Checkpoint& ckpt, std::string dir, std::vector<std::shared_ptr<void>>* keep_alive)
-      : ckpt_(ckpt), dir_(std::move(dir)), keep_alive_(keep_alive) {}
+  // device: a device backend that converted expert tensors are uploaded to (nullptr: they stay on the host).
+  TensorSource(const io::Checkpoint& ckpt, std::string dir, std::vector<std::shared_ptr<void>>* keep_alive,
+               ops::Backend* device)
+      : ckpt_(ckpt), dir_(std::move(dir)), keep_alive_(keep_alive), device_(device) {}
 
   bool has(const std::string& name) const { return ckpt_.contains(name); }
   const std::set<std::string>& used() const { return used_; }
@@ -104,12 +108,25 @@ class TensorSource {
   }
   void keep(const OwnedTensor& o) { keep_alive_->push_back(std::make_shared<Buffer>(o.buffer)); }
 
+  // A converted tensor's home: uploaded to the device backend (the host copy is freed when `host` goes, so
+  // a GPT-OSS-20B load holds one layer's experts on the host at a time, not ~54 GB), else kept on the host.
+  Tensor place(const OwnedTensor& host) {
+    if (device_ == nullptr) {
+      keep(host);
+      return host.view;
+    }
+    const OwnedTensor on_device = device_->upload(host.view);
+    keep(on_device);
+    return on_device.view;
+  }
+
   const std::string& dir() const { return dir_; }
 
  private:
   const io::Checkpoint& ckpt_;
   std::string dir_;
   std::vector<std::shared_ptr<void>>* keep_alive_;
+  ops::Backend* device_;
   std::set<std::string> used_;
 };
 
@@ -156,27 +173,28 @@ Result<ExpertWeights> load_gpt_oss_experts(TensorSource& src, const ModelConfig&
     LMX_ASSIGN_OR_RETURN(Tensor gus, src.raw(prefix + "gate_up_proj_scales", {E, 2 * I, H / 32}, false));
     LMX_ASSIGN_OR_RETURN(Tensor db, src.raw(d_blocks, {E, H, I / 32, 16}, false));
     LMX_ASSIGN_OR_RETURN(Tensor ds, src.raw(prefix + "down_proj_scales", {E, H, I / 32}, false));
-    LMX_ASSIGN_OR_RETURN(OwnedTensor gu, dequantize_mxfp4(gub, gus, src.dir() + ": tensor '" + gu_blocks + "'"));
-    LMX_ASSIGN_OR_RETURN(OwnedTensor d, dequantize_mxfp4(db, ds, src.dir() + ": tensor '" + d_blocks + "'"));
-    src.keep(gu);
-    src.keep(d);
-    w.gate_up = gu.view;  // [E, 2I, H]: the blocks' row orientation is already canonical
-    w.down = d.view;      // [E, H, I]
-    if (mxfp4_experts) {
+    if (mxfp4_experts) {  // checked (and refused) before anything is converted or uploaded
       LMX_ASSIGN_OR_RETURN(Mxfp4Decode gu4, pack_mxfp4_decode(gub, gus, src.dir() + ": --mxfp4-experts: tensor '" + gu_blocks + "'"));
       LMX_ASSIGN_OR_RETURN(Mxfp4Decode d4, pack_mxfp4_decode(db, ds, src.dir() + ": --mxfp4-experts: tensor '" + d_blocks + "'"));
-      for (const OwnedTensor* t : {&gu4.blocks, &gu4.scales, &d4.blocks, &d4.scales}) src.keep(*t);
-      w.gate_up_mxfp4 = {.blocks = gu4.blocks.view, .scales = gu4.scales.view};
-      w.down_mxfp4 = {.blocks = d4.blocks.view, .scales = d4.scales.view};
+      w.gate_up_mxfp4 = {.blocks = src.place(gu4.blocks), .scales = src.place(gu4.scales)};
+      w.down_mxfp4 = {.blocks = src.place(d4.blocks), .scales = src.place(d4.scales)};
     }
+    {
+      LMX_ASSIGN_OR_RETURN(OwnedTensor gu, dequantize_mxfp4(gub, gus, src.dir() + ": tensor '" + gu_blocks + "'"));
+      w.gate_up = src.place(gu);  // [E, 2I, H]: the blocks' row orientation is already canonical
+    }
+    LMX_ASSIGN_OR_RETURN(OwnedTensor d, dequantize_mxfp4(db, ds, src.dir() + ": tensor '" + d_blocks + "'"));
+    w.down = src.place(d);  // [E, H, I]
   } else {
     // transformers' GptOssExperts parameters: x @ gate_up_proj[e] with gate_up_proj [E, H, 2I].
     LMX_ASSIGN_OR_RETURN(Tensor gu, src.raw(prefix + "gate_up_proj", {E, H, 2 * I}));
     LMX_ASSIGN_OR_RETURN(Tensor d, src.raw(prefix + "down_proj", {E, I, H}));
-    w.gate_up = src.allocate({E, 2 * I, H});
-    transpose_experts(gu, w.gate_up);
-    w.down = src.allocate({E, H, I});
-    transpose_experts(d, w.down);
+    const OwnedTensor gate_up = OwnedTensor::host(DType::BF16, {E, 2 * I, H});
+    transpose_experts(gu, gate_up.view);
+    w.gate_up = src.place(gate_up);
+    const OwnedTensor down = OwnedTensor::host(DType::BF16, {E, H, I});
+    transpose_experts(d, down.view);
+    w.down = src.place(down);
   }
   LMX_ASSIGN_OR_RETURN(w.gate_up_bias, src.bf16(prefix + "gate_up_proj_bias", {E, 2 * I}));
   LMX_ASSIGN_OR_RETURN(w.down_bias, src.bf16(prefix + "down_proj_bias", {E, H}));
@@ -210,16 +228,18 @@ Result<ExpertWeights> load_silu_experts(TensorSource& src, const ModelConfig& c,
     ups.push_back(up);
     downs.push_back(down);
   }
-  w.gate_up = src.allocate({E, 2 * I, H});
-  w.down = src.allocate({E, H, I});
+  const OwnedTensor gate_up = OwnedTensor::host(DType::BF16, {E, 2 * I, H});
+  const OwnedTensor down = OwnedTensor::host(DType::BF16, {E, H, I});
   parallel_for(E, 1, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
-      uint16_t* gu = w.gate_up.ptr<uint16_t>() + e * 2 * I * H;
+      uint16_t* gu = gate_up.view.ptr<uint16_t>() + e * 2 * I * H;
       convert_range(gates[size_t(e)], 0, I * H, gu);        // rows [0, I): gate
       convert_range(ups[size_t(e)], 0, I * H, gu + I * H);  // rows [I, 2I): up
-      convert_range(downs[size_t(e)], 0, H * I, w.down.ptr<uint16_t>() + e * H * I);
+      convert_range(downs[size_t(e)], 0, H * I, down.view.ptr<uint16_t>() + e * H * I);
     }
   });
+  w.gate_up = src.place(gate_up);
+  w.down = src.place(down);
   return w;
 }
 
@@ -296,7 +316,7 @@ Status load_layer(TensorSource& src, const ModelConfig& c, int layer, bool mxfp4
 
 }  // namespace
 
-Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts) {
+Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts, ops::Backend* backend) {
   LMX_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
   if (mxfp4_experts && config.family != Family::kGptOss) {
     return invalid_argument(model_dir + ": --mxfp4-experts: only GPT-OSS checkpoints store MXFP4 experts, this is " +
@@ -306,7 +326,8 @@ Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts
   ModelWeights weights;
   weights.config = config;
   for (auto& m : ckpt.mappings()) weights.keep_alive.push_back(m);
-  TensorSource src(ckpt, model_dir, &weights.keep_alive);
+  TensorSource src(ckpt, model_dir, &weights.keep_alive,
+                   backend != nullptr && backend->device() != Device::kCpu ? backend : nullptr);
 
   const int64_t V = config.vocab_size, H = config.hidden_size;
   LMX_ASSIGN_OR_RETURN(weights.embed, src.bf16("model.embed_tokens.weight", {V, H}));

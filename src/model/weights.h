@@ -12,6 +12,10 @@
 #include "model/config.h"
 #include "ops/moe.h"
 
+namespace lmx::ops {
+class Backend;
+}  // namespace lmx::ops
+
 namespace lmx::model {
 
 struct LayerWeights {
@@ -46,6 +50,11 @@ struct ModelWeights {
 // Load a Hugging Face model directory (config.json + *.safetensors, single or sharded) on the host.
 // mxfp4_experts: also keep a GPT-OSS checkpoint's MXFP4 experts in the decode layout (LayerWeights::
 // gate_up_mxfp4); refused for checkpoints whose experts are not MXFP4, or do not fit the layout.
-Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts = false);
+// backend (a device one): the expert tensors the loader converts (dequantized MXFP4, their decode-layout
+// copies, transposed or stacked experts) are uploaded to it one by one as they are built, so host memory
+// holds one layer's experts at a time; everything else stays on the host (mapped or converted) for the
+// Model to upload. A cpu backend or none: everything on the host.
+Result<ModelWeights> load_model(const std::string& model_dir, bool mxfp4_experts = false,
+                                ops::Backend* backend = nullptr);
 
 }  // namespace lmx::model

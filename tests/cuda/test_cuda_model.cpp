@@ -109,11 +109,14 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
   Result<std::string> text = io::read_text_file((dir / "expected.json").string());
   ASSERT_TRUE(text.ok()) << text.status().message();
   const nlohmann::json expected = nlohmann::json::parse(*text);
-  Result<model::ModelWeights> weights = model::load_model((dir / "model").string());
+  cuda::CudaBackend backend;
+  // The graphs mode loads as loramux serve does (converted experts uploaded by the loader), the others on the
+  // host (the Model uploads everything).
+  Result<model::ModelWeights> weights =
+      model::load_model((dir / "model").string(), false, mode == Mode::kGraphs ? &backend : nullptr);
   ASSERT_TRUE(weights.ok()) << weights.status().message();
 
   const std::vector<std::string> adapter_names = expected["adapters"].get<std::vector<std::string>>();
-  cuda::CudaBackend backend;
   backend.set_attention_split_kv(mode != Mode::kEagerNoSplitKv);
   backend.set_fuse_linear_lora(mode != Mode::kEagerUnfused);
   EngineConfig config;

@@ -11,7 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
+#include <utility>
+#include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/mxfp4.h"
@@ -470,6 +474,57 @@ TEST(Loader, GptOssMxfp4ExpertsKeptForDecode) {
   ASSERT_FALSE(not_mxfp4.ok());
   EXPECT_NE(not_mxfp4.status().message().find("the checkpoint's experts are not MXFP4"), std::string::npos)
       << not_mxfp4.status().message();
+}
+
+// A device backend for load_model without a GPU: host memory under the cuda label, counting uploads.
+class LabelledDevice final : public cpu::CpuBackend {
+ public:
+  LabelledDevice() : cpu::CpuBackend(1) {}
+  Device device() const override { return Device::kCuda; }
+  Buffer allocate(size_t bytes) override {
+    ++uploads;
+    return Buffer::host(bytes);
+  }
+  void copy(const Tensor& dst, const Tensor& src) override { std::memcpy(dst.data, src.data, dst.nbytes()); }
+  int uploads = 0;
+};
+
+// Given a device backend, the loader uploads each converted expert tensor as it builds it (MXFP4
+// dequantized and decode-layout copies, GPT-OSS's transposed experts, stacked per-expert experts) with the
+// host load's bytes; everything else stays on the host for the Model to upload.
+TEST(Loader, ConvertedExpertsGoToTheDeviceBackend) {
+  ModelConfig c = preset_config("tiny-moe").value();
+  c.moe_intermediate_size = 64;
+  TempDir mxfp4, plain, per_expert;
+  write_mxfp4_checkpoint(mxfp4.str(), c);
+  CheckpointWriter(make_random_weights(c, 5).value(), WriteOptions{}).write(plain.str());
+  write_checkpoint(random_model("tiny-qwen3-moe"), per_expert.str(), {.experts = ExpertFormat::kPerExpert});
+  for (const auto& [dir, keep_mxfp4, per_layer] : {std::tuple{mxfp4.str(), true, 6}, std::tuple{plain.str(), false, 2},
+                                                    std::tuple{per_expert.str(), false, 2}}) {
+    SCOPED_TRACE(dir);
+    const ModelWeights host = load_model(dir, keep_mxfp4).value();
+    LabelledDevice device;
+    const ModelWeights got = load_model(dir, keep_mxfp4, &device).value();
+    ASSERT_EQ(got.layers.size(), host.layers.size());
+    EXPECT_EQ(device.uploads, per_layer * int(host.layers.size()));
+    for (size_t l = 0; l < host.layers.size(); ++l) {
+      const LayerWeights &a = host.layers[l], &b = got.layers[l];
+      std::vector<std::pair<Tensor, Tensor>> moved = {{a.gate_up, b.gate_up}, {a.down, b.down}};
+      if (keep_mxfp4) {
+        moved.insert(moved.end(), {{a.gate_up_mxfp4.blocks, b.gate_up_mxfp4.blocks},
+                                   {a.gate_up_mxfp4.scales, b.gate_up_mxfp4.scales},
+                                   {a.down_mxfp4.blocks, b.down_mxfp4.blocks},
+                                   {a.down_mxfp4.scales, b.down_mxfp4.scales}});
+      }
+      for (const auto& [want, have] : moved) {
+        EXPECT_EQ(have.device, Device::kCuda) << "layer " << l << " " << want.shape_str();
+        ASSERT_EQ(have.nbytes(), want.nbytes());
+        EXPECT_EQ(std::memcmp(have.data, want.data, want.nbytes()), 0) << "layer " << l << " " << want.shape_str();
+      }
+      EXPECT_EQ(b.q.device, Device::kCpu);
+      EXPECT_EQ(b.router.device, Device::kCpu);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
