@@ -109,7 +109,7 @@ class TensorSource {
   void keep(const OwnedTensor& o) { keep_alive_->push_back(std::make_shared<Buffer>(o.buffer)); }
 
   // A converted tensor's home: uploaded to the device backend (the host copy is freed when `host` goes, so
-  // a GPT-OSS-20B load holds one layer's experts on the host at a time, not ~54 GB), else kept on the host.
+  // a GPT-OSS-20B load holds one layer's experts on the host at a time, not all 48 GB), else kept on the host.
   Tensor place(const OwnedTensor& host) {
     if (device_ == nullptr) {
       keep(host);
