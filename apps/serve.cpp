@@ -7,6 +7,7 @@
 #include <boost/asio.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -126,9 +127,11 @@ int run_serve(ServeOptions o) {
     text = std::move(loaded).value();
   }
   const int tokenizer_vocab = text ? int(text->tokenizer().vocab_size()) : 0;
+  const uint64_t free_before_weights = (*backend)->available_bytes();
   Result<model::ModelWeights> weights = engine::load_base_model(o.model, o.weight_seed, is_preset ? tokenizer_vocab : 0,
                                                                          backend->get(), engine::mxfp4_mode(o.mxfp4_experts, o.no_mxfp4_experts));
   if (!weights.ok()) return fail(weights.status());
+  const uint64_t free_after_weights = (*backend)->available_bytes();
   if (text) {
     // Checkpoints often pad V beyond the tokenizer (fine); a tokenizer with ids past V would index past the
     // embedding and LM head.
@@ -167,6 +170,20 @@ int run_serve(ServeOptions o) {
   for (int id : weights->config.eos_token_ids) eos_line += (eos_line.empty() ? "" : ",") + std::to_string(id);
 
   const engine::EngineConfig& ec = eng.config();
+  // The device's memory plan as allocated at start (a GPU reports its total; the cpu backend does not). The
+  // weights are the free memory the load took (what the loader and generator placed on the device).
+  std::string memory_line = "host memory (cpu backend)";
+  if ((*backend)->total_bytes() > 0) {
+    auto gib = [](uint64_t bytes) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(uint64_t(1) << 30));
+      return std::string(text);
+    };
+    const uint64_t weights_bytes = free_before_weights > free_after_weights ? free_before_weights - free_after_weights : 0;
+    memory_line = "weights " + gib(weights_bytes) + ", adapter slots " + gib(eng.adapter_slot_bytes()) +
+                  ", KV cache " + gib(eng.kv_cache_bytes()) + "; " + gib((*backend)->available_bytes()) + " of " +
+                  gib((*backend)->total_bytes()) + " free";
+  }
   std::string adapters;
   for (const std::string& name : eng.adapters().names())
     adapters += (adapters.empty() ? "" : ",") + name + (eng.adapters().pinned(name) ? " (pinned)" : "");
@@ -201,6 +218,7 @@ int run_serve(ServeOptions o) {
             << "  max-model-len           " << ec.scheduler.max_model_len << "\n"
             << "  gpu-memory-utilization  " << ec.gpu_memory_utilization << "\n"
             << "  page-size / kv pages    " << ec.scheduler.page_size << " / " << ec.num_kv_pages << "\n"
+            << "  device memory           " << memory_line << "\n"
             << "  max-pending-requests    " << o.server.max_pending_requests << "\n"
             << "  max-body-bytes          " << o.server.max_body_bytes << "\n"
             << "  lora-dir                " << (o.server.lora_dir.empty() ? "(runtime loading disabled)" : o.server.lora_dir) << "\n"

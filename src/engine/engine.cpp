@@ -188,6 +188,11 @@ Engine::Engine(const model::ModelWeights& weights, ops::Backend& backend, const 
   buckets_ = decode_graph_buckets(std::min(B, T));
 }
 
+uint64_t Engine::adapter_slot_bytes() const {
+  return lora::SlotTable::device_bytes(adapters_->base(), config_.max_loras, config_.max_lora_rank,
+                                       backend_.lora_dtype());
+}
+
 Engine::Staging Engine::make_staging(ops::Backend& backend, int max_tokens, int max_seqs) const {
   const int T = max_tokens, B = max_seqs;
   auto stage = [&](DType dtype, std::initializer_list<int64_t> dims) {

@@ -99,6 +99,9 @@ class Engine {
   uint64_t num_lane_runs() const { return lane_runs_; }
   const model::Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
+  // What the engine allocated at start, for the start-up log: the adapter slots and the KV cache.
+  uint64_t adapter_slot_bytes() const;
+  uint64_t kv_cache_bytes() const { return cache_.bytes(); }
   model::Model& mutable_model() { return *model_; }
 
  private:

@@ -10,6 +10,13 @@ namespace lmx::model {
 
 using ops::LoraTarget;
 
+uint64_t KvCache::bytes() const {
+  uint64_t n = 0;
+  for (const auto* side : {&k, &v})
+    for (const OwnedTensor& t : *side) n += t.view.nbytes();
+  return n;
+}
+
 KvCache KvCache::allocate(ops::Backend& backend, const ModelConfig& config, int num_pages, int page_size) {
   KvCache cache;
   cache.num_pages = num_pages;

@@ -40,6 +40,7 @@ struct KvCache {
   int page_size = 0;  // P
   std::vector<OwnedTensor> k, v;
   static KvCache allocate(ops::Backend& backend, const ModelConfig& config, int num_pages, int page_size);
+  uint64_t bytes() const;  // every layer's K and V pages
 };
 
 // The LoRA stacks the forward pass reads: lora(layer, target); undefined stack = nothing to apply.

@@ -6,6 +6,7 @@
 #include "engine/setup.h"
 #include "engine_test_util.h"
 #include "lora/adapter.h"
+#include "lora/slots.h"
 #include "model/presets.h"
 
 namespace lmx::engine {
@@ -342,6 +343,10 @@ TEST(Engine, KvCacheIsSizedFromGpuMemoryUtilization) {
   const uint64_t page_bytes = uint64_t(c.num_layers) * 2 * uint64_t(config.scheduler.page_size) *
                               uint64_t(c.num_kv_heads) * uint64_t(c.head_dim) * 4;
   EXPECT_EQ(uint64_t((*e)->config().num_kv_pages), gib / page_bytes);
+  // What the start-up log reports: the KV cache and the adapter slots as allocated.
+  EXPECT_EQ((*e)->kv_cache_bytes(), uint64_t((*e)->config().num_kv_pages) * page_bytes);
+  EXPECT_EQ((*e)->adapter_slot_bytes(),
+            lora::SlotTable::device_bytes(lora_shapes(c), config.max_loras, config.max_lora_rank, DType::F32));
   // An explicit page count wins; no fixed memory (the plain cpu backend) keeps the max_num_seqs sizing.
   config.num_kv_pages = 40;
   Result<std::unique_ptr<Engine>> explicit_pages = Engine::create(f->weights, roomy, config);
