@@ -118,9 +118,7 @@ Result<Mxfp4Decode> pack_mxfp4_decode(const Tensor& blocks, const Tensor& scales
         uint8_t* o = dst + ((e * tiles + kt) * rows + r) * layout::kTileBytes;
         std::fill(o, o + layout::kTileBytes, uint8_t{0});
         for (int k = 0; k < layout::kTileK; ++k) {
-          const uint8_t code = (in[k / 2] >> (4 * (k % 2))) & 0xf;
-          const layout::CodePlace place = layout::code_place(k);
-          o[place.byte] = uint8_t(o[place.byte] | (code << place.shift));
+          layout::put_code(o, k, (in[k / 2] >> (4 * (k % 2))) & 0xf);
         }
         uint8_t* os = dst_scales + ((e * tiles + kt) * rows + r) * 2;
         os[0] = scale_bytes[er * groups + 2 * kt];
@@ -152,9 +150,7 @@ Result<OwnedTensor> dequantize_mxfp4_decode(const Tensor& blocks, const Tensor& 
         const uint8_t* in = src + at * layout::kTileBytes;
         uint16_t* o = dst + er * k + kt * layout::kTileK;
         for (int kk = 0; kk < layout::kTileK; ++kk) {
-          const layout::CodePlace place = layout::code_place(kk);
-          const uint8_t code = (in[place.byte] >> place.shift) & 0xf;
-          o[kk] = kTable[size_t(src_scales[at * 2 + kk / layout::kGroup]) * 16 + code];
+          o[kk] = kTable[size_t(src_scales[at * 2 + kk / layout::kGroup]) * 16 + size_t(layout::read_code(in, kk))];
         }
       }
     }

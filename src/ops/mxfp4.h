@@ -11,12 +11,15 @@
 // m16n8k16 gives lane 4g + t the B values of column g at k = 2t, 2t + 1 and 2t + 8, 2t + 9 of each 16-k
 // step). Part t is two 32-bit words (little-endian); word w holds the lane's B registers m = 4w + r,
 // r = 0..3, where register m is the k step kk = m / 2 (b0 for even m, b1 for odd) and holds the values
-// k = 16·kk + 2t + 8·(m % 2) (low half) and k + 1 (high half). In the word, the low half's 4-bit code sits
-// in nibble 3 − r and the high half's in nibble 7 − r. So `word << 4r` puts them in nibbles 3 and 7 — each
-// code's sign at bit 15 / 31 of a bf16x2 — and its 3-bit magnitude moves to bits 6–8 / 22–24 by one shift:
-// the bf16 bits (sign, 0, magnitude << 6) are the E2M1 value times 2^-126 exactly (magnitude 1, the
-// value 0.5, is the subnormal 2^-127). Word 0 is the k-tile's first group, word 1 its second, so one
-// bf16x2 multiply by 2^(scale - 1) per register gives value · 2^(scale - 127), exact for scale ≤ 128
+// k = 16·kk + 2t + 8·(m % 2) (low half) and k + 1 (high half). A register's bf16x2 bits are (sign, 0,
+// magnitude << 6) per half: each code's sign at bit 15 / 31 and its 3-bit magnitude at bits 6–8 / 22–24,
+// which is the E2M1 value times 2^-126 exactly (magnitude 1, the value 0.5, is the subnormal 2^-127).
+// The codes' bits are spread over the word so that few operations bring them there (perf-log run 133):
+// register r's low-half magnitude sits at bits magnitude_bit(r) .. + 2 and its sign at bit sign_bit(r),
+// the high half's 16 bits above, and decode_register moves them with the shifts of its table — r 0 is in
+// place (one AND), r 1 one shift (the sign travels with the magnitude), r 2 and 3 a shift each for the
+// magnitudes and for the signs. Word 0 is the k-tile's first group, word 1 its second, so one bf16x2
+// multiply by 2^(scale - 1) per register gives value · 2^(scale - 127), exact for scale ≤ 128
 // (2^(scale - 1) must be a finite bf16): pack refuses larger exponents.
 #pragma once
 #include <cstdint>
@@ -40,23 +43,59 @@ constexpr int kMaxDecodeScale = 128; // largest exponent byte the decode layout 
 // The value index in the k-tile (0..63) of the low half of register m (0..7) of lane t (0..3).
 LMX_MXFP4_FN int register_k(int t, int m) { return 16 * (m / 2) + 2 * t + 8 * (m % 2); }
 
-// Byte and nibble of the code of value k of the k-tile (0..63) in the (k-tile, row)'s 32 bytes.
+// Where register r (0..3) of a word keeps its low half's code: the magnitude's lowest bit and the sign bit
+// (the high half's are 16 above). Together the four registers use each of the word's 32 bits once.
+LMX_MXFP4_FN int magnitude_bit(int r) { return r == 0 ? 6 : r == 1 ? 0 : r == 2 ? 3 : 11; }
+LMX_MXFP4_FN int sign_bit(int r) { return r == 0 ? 15 : r == 1 ? 9 : r == 2 ? 10 : 14; }
+
+// The code of value k of the k-tile (0..63) in the (k-tile, row)'s 32 bytes: which of its eight 32-bit words
+// (part t's word w is word 2t + w), and the bits of its magnitude (three, from `magnitude` up) and sign.
 struct CodePlace {
-  int byte;
-  int shift;  // 0: low nibble, 4: high nibble
+  int word;
+  int magnitude;
+  int sign;
 };
 LMX_MXFP4_FN CodePlace code_place(int k) {
   const int kk = k / 16, within = k % 16, high = within % 2;  // high: the register's high half
   const int t = (within % 8) / 2, m = 2 * kk + within / 8;
-  const int word = m / 4, r = m % 4;
-  const int nibble = high ? 7 - r : 3 - r;
-  return {8 * t + 4 * word + nibble / 2, 4 * (nibble % 2)};
+  const int w = m / 4, r = m % 4;
+  return {2 * t + w, magnitude_bit(r) + 16 * high, sign_bit(r) + 16 * high};
+}
+
+// Word `w` (0..7) of a (k-tile, row)'s 32 bytes, little-endian.
+LMX_MXFP4_FN uint32_t unit_word(const uint8_t* unit, int w) {
+  return uint32_t(unit[4 * w]) | uint32_t(unit[4 * w + 1]) << 8 | uint32_t(unit[4 * w + 2]) << 16 |
+         uint32_t(unit[4 * w + 3]) << 24;
+}
+
+// The 4-bit E2M1 code at `place` of a word.
+LMX_MXFP4_FN int word_code(uint32_t word, CodePlace place) {
+  return int((word >> place.magnitude) & 7u) | int((word >> place.sign) & 1u) << 3;
+}
+
+// Puts `code` (0..15) at value k of a (k-tile, row)'s 32 bytes, whose bits there must be zero.
+inline void put_code(uint8_t* unit, int k, int code) {
+  const CodePlace place = code_place(k);
+  const uint32_t bits = uint32_t(code & 7) << place.magnitude | uint32_t(code >> 3 & 1) << place.sign;
+  for (int b = 0; b < 4; ++b) unit[4 * place.word + b] = uint8_t(unit[4 * place.word + b] | bits >> (8 * b));
+}
+
+// The code of value k of a (k-tile, row)'s 32 bytes.
+LMX_MXFP4_FN int read_code(const uint8_t* unit, int k) {
+  const CodePlace place = code_place(k);
+  return word_code(unit_word(unit, place.word), place);
 }
 
 // bf16x2 bits of register r (0..3) of a lane's word: both codes times 2^-126 (see the header comment).
+// Called with a constant r in the decode GEMM, so each case is its own few instructions.
 LMX_MXFP4_FN uint32_t decode_register(uint32_t word, int r) {
-  const uint32_t u = word << (4 * r);
-  return ((u >> 6) & 0x01C001C0u) | (u & 0x80008000u);
+  constexpr uint32_t kMagnitudes = 0x01C001C0u, kSigns = 0x80008000u;
+  switch (r) {
+    case 0: return word & (kMagnitudes | kSigns);
+    case 1: return (word << 6) & (kMagnitudes | kSigns);
+    case 2: return ((word << 3) & kMagnitudes) | ((word << 5) & kSigns);
+    default: return ((word >> 5) & kMagnitudes) | ((word << 1) & kSigns);
+  }
 }
 
 // bf16x2 bits of 2^(scale - 1) in both halves; PRECOND scale <= kMaxDecodeScale.
@@ -83,10 +122,11 @@ LMX_MXFP4_FN GeneratedUnit generated_unit(uint64_t seed, int64_t u, int scale_lo
   return g;
 }
 
-// The 4-bit code of value k (0..63) of a unit's k-tile, from its words.
+// The 4-bit code of value k (0..63) of a unit's k-tile, from its words (little-endian: word w of the 32
+// bytes is half w % 2 of words[w / 2]).
 LMX_MXFP4_FN int unit_code(const uint64_t (&words)[4], int k) {
   const CodePlace place = code_place(k);
-  return int(words[place.byte / 8] >> (8 * (place.byte % 8) + place.shift)) & 0xf;
+  return word_code(uint32_t(words[place.word / 2] >> (32 * (place.word % 2))), place);
 }
 
 // E2M1 `code` times 2^(scale - 127) in fp32, exact for scale <= kMaxDecodeScale: the code's bits placed as

@@ -176,13 +176,23 @@ TEST(Mxfp4Decode, PackKeepsEveryValue) {
 }
 
 TEST(Mxfp4Decode, CodePlacesAreAPermutation) {
-  std::vector<int> seen(64, 0);
+  // Every bit of the 32 bytes holds one bit of one code: 64 codes × (3 magnitude bits + 1 sign bit) = 256.
+  std::vector<int> seen(256, 0);
   for (int k = 0; k < ops::mxfp4::kTileK; ++k) {
     const ops::mxfp4::CodePlace p = ops::mxfp4::code_place(k);
-    ASSERT_TRUE(p.byte >= 0 && p.byte < 32 && (p.shift == 0 || p.shift == 4)) << k;
-    ++seen[size_t(2 * p.byte + p.shift / 4)];
+    ASSERT_TRUE(p.word >= 0 && p.word < 8 && p.magnitude >= 0 && p.magnitude + 2 < 32 && p.sign >= 0 && p.sign < 32) << k;
+    for (int b = 0; b < 3; ++b) ++seen[size_t(32 * p.word + p.magnitude + b)];
+    ++seen[size_t(32 * p.word + p.sign)];
   }
   for (int n : seen) EXPECT_EQ(n, 1);
+  // put_code and read_code agree, code by code, and a code's bits stay its own.
+  for (int k = 0; k < ops::mxfp4::kTileK; ++k)
+    for (int code = 0; code < 16; ++code) {
+      uint8_t unit[ops::mxfp4::kTileBytes] = {};
+      ops::mxfp4::put_code(unit, k, code);
+      for (int other = 0; other < ops::mxfp4::kTileK; ++other)
+        ASSERT_EQ(ops::mxfp4::read_code(unit, other), other == k ? code : 0) << "k " << k << " code " << code;
+    }
 }
 
 // The device's arithmetic: lane t of a quad reads its 8 bytes, register m = 4w + r is decode_register(word w, r)

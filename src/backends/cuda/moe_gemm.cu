@@ -727,42 +727,55 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
   if (start.expert < 0) return;
   const int expert = start.expert, n0 = blockIdx.y * kBlockN;
 
-  // A: thread i copies chunk i % 8 of row i / 8 (sentinel rows zero-filled); in % 64 == 0, so every k is valid.
+  // The copies. Every source is loop-carried: it starts at k-tile 0 and each issued stage adds a fixed span,
+  // so the k-loop spends no instructions on address arithmetic (perf-log run 132: it had ~80 a k-tile, a
+  // quarter of the loop). Zero-filled copies (sentinel rows, rows past n) read nothing; their pointers stay on
+  // bytes of the tile's first row, which exist at every k-tile.
+  // A: thread i copies chunk i % 8 of row i / 8; in % 64 == 0, so every k is valid.
   const int a_row = threadIdx.x / kChunksPerRow, a_chunk = threadIdx.x % kChunksPerRow;
   const int a_pair = tile_pairs[a_row];
   const bool a_valid = a_pair < p.pairs;
-  const __nv_bfloat16* a_src = a_valid ? p.x + int64_t(a_pair / p.row_div) * p.in + a_chunk * 8 : p.x;
+  const __nv_bfloat16* a_next = a_valid ? p.x + int64_t(a_pair / p.row_div) * p.in + a_chunk * 8 : p.x;
+  const int a_step = a_valid ? kBlockK : 0;
   const int k_tiles = p.in / kBlockK;
   // B: the (expert, k-tile) span starts at ((expert · k_tiles + kt) · n + n0) rows, one k-tile n rows after the
-  // last; rows past n are zero-filled. The thread's sources and their validity are fixed across k-tiles, so
-  // each k-tile only adds kt spans (the loads' address arithmetic stays out of the k-loop's way).
+  // last. Codes: two 16-byte chunks a row; exponents: one 16-byte chunk per 8 rows (n % 8 == 0).
   constexpr int kRawLoads = kRawChunks / kThreads;
   const int rows_left = p.n - n0;
   const int64_t first_row = int64_t(expert) * k_tiles * p.n + n0;
   const int64_t code_span = int64_t(p.n) * ops::mxfp4::kTileBytes, scale_span = int64_t(p.n) * 2;
-  const uint8_t* code_src[kRawLoads];
+  const uint8_t* code_next[kRawLoads];
   bool code_ok[kRawLoads];
 #pragma unroll
   for (int j = 0; j < kRawLoads; ++j) {
     const int chunk = threadIdx.x + kThreads * j;  // two per row
     code_ok[j] = chunk / 2 < rows_left;
-    code_src[j] = p.fp4_blocks + first_row * ops::mxfp4::kTileBytes + chunk * 16;
+    code_next[j] = p.fp4_blocks + first_row * ops::mxfp4::kTileBytes + (code_ok[j] ? chunk : chunk % 2) * 16;
   }
-  const bool scale_ok = threadIdx.x < kScaleChunks && int(threadIdx.x) * 8 < rows_left;  // 8 rows a chunk; n % 8 == 0
-  const uint8_t* scale_src = p.fp4_scales + first_row * 2 + threadIdx.x * 16;
-  auto load_a = [&](int stage, int kt) {
-    __nv_bfloat16* a_dst = reinterpret_cast<__nv_bfloat16*>(stages + stage * kStageBytes);
-    cp_async16(a_dst + swizzled(a_row, a_chunk), a_valid ? a_src + kt * kBlockK : p.x, a_valid);
+  const bool scale_loader = threadIdx.x < kScaleChunks;
+  const bool scale_ok = scale_loader && int(threadIdx.x) * 8 < rows_left;
+  const uint8_t* scale_next = p.fp4_scales + first_row * 2 + (scale_ok ? threadIdx.x * 16 : 0);
+  // Shared destinations as 32-bit shared addresses: stage s of a copy is its stage-0 address + s · kStageBytes.
+  const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(stages));
+  const uint32_t a_dst = stage0 + 2 * swizzled(a_row, a_chunk);
+  const uint32_t code_dst = stage0 + kBlockM * kBlockK * 2 + threadIdx.x * 16;
+  const uint32_t scale_dst = stage0 + kBlockM * kBlockK * 2 + kRawBytes + threadIdx.x * 16;
+  auto copy16 = [](uint32_t shared, const void* global, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 16 : 0));
   };
-  auto load_b = [&](int stage, int kt) {
-    char* dst = stages + stage * kStageBytes + kBlockM * kBlockK * 2;
+  auto load_a = [&](int stage) {
+    copy16(a_dst + stage * kStageBytes, a_next, a_valid);
+    a_next += a_step;
+  };
+  auto load_b = [&](int stage) {
 #pragma unroll
     for (int j = 0; j < kRawLoads; ++j) {
-      cp_async16(dst + (threadIdx.x + kThreads * j) * 16, code_ok[j] ? code_src[j] + kt * code_span : p.fp4_blocks,
-                 code_ok[j]);
+      copy16(code_dst + stage * kStageBytes + kThreads * 16 * j, code_next[j], code_ok[j]);
+      code_next[j] += code_span;
     }
-    if (threadIdx.x < kScaleChunks) {
-      cp_async16(dst + kRawBytes + threadIdx.x * 16, scale_ok ? scale_src + kt * scale_span : p.fp4_scales, scale_ok);
+    if (scale_loader) {
+      copy16(scale_dst + stage * kStageBytes, scale_next, scale_ok);
+      scale_next += scale_span;
     }
   };
 
@@ -772,20 +785,20 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
   if (start.weights_first) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) load_b(s, s);
+      if (s < k_tiles) load_b(s);
     }
     wait_then_allow_dependents();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) load_a(s, s);
+      if (s < k_tiles) load_a(s);
       cp_async_commit();
     }
   } else {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < k_tiles) {
-        load_a(s, s);
-        load_b(s, s);
+        load_a(s);
+        load_b(s);
       }
       cp_async_commit();
     }
@@ -795,8 +808,8 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
     __syncthreads();
     const int next = kt + kStages - 1;
     if (next < k_tiles) {
-      load_a(next % kStages, next);
-      load_b(next % kStages, next);
+      load_a(next % kStages);
+      load_b(next % kStages);
     }
     cp_async_commit();
     const char* stage = stages + (kt % kStages) * kStageBytes;
