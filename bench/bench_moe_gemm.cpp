@@ -308,12 +308,13 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row("block (no LoRA), MXFP4 experts", tokens,
               align_bytes + gate_up_bytes + down_bytes + combine_bytes - weight_bytes, gate_up_flops + down_flops,
               time([&](int i) { block(i % kCopies, true, true); }));
-    // The CTA shapes beside the default (128 columns, 4 stages, 6 CTAs an SM): more stages and fewer resident
-    // warps (run 121), or 8 CTAs an SM at 64 registers
+    // The CTA shapes beside the default (64 columns, 8 stages, 6 CTAs an SM, since run 133; 128 × 4 before):
+    // more stages and fewer resident warps (run 121), or 8 CTAs an SM at 64 registers
     struct Shape {
       int block_n, stages, ctas;
     };
-    for (const Shape& s : {Shape{128, 8, 4}, Shape{128, 6, 5}, Shape{64, 8, 6}, Shape{128, 5, 6}, Shape{128, 4, 8}, Shape{128, 3, 8}}) {
+    for (const Shape& s : {Shape{128, 4, 6}, Shape{128, 8, 4}, Shape{128, 6, 5}, Shape{128, 5, 6}, Shape{128, 4, 8},
+                           Shape{128, 3, 8}, Shape{64, 12, 4}, Shape{64, 6, 8}}) {
       cuda::set_moe_gemm_mxfp4_shape(s.block_n, s.stages, s.ctas);
       block(0, true, true);  // kernel attributes outside the graph
       const std::string what = "block (no LoRA), MXFP4 experts, " + std::to_string(s.block_n) + " columns x " +
@@ -321,7 +322,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes - weight_bytes,
                 gate_up_flops + down_flops, time([&](int i) { block(i % kCopies, true, true); }));
     }
-    cuda::set_moe_gemm_mxfp4_shape(128, 4);
+    cuda::set_moe_gemm_mxfp4_shape(64, 8);
   }
   if (block_m != cuda::kMoeGemmBlockMDecode) {  // before: gate_up writes a by pair, down gathers it again
     cuda::set_moe_block_a_in_tile_order(false);

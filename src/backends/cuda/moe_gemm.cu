@@ -1919,7 +1919,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
-int gemm_mxfp4_block_n = 128, gemm_mxfp4_stages = 4, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 122-123)
+int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
@@ -2022,7 +2022,8 @@ PreparedKernel prepared_kernel() {
 // SM, ~120 KB of weight in flight — Nsight (perf-log run 121): 16 warps an SM issue on 54% of the cycles,
 // DRAM at 41%: latency-bound. The others trade stages for resident warps: 128 × 4 (the default since run
 // 123) and 128 × 5 at 6 CTAs (80 registers), 128 × 4 and 128 × 3 at 8 (64 registers, a 4-byte spill: slower,
-// run 125).
+// run 125). Since the cheaper decode (run 132) 64 columns × 8 stages at 6 CTAs is the default (twice the CTAs,
+// half the B registers a lane); 64 × 12 at 4 CTAs and 64 × 6 at 8 are its neighbours for the sweep.
 template <int kBlockN, int kStages, int kMinBlocks>
 PreparedKernel prepared_mxfp4_kernel() {
   const size_t shared_bytes = size_t(kStages) * kMxfp4StageBytes<kBlockN>;
@@ -2035,7 +2036,10 @@ PreparedKernel prepared_mxfp4_kernel() {
   return {kernel, 128, shared_bytes};
 }
 PreparedKernel prepared_mxfp4_kernel(int block_n, int stages, int ctas_per_sm) {
-  if (block_n == 64) return prepared_mxfp4_kernel<64, 8, 6>();
+  if (block_n == 64) {
+    if (stages == 12) return prepared_mxfp4_kernel<64, 12, 4>();
+    return stages == 6 ? prepared_mxfp4_kernel<64, 6, 8>() : prepared_mxfp4_kernel<64, 8, 6>();
+  }
   if (stages == 3) return prepared_mxfp4_kernel<128, 3, 8>();
   if (stages == 5) return prepared_mxfp4_kernel<128, 5, 6>();
   if (stages == 4) return ctas_per_sm == 8 ? prepared_mxfp4_kernel<128, 4, 8>() : prepared_mxfp4_kernel<128, 4, 6>();
@@ -2377,7 +2381,8 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
   struct Shape {
     int block_n, stages, ctas;
   };
-  constexpr Shape kBuilt[] = {{128, 8, 4}, {128, 6, 5}, {128, 5, 6}, {128, 4, 6}, {128, 4, 8}, {128, 3, 8}, {64, 8, 6}};
+  constexpr Shape kBuilt[] = {{128, 8, 4}, {128, 6, 5}, {128, 5, 6}, {128, 4, 6}, {128, 4, 8}, {128, 3, 8},
+                               {64, 8, 6},  {64, 12, 4}, {64, 6, 8}};
   for (const Shape& shape : kBuilt) {  // the first of a (columns, stages) pair is its default CTA count
     if (shape.block_n == block_n && shape.stages == stages && (ctas_per_sm == 0 || ctas_per_sm == shape.ctas)) {
       gemm_mxfp4_block_n = block_n;
@@ -2387,7 +2392,7 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
     }
   }
   throw std::invalid_argument("set_moe_gemm_mxfp4_shape: built shapes (columns x stages @ CTAs an SM) are 128x8@4, "
-                              "128x6@5, 128x5@6, 128x4@6, 128x4@8, 128x3@8 and 64x8@6, got " + std::to_string(block_n) + "x" +
+                              "128x6@5, 128x5@6, 128x4@6, 128x4@8, 128x3@8, 64x8@6, 64x12@4 and 64x6@8, got " + std::to_string(block_n) + "x" +
                               std::to_string(stages) + (ctas_per_sm ? "@" + std::to_string(ctas_per_sm) : ""));
 }
 void set_moe_gemm_early_trigger(bool on) { gemm_early_trigger = on; }

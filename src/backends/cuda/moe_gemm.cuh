@@ -54,9 +54,9 @@ void set_moe_gemm_stream_k(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
-// The MXFP4 decode GEMM's CTA shape: 128 columns with 4 cp.async stages at 6 CTAs an SM (the default since
-// run 123), 5 stages at 6, 4 or 3 stages at 8 (registers capped at 64), 6 or 8 stages, or 64 columns with 8
-// (bench sweeps; graphs must be recorded again). ctas_per_sm 0: the shape's first built count. Throws
+// The MXFP4 decode GEMM's CTA shape: 64 columns with 8 cp.async stages at 6 CTAs an SM (the default since
+// run 133), 12 stages at 4 or 6 at 8; or 128 columns with 4 stages at 6 (the default of runs 123-132) or 8,
+// 3 stages at 8 (registers capped at 64), 5 at 6, 6 or 8 stages (bench sweeps; graphs must be recorded again). ctas_per_sm 0: the shape's first built count. Throws
 // std::invalid_argument for shapes not built.
 void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
