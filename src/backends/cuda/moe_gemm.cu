@@ -2382,7 +2382,7 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
     int block_n, stages, ctas;
   };
   constexpr Shape kBuilt[] = {{128, 8, 4}, {128, 6, 5}, {128, 5, 6}, {128, 4, 6}, {128, 4, 8}, {128, 3, 8},
-                               {64, 8, 6},  {64, 12, 4}, {64, 6, 8}};
+                               {64, 8, 6}, {64, 12, 4}, {64, 6, 8}};
   for (const Shape& shape : kBuilt) {  // the first of a (columns, stages) pair is its default CTA count
     if (shape.block_n == block_n && shape.stages == stages && (ctas_per_sm == 0 || ctas_per_sm == shape.ctas)) {
       gemm_mxfp4_block_n = block_n;
