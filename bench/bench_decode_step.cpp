@@ -605,6 +605,11 @@ int main(int argc, char** argv) {
       row("same, MoE-LoRA in the MXFP4 GEMMs' accumulators", time_decode(**engine, o, vocab, rng, spread),
           with_lora.total() / kBytesPerSecond);
       cuda::set_moe_lora_in_mxfp4_gemm(false);
+      cuda::set_moe_lora_fork_shrinks(false);  // before (run 133): GEMM → shrink → expand, the shrinks in the chain
+      cuda_backend.set_programmatic_launches(true);
+      row("same, MoE-LoRA shrinks after their GEMMs", time_decode(**engine, o, vocab, rng, spread),
+          with_lora.total() / kBytesPerSecond);
+      cuda::set_moe_lora_fork_shrinks(true);
       cuda_backend.set_programmatic_launches(true);
     }
     if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)

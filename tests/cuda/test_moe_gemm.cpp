@@ -224,7 +224,24 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
     p.down_mxfp4 = mxfp4->down;
   }
   EXPECT_TRUE(ops::check(p).ok()) << ops::check(p).message();
-  cuda::moe_block(p, workspace, stream, config);
+  // A side stream and its events as CudaBackend passes them (the forked decode MoE-LoRA shrinks), unless given.
+  cuda::MoeBlockConfig forked = config;
+  if (forked.side_stream == nullptr) {
+    static const auto side = [] {
+      struct Side {
+        cudaStream_t stream;
+        cudaEvent_t fork, join;
+      } s{};
+      EXPECT_EQ(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), cudaSuccess);
+      EXPECT_EQ(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming), cudaSuccess);
+      EXPECT_EQ(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming), cudaSuccess);
+      return s;
+    }();
+    forked.side_stream = side.stream;
+    forked.fork = side.fork;
+    forked.join = side.join;
+  }
+  cuda::moe_block(p, workspace, stream, forked);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   OwnedTensor first = cuda::download(out);
@@ -233,7 +250,7 @@ OwnedTensor run_block(const BlockCase& c, const BlockData& b, bool with_lora, cu
   // and the down product carries the flip into the output (seen: 5 ulps at 1.3, scaled error 0.0098), so
   // the bound is 1/64; a z left over from the first run would double the LoRA term, far outside it.
   cuda::fill_bytes(out.view, 0xff);
-  cuda::moe_block(p, workspace, stream, config);
+  cuda::moe_block(p, workspace, stream, forked);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_TRUE(all_close(cuda::download(out), widen(first), 1.0 / 64.0))
       << "second moe_block on the same workspace differs";
@@ -503,6 +520,15 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
               << "MXFP4 with the LoRA by the expand kernels";
         } else {
           EXPECT_TRUE(all_close(mxfp4_expand, widen(bf16_expand), 1.0 / 64.0)) << "MXFP4 with the LoRA by the expand kernels";
+        }
+        cuda::set_moe_lora_fork_shrinks(false);  // before (perf-log run 133): GEMM, shrink, expand in the chain
+        const OwnedTensor chained = run_block(c, nan_weights, true, stream_, -1, {}, &copies);
+        cuda::set_moe_lora_fork_shrinks(true);
+        if (exact) {
+          EXPECT_EQ(std::memcmp(chained.view.data, mxfp4_expand.view.data, mxfp4_expand.view.nbytes()), 0)
+              << "the forked shrinks give other bits than the chained ones";
+        } else {
+          EXPECT_TRUE(all_close(chained, widen(mxfp4_expand), 1.0 / 64.0)) << "the forked shrinks against the chained ones";
         }
       }
       cpu::CpuBackend cpu;

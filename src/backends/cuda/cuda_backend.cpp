@@ -264,6 +264,9 @@ void CudaBackend::moe(const ops::MoeParams& p) {
     apply_moe_lora_knobs(kernel_configs_.find(kMoeLoraOp, shape, p.x.dim(0)), &config);
   }
   config.max_sms = moe_max_sms_;
+  config.side_stream = side_stream_;  // the decode MoE-LoRA's shrinks beside their GEMMs (linear_lora's fork and join)
+  config.fork = fork_;
+  config.join = join_;
   moe_block(p, MoeWorkspace{.shape = moe_->shape, .memory = moe_->memory.view}, stream_, config);
 }
 

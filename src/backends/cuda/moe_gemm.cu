@@ -1921,6 +1921,7 @@ bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
+bool lora_fork_shrinks = true;                      // set_moe_lora_fork_shrinks (perf-log run 135)
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
@@ -2377,6 +2378,7 @@ void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
+void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }
 void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
   struct Shape {
     int block_n, stages, ctas;
@@ -3096,6 +3098,31 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // (perf-log run 70).
   constexpr int64_t kDecodeLoraOverlapMinPairs = 32;
   const bool overlap = config.decode_lora_overlap && pairs >= kDecodeLoraOverlapMinPairs;
+  // The decode MoE-LoRA by the expand kernels (MXFP4 experts; set_moe_lora_in_gemm(kOff)), forked: each shrink on
+  // the side stream beside its GEMM — it needs only the GEMM's input — and the expand after both, reading the
+  // GEMM's output after its programmatic wait (base = y: the same bits as y += delta). In the chain (GEMM →
+  // shrink → expand) both shrinks, ~10 µs each at T 16, sat on the critical path (perf-log run 133); a shrink
+  // launched before its GEMM stalled it instead (run 134: the MXFP4 GEMM fills every SM while its CTAs wait
+  // for the shrink's).
+  const bool fork_shrinks = lora && small && !decode_gemm_lora && lora_fork_shrinks && config.side_stream != nullptr &&
+                            block_m == kMoeGemmBlockMDecode;
+  auto forked_shrink = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+    const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w,
+                                .z = view(l.z, DType::F32, {pairs, w.b.dim(-1)}),
+                                .z_readers = view(l.z_readers, DType::I32, {pairs + 1}), .y = y,
+                                .pdl = config.small_pdl, .base = y};
+    MoeLoraSmallParams side = sp;
+    side.pdl = false;  // on the side stream: a plain launch after the fork
+    LMX_CUDA_CHECK(cudaEventRecord(config.fork, stream));
+    LMX_CUDA_CHECK(cudaStreamWaitEvent(config.side_stream, config.fork, 0));
+    moe_lora_small_shrink(side, config.side_stream);
+    LMX_CUDA_CHECK(cudaEventRecord(config.join, config.side_stream));
+    return sp;
+  };
+  auto joined_expand = [&](const MoeLoraSmallParams& sp) {
+    LMX_CUDA_CHECK(cudaStreamWaitEvent(stream, config.join, 0));
+    moe_lora_small_expand(sp, stream);
+  };
   if (decode_gemm_lora) {
     // The shrink reads x before its wait (x is the router's input, written three launches back).
     gate_up.a = a;
@@ -3117,6 +3144,14 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     gate_up.lora_h = h;
     gate_up.token_slot = p.token_slot;
     moe_gate_up(gate_up, stream);
+  } else if (lora_gu && fork_shrinks) {
+    const MoeLoraSmallParams sp = forked_shrink(p.lora_gate_up, p.x, h);
+    gate_up.h = h;
+    moe_gate_up(gate_up, stream);
+    joined_expand(sp);
+    moe_activation({.h = h, .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
+                    .swiglu_limit = p.swiglu_limit, .a = a},
+                   stream);
   } else if (lora_gu) {
     gate_up.h = h;
     moe_gate_up(gate_up, stream);
@@ -3133,6 +3168,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   const MoeGemmLora down_lora = gemm_lora_down                 ? gemm_lora(p.lora_down, a_rows, d, pair_rows)
                                 : decode_gemm_lora && lora_down ? decode_lora(p.lora_down, a, d, pairs * rank_gu, false)
                                                                 : MoeGemmLora{};
+  const bool fork_down = fork_shrinks && lora_down;
+  const MoeLoraSmallParams down_small = fork_down ? forked_shrink(p.lora_down, a, d) : MoeLoraSmallParams{};
   moe_down({.a = a_rows, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows
                            ? (block_down_block_n != 0 ? block_down_block_n : large_block_n_for(p.down.dim(1), 256))
@@ -3150,6 +3187,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                          : MoeMxfp4Weight{}},
            stream);
   if (gemm_lora_down) zero_z(down_lora);
+  else if (fork_down) joined_expand(down_small);
   else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);
   const Tensor clear = decode_gemm_lora ? view(l.z, DType::F32, {pairs * (rank_gu + rank_down)}) : Tensor();
   moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out, .clear = clear}, stream);

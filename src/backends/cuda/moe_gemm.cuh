@@ -63,6 +63,10 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
 // default, perf-log run 118): where the decode GEMMs read MXFP4 experts, the LoRA runs as shrink + expand
 // kernels around them (the before/after row; tests compare each path with its bf16 twin).
 void set_moe_lora_in_mxfp4_gemm(bool on);
+// The decode MoE-LoRA by the expand kernels with MoeBlockConfig::side_stream set: each shrink forked beside its
+// GEMM, the expand after both (on, the default since perf-log run 135), or GEMM → shrink → expand in the chain
+// (off: the bench's before row). The same bits either way. Process-wide.
+void set_moe_lora_fork_shrinks(bool on);
 // moe_block's decode GEMMs with the MoE-LoRA in their accumulators (wait_before_epilogue) let their dependents
 // launch at their start (on) or at their wait (off, the default until the H200 measures it). Process-wide.
 void set_moe_gemm_early_trigger(bool on);
@@ -331,6 +335,11 @@ struct MoeBlockConfig {
   // before it (MoeGateUpParams::wait_before_epilogue); false = the GEMM waits for the shrink first (the before row).
   bool decode_lora_overlap = true;
   int max_sms = 0;  // MoeGateUpParams::max_sms of both GEMMs (the prefill lane's backend sets it)
+  // The decode MoE-LoRA by the expand kernels (MXFP4 experts, or set_moe_lora_in_gemm(kOff)): where set,
+  // and set_moe_lora_fork_shrinks is on, each shrink runs on side_stream beside its GEMM (fork orders it
+  // after the stream's work, join the expand after it), a parallel branch in a captured graph.
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
 };
 
 // Zero the workspace's self-cleaning MoE-LoRA scratch (z and its counters): once after allocating (or
