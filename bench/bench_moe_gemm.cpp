@@ -374,6 +374,15 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   // moe_block with that MoE-LoRA (shrink included): by the expand kernels, and in the GEMMs' accumulators
   // (`in_gemm`: how moe_block gets it there at this size). Minus the block without LoRA, this is the
   // layer's MoE-LoRA cost (issue 4's table).
+  // A side stream and its events, as CudaBackend passes its own: the decode MoE-LoRA by the expand kernels
+  // forks its shrinks beside the GEMMs here as in the engine (set_moe_lora_fork_shrinks, perf-log run 135).
+  static const cuda::MoeBlockConfig forked = [] {
+    cuda::MoeBlockConfig config;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&config.side_stream, cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreateWithFlags(&config.fork, cudaEventDisableTiming));
+    BENCH_CUDA(cudaEventCreateWithFlags(&config.join, cudaEventDisableTiming));
+    return config;
+  }();
   auto lora_block_rows = [&](const char* in_gemm, bool decode = false) {
     const cuda::MoeWorkspaceShape lora_shape{.max_tokens = tokens, .top_k = K, .experts = E, .slots = kSlots,
                                              .hidden = H, .inter = I, .max_rank = kRank};
@@ -387,7 +396,9 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                          .layout = m.layout, .out = out};
         p.lora_gate_up = {.a = lora_a_gate_up, .b = lora_b_gate_up, .rank = lora_rank};
         p.lora_down = {.a = lora_a_down, .b = lora_b_down, .rank = lora_rank};
-        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream, {.decode_lora_overlap = overlap});
+        cuda::MoeBlockConfig config = forked;
+        config.decode_lora_overlap = overlap;
+        cuda::moe_block(p, {.shape = lora_shape, .memory = lora_workspace}, stream, config);
       };
       for (const auto& [mode, how] : {std::pair{cuda::MoeLoraInGemm::kOff, "by the expand kernels"},
                                       std::pair{cuda::MoeLoraInGemm::kAlways, in_gemm}}) {
