@@ -212,20 +212,18 @@ TEST_P(CudaModel, GreedyTokensMatchTransformersLogitsClose) {
 // Decode steps through recorded graphs (the default on cuda) against the same engine run op by op
 // (--enforce-eager): tokens equal, logits equal up to the order of the split-K shrink's atomic adds.
 // Batches shrink as requests finish, so several buckets are recorded, with and without LoRA.
-TEST(CudaGraphs, DecodeGraphsMatchEagerSteps) {
-  int devices = 0;
-  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess) << "no CUDA device: Cuda* tests need a GPU";
-  cuda::CudaBackend backend;
-  Result<model::ModelWeights> weights = model::make_preset_model("tiny-moe", 7, 0, &backend);
-  ASSERT_TRUE(weights.ok()) << weights.status().message();
-  const lora::BaseModelShapes shapes = lora_shapes(weights->config);
+// Decode graphs against eager steps on one model's weights: three adapters of different ranks, requests with
+// and without one, a decode batch that shrinks through every bucket, then a base-only tail (the LoRA-free
+// recording). Tokens equal, logits within 1%.
+void expect_graphs_match_eager(const model::ModelWeights& weights, cuda::CudaBackend& backend) {
+  const lora::BaseModelShapes shapes = lora_shapes(weights.config);
   auto run = [&](bool eager, uint64_t* replays) {
     EngineConfig config;
     config.max_loras = 3;
     config.max_lora_rank = 16;
     config.enforce_eager = eager;
     config.scheduler.max_num_seqs = 12;
-    Result<std::unique_ptr<Engine>> engine = Engine::create(*weights, backend, config);
+    Result<std::unique_ptr<Engine>> engine = Engine::create(weights, backend, config);
     EXPECT_TRUE(engine.ok()) << engine.status().message();
     for (int a = 0; a < 3; ++a)
       EXPECT_TRUE((*engine)->add_adapter(lora::make_dummy_adapter("a" + std::to_string(a), shapes, 8 + 4 * a, 50 + a)).ok());
@@ -266,6 +264,32 @@ TEST(CudaGraphs, DecodeGraphsMatchEagerSteps) {
       EXPECT_LE(worst, 1e-2) << "request " << i << " step " << s;
     }
   }
+}
+
+TEST(CudaGraphs, DecodeGraphsMatchEagerSteps) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess) << "no CUDA device: Cuda* tests need a GPU";
+  cuda::CudaBackend backend;
+  Result<model::ModelWeights> weights = model::make_preset_model("tiny-moe", 7, 0, &backend);
+  ASSERT_TRUE(weights.ok()) << weights.status().message();
+  expect_graphs_match_eager(*weights, backend);
+}
+
+// The same on MXFP4 experts (GPT-OSS's serving default on cuda): the decode GEMMs read the MXFP4 copies and
+// the decode MoE-LoRA runs by the expand kernels, its shrinks forked onto the side stream beside the GEMMs
+// (perf-log run 135), all inside the recorded graphs. tiny-moe's shape with H and I multiples of 64 (the
+// decode layout's k-tile).
+TEST(CudaGraphs, Mxfp4DecodeGraphsMatchEagerSteps) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess) << "no CUDA device: Cuda* tests need a GPU";
+  Result<model::ModelConfig> config = model::preset_config("tiny-moe");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  config->moe_intermediate_size = 64;  // the experts' I (GPT-OSS: the config's intermediate_size)
+  cuda::CudaBackend backend;
+  Result<model::ModelWeights> weights = model::make_random_weights(*config, 7, &backend, true);
+  ASSERT_TRUE(weights.ok()) << weights.status().message();
+  ASSERT_TRUE(weights->layers[0].gate_up_mxfp4.blocks.defined());
+  expect_graphs_match_eager(*weights, backend);
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaFixtures, CudaModel,
