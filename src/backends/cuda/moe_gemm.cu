@@ -3105,7 +3105,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // launched before its GEMM stalled it instead (run 134: the MXFP4 GEMM fills every SM while its CTAs wait
   // for the shrink's).
   const bool fork_shrinks = lora && small && !decode_gemm_lora && lora_fork_shrinks && config.side_stream != nullptr &&
-                            block_m == kMoeGemmBlockMDecode;
+                            config.fork != nullptr && config.join != nullptr && block_m == kMoeGemmBlockMDecode;
   auto forked_shrink = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
     const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w,
                                 .z = view(l.z, DType::F32, {pairs, w.b.dim(-1)}),

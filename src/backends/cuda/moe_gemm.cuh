@@ -335,8 +335,8 @@ struct MoeBlockConfig {
   // before it (MoeGateUpParams::wait_before_epilogue); false = the GEMM waits for the shrink first (the before row).
   bool decode_lora_overlap = true;
   int max_sms = 0;  // MoeGateUpParams::max_sms of both GEMMs (the prefill lane's backend sets it)
-  // The decode MoE-LoRA by the expand kernels (MXFP4 experts, or set_moe_lora_in_gemm(kOff)): where set,
-  // and set_moe_lora_fork_shrinks is on, each shrink runs on side_stream beside its GEMM (fork orders it
+  // The decode MoE-LoRA by the expand kernels (MXFP4 experts, or set_moe_lora_in_gemm(kOff)): where all three
+  // are set, and set_moe_lora_fork_shrinks is on, each shrink runs on side_stream beside its GEMM (fork orders it
   // after the stream's work, join the expand after it), a parallel branch in a captured graph.
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
