@@ -289,6 +289,11 @@ TEST_F(CudaMoeLoraSmall, MatchesCpu) {
       {16, 4, 128, 2, 8, 2888, 520, false},  // R = 8: one lane per B row
       {32, 8, 128, 6, 64, 136, 264, true},   // 256 pairs: past the intended bucket, still correct
       {24, 4, 32, 8, 32, 2880, 5760, false}, // GPT-OSS gate_up, 96 pairs: the built-in shrink takes V = 2
+      // The yardstick's merged gate_up: capacity 64 (2 x --max-lora-rank 32), rank-32 adapters, so the shrink
+      // folds (half the pieces) and the expand reads two B rows per 8-lane group (half the chunks); ranks 64
+      // and 40 beside them take the unfolded forms in the same launch.
+      {16, 4, 32, 8, 64, 2880, 5760, false, {32, 32, 64, 32, 40, 16, 32}},
+      {1, 4, 32, 8, 64, 2880, 5760, false, {32}, {1}},
   };
   for (const Case& c : cases) {
     run_case(c);

@@ -5,9 +5,11 @@
 //    (R/8 rows); lane = V 16-byte vectors of x and of each of its A rows; warp reduction per row, relaxed
 //    fp32 atomicAdd into z (z is zero between calls). Routing, rank and A are loaded before the programmatic
 //    wait, x after it (before it with x_before_wait); only the atomics into z always follow the wait.
-//  expand: CTA = (pair, chunk of `out` rows); a B row is read by R/8 adjacent lanes (one 16-byte vector
-//    each, so a warp reads one contiguous run of B), reduced by shuffles; B and y are loaded before the
-//    programmatic wait on the shrink, z after it; the last CTA of a pair re-zeroes z[pair].
+//  expand: CTA = (pair, chunk of `out` rows); a B row is read by rank/8 adjacent lanes (the pair's true
+//    rank, rounded up to a power of two lanes, R/8 at most; one 16-byte vector each), reduced by shuffles;
+//    the grid is sized for R, and a pair of smaller rank covers its rows with the first chunks (ExpandLanes);
+//    B and y are loaded before the programmatic wait on the shrink, z after it; the last CTA of a pair
+//    re-zeroes z[pair].
 //  groups (q, k, v of one layer): one shrink and one expand launch for up to 3 targets that share x and
 //    routing; the shrink takes the target from blockIdx.y, the expand lays each pair's chunks of every
 //    target side by side (SmallGridParams). Only the launch count changes, not the per-CTA work.
@@ -119,19 +121,25 @@ __device__ __forceinline__ PairAdapter pair_adapter(const SmallKernelParams& p, 
   return {slot, slot < 0 ? 0 : p.rank[slot], expert};
 }
 
-// One shrink piece: z[pair, :rank] += A[s,e][:rank, piece]·x[row, piece], the piece being 32·kVectorsPerLane
-// vectors of `in`; lane l takes vectors piece·32V + l + 32i, i < V. Split in three so the A loads (weights and
-// routing, complete before the previous kernel triggered us) can be issued before the programmatic wait and
-// the x loads (x may come from the kernel just before) after it, unless the caller vouches otherwise.
+// One shrink piece: z[pair, :rank] += A[s,e][:rank, piece]·x[row, piece], the piece being 32·V·kFold vectors
+// of `in` (V = kVectorsPerLane); lane l takes vectors (piece·kFold + g)·32V + 32i + l, i < V, g < kFold. Warp w
+// owns rows w, w + 8, ...: kRowsPerWarp of them at kFold 1. kFold 2 is for a pair whose true rank needs at
+// most half the rows (ShrinkFold): the registers of the upper half of the rows hold the piece's second run of
+// vectors instead, so a CTA covers twice the `in` and the pair needs half the pieces. Split in three so the A
+// loads (weights and routing, complete before the previous kernel triggered us) can be issued before the
+// programmatic wait and the x loads (x may come from the kernel just before) after it, unless the caller
+// vouches otherwise.
 // PRECOND: blockDim.x == kThreads; in % 8 == 0; x, a 16-byte aligned; R == 8 * kRowsPerWarp, or R in (64, 128]
-// with kRowsPerWarp == kRowsPerWarpCap128 (rows past R clamp like rows past the true rank); rank in [1, R];
-// topk_ids in [0, E).
-template <int kRowsPerWarp, int kVectorsPerLane>
+// with kRowsPerWarp == kRowsPerWarpCap128 (rows past R clamp like rows past the true rank); rank in [1, R],
+// at most 8 * kRowsPerWarp / kFold; kRowsPerWarp % kFold == 0; topk_ids in [0, E).
+template <int kRowsPerWarp, int kVectorsPerLane, int kFold = 1>
 struct ShrinkPiece {
-  uint4 a_raw[kRowsPerWarp][kVectorsPerLane];  // this lane's vectors of its warp's A rows
-  uint4 x_raw[kVectorsPerLane];                 // and of x
-  int vector[kVectorsPerLane];                  // the vectors of `in` they sit at (clamped)
-  bool in_range[kVectorsPerLane];               // false: past the end of `in`, contributes 0
+  static constexpr int kRows = kRowsPerWarp / kFold;    // rows of the warp this piece computes
+  static constexpr int kRuns = kVectorsPerLane * kFold;  // vectors of `in` per lane
+  uint4 a_raw[kRowsPerWarp][kVectorsPerLane];  // this lane's vectors of its warp's A rows: [g·kRows + j][i]
+  uint4 x_raw[kRuns];                           // and of x: [g·V + i]
+  int vector[kRuns];                            // the vectors of `in` they sit at (clamped)
+  bool in_range[kRuns];                         // false: past the end of `in`, contributes 0
 
   // Every A load before any math, none under a branch (docs/perf-log.md runs 2-3): rows past the true rank
   // re-read the last true row and vectors past `in` the last vector (same addresses, no DRAM traffic for
@@ -142,48 +150,52 @@ struct ShrinkPiece {
     const __nv_bfloat16* a =  // [R, in] of (slot, expert)
         p.a + (int64_t(adapter.slot) * p.experts + adapter.expert) * p.capacity_rank * p.in;
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      const int wanted = (piece * kVectorsPerLane + i) * 32 + lane;
-      in_range[i] = wanted < vectors;
-      vector[i] = min(wanted, vectors - 1);
+    for (int v = 0; v < kRuns; ++v) {
+      const int wanted = (piece * kRuns + v) * 32 + lane;
+      in_range[v] = wanted < vectors;
+      vector[v] = min(wanted, vectors - 1);
     }
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
-      const __nv_bfloat16* row = a + int64_t(min(warp + kWarps * j, adapter.rank - 1)) * p.in;
+      const int g = j / kRows;
+      const __nv_bfloat16* row = a + int64_t(min(warp + kWarps * (j % kRows), adapter.rank - 1)) * p.in;
 #pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) a_raw[j][i] = load_vector(row + int64_t(vector[i]) * kBf16PerVector);
+      for (int i = 0; i < kVectorsPerLane; ++i) {
+        a_raw[j][i] = load_vector(row + int64_t(vector[g * kVectorsPerLane + i]) * kBf16PerVector);
+      }
     }
   }
 
   __device__ __forceinline__ void load_x(const SmallKernelParams& p, int pair) {
     const int64_t x_row = p.x_per_pair ? pair : pair / p.top_k;
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      x_raw[i] = load_vector(p.x + x_row * p.in + int64_t(vector[i]) * kBf16PerVector);
-    }
+    for (int v = 0; v < kRuns; ++v) x_raw[v] = load_vector(p.x + x_row * p.in + int64_t(vector[v]) * kBf16PerVector);
   }
 
   // The dot products, one warp reduction per row, relaxed fp32 atomics into z (zero before the call).
   __device__ __forceinline__ void finish(const SmallKernelParams& p, int pair, PairAdapter adapter) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float xv[kVectorsPerLane][8];
+    float xv[kRuns][8];
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      widen8(x_raw[i], xv[i]);
+    for (int v = 0; v < kRuns; ++v) {
+      widen8(x_raw[v], xv[v]);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) xv[i][k] = in_range[i] ? xv[i][k] : 0.0f;
+      for (int k = 0; k < 8; ++k) xv[v][k] = in_range[v] ? xv[v][k] : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kRowsPerWarp; ++j) {
+    for (int j = 0; j < kRows; ++j) {
       const int row = warp + kWarps * j;
       if (row >= adapter.rank) break;  // warp-uniform: no math on padding ranks
       float sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        float av[8];
-        widen8(a_raw[j][i], av);
+      for (int g = 0; g < kFold; ++g) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) sum = fmaf(av[k], xv[i][k], sum);
+        for (int i = 0; i < kVectorsPerLane; ++i) {
+          float av[8];
+          widen8(a_raw[g * kRows + j][i], av);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) sum = fmaf(av[k], xv[g * kVectorsPerLane + i][k], sum);
+        }
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -218,22 +230,54 @@ __device__ __forceinline__ void epilogue_copy(const SmallKernelParams& p, int pa
   }
 }
 
+// The expand's lane map for one pair. A B row needs `lanes` = the power of two >= rank / 8 lanes (one 16-byte
+// vector of ranks each), at most kLanesPerRow (sized for the capacity R). When the pair's true rank needs
+// fewer, each kLanesPerRow-lane group reads kLanesPerRow / lanes rows side by side, so a CTA covers that many
+// times the rows and the pair needs fewer chunks: the launch is sized for R (one graph for any adapter mix),
+// the chunks past `active_chunks` exit at once (a merged gate_up at capacity 64 with rank-32 adapters: half).
+// Only for R > 32 (kRankAware); smaller capacities keep kLanesPerRow lanes a row.
+template <int kLanesPerRow, int kVectorsPerThread>
+struct ExpandLanes {
+  // R <= 32 keeps the fixed map: a runtime one costs 2-6 registers over the 40 of 6 CTAs an SM (the allocator
+  // rounds 42 to 48: 5 CTAs).
+  static constexpr bool kRankAware = kLanesPerRow >= 8;
+  int lane_shift;     // log2 of the lanes per B row for this pair's rank
+  int rows_per_pass;  // rows the CTA covers per vector step
+  int active_chunks;  // chunks of `out` this pair needs
+  __device__ __forceinline__ ExpandLanes(const SmallKernelParams& p, int rank) {
+    if constexpr (!kRankAware) {
+      lane_shift = kLanesPerRow == 1 ? 0 : kLanesPerRow == 2 ? 1 : 2;
+      rows_per_pass = int(blockDim.x) >> lane_shift;
+      active_chunks = p.chunks;
+    } else {
+      lane_shift = 0;
+      while ((1 << lane_shift) < kLanesPerRow && (8 << lane_shift) < rank) ++lane_shift;
+      rows_per_pass = int(blockDim.x) >> lane_shift;
+      const int rows_per_chunk = rows_per_pass * kVectorsPerThread;
+      active_chunks = (p.out + rows_per_chunk - 1) / rows_per_chunk;
+    }
+  }
+  __device__ __forceinline__ int lanes() const { return 1 << lane_shift; }
+};
+
 // One expand chunk: y[pair, rows of the chunk] += B[s,e][rows, :rank]·z[pair, :rank]. B and y are loaded
 // first, then wait_for_z() (the PDL wait, or the fused kernel's spin on the pair's shrink count), then z.
-// z_readers[pair] counts up from `readers_before`; the CTA whose count returns readers_before + chunks - 1
-// is the pair's last reader: it zeroes z[pair, :rank] and the count.
-// PRECOND: blockDim.x a multiple of 32 in [64, 256]; rows per CTA = blockDim.x / kLanesPerRow *
-// kVectorsPerThread; kLanesPerRow = the power of two >= R / 8; R % 8 == 0, R <= 128; b, z 16-byte
-// aligned; rank in [1, R]; every CTA of the block reaches this call (it has a barrier).
+// z_readers[pair] counts up from `readers_before`; the CTA whose count returns readers_before +
+// active_chunks - 1 is the pair's last reader: it zeroes z[pair, :rank] and the count.
+// PRECOND: blockDim.x a multiple of 32 in [64, 256]; rows per CTA (at kLanesPerRow lanes a row) = blockDim.x
+// / kLanesPerRow * kVectorsPerThread; kLanesPerRow = the power of two >= R / 8; R % 8 == 0, R <= 128; b, z
+// 16-byte aligned; rank in [1, R]; chunk < lanes.active_chunks; every active chunk's CTA reaches this call
+// (it has a barrier).
 template <int kLanesPerRow, int kVectorsPerThread, typename WaitForZ>
 __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pair, int chunk, PairAdapter adapter,
-                                             int readers_before, WaitForZ wait_for_z) {
+                                             ExpandLanes<kLanesPerRow, kVectorsPerThread> map, int readers_before,
+                                             WaitForZ wait_for_z) {
   const int rank = adapter.rank;
-  const int rows_per_pass = blockDim.x / kLanesPerRow;
-  const int q = threadIdx.x % kLanesPerRow;  // this lane's ranks: 8q .. 8q+7
-  const int q_read = 8 * q < rank ? q : 0;   // past the true rank: re-read the row's first vector (same
-                                             // sector as lane 0, no extra traffic), contribute 0
-  const int first_row = chunk * rows_per_pass * kVectorsPerThread + int(threadIdx.x) / kLanesPerRow;
+  const int rows_per_pass = map.rows_per_pass;
+  const int q = int(threadIdx.x) & (map.lanes() - 1);  // this lane's ranks: 8q .. 8q+7
+  const int q_read = 8 * q < rank ? q : 0;     // past the true rank: re-read the row's first vector (same
+                                               // sector as lane 0, no extra traffic), contribute 0
+  const int first_row = chunk * rows_per_pass * kVectorsPerThread + (int(threadIdx.x) >> map.lane_shift);
   const __nv_bfloat16* b = p.b + (int64_t(adapter.slot) * p.experts + adapter.expert) * p.out * p.capacity_rank +
                            q_read * kBf16PerVector;  // [out, R] of (slot, expert), at vector q_read
   __nv_bfloat16* y = p.y + int64_t(pair) * p.out;  // [out]
@@ -265,7 +309,7 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
   __syncthreads();  // z sits in shared memory: its loads have returned before the CTA counts as a reader
   const float4 z_lo = z_staged[2 * q_read], z_hi = z_staged[2 * q_read + 1];
   const float zv[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
-  if (threadIdx.x == 0 && count_reader(p.z_readers + pair) == readers_before + p.chunks - 1) {
+  if (threadIdx.x == 0 && count_reader(p.z_readers + pair) == readers_before + map.active_chunks - 1) {
     for (int r = 0; r < rank; r += 4) *reinterpret_cast<float4*>(z + r) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     p.z_readers[pair] = 0;
   }
@@ -280,7 +324,9 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
       partial = 8 * q + k < rank ? fmaf(bv[k], zv[k], partial) : partial;
     }
 #pragma unroll
-    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
+    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {  // within the row's lanes (CTA-uniform count)
+      if (offset < map.lanes()) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
+    }
     const int row = first_row + i * rows_per_pass;
     if (q == 0 && row < p.out) y[row] = __float2bfloat16_rn(y_old[i] + partial);
   }
@@ -290,6 +336,25 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
 // V = 1: 40 registers unbounded since x_before_wait): more shrink CTAs fit beside the previous kernel's tail.
 constexpr int shrink_min_ctas(int rows_per_warp, int vectors_per_lane) {
   return vectors_per_lane == 1 && rows_per_warp <= 4 ? 8 : 1;
+}
+
+// The shrink kernel's body for one piece: A before the programmatic wait, x before or after it, then the math.
+template <typename Piece>
+__device__ __forceinline__ void shrink_piece(const SmallKernelParams& p, int pair, int piece, PairAdapter adapter) {
+  Piece work;
+  work.load_a(p, pair, piece, adapter);
+  if (p.x_before_wait) work.load_x(p, pair);  // uniform branch; the caller vouches x is two launches back
+  wait_for_previous_grid();  // x (by default) and z's zeroing may come from the kernels before
+  allow_next_grid();         // only after the wait (see the file header)
+  if (!p.x_before_wait) work.load_x(p, pair);
+  work.finish(p, pair, adapter);
+}
+
+// Whether the shrink kernel of this shape has a folded form (ShrinkPiece kFold 2: half the pieces, each twice
+// as long, for a pair whose true rank fits in half the warp's rows): an even row count, and a register budget
+// with room for the second run of x (the full-occupancy shapes, held to 32 registers, would spill).
+constexpr bool shrink_can_fold(int rows_per_warp, int vectors_per_lane) {
+  return rows_per_warp % 2 == 0 && shrink_min_ctas(rows_per_warp, vectors_per_lane) == 1;
 }
 
 // PRECOND: blockDim.x == kThreads; gridDim.x == T*K * pieces, pieces = ceil(in / 8 / (32 V)); gridDim.y ==
@@ -308,16 +373,24 @@ __global__ static void __launch_bounds__(kThreads, shrink_min_ctas(kRowsPerWarp,
     allow_next_grid();
     return;
   }
-  ShrinkPiece<kRowsPerWarp, kVectorsPerLane> work;
-  work.load_a(p, pair, piece, adapter);
-  if (p.x_before_wait) work.load_x(p, pair);  // uniform branch; the caller vouches x is two launches back
-  wait_for_previous_grid();  // x (by default) and z's zeroing may come from the kernels before
-  allow_next_grid();         // only after the wait (see the file header)
-  if (!p.x_before_wait) work.load_x(p, pair);
-  work.finish(p, pair, adapter);
+  if constexpr (shrink_can_fold(kRowsPerWarp, kVectorsPerLane)) {
+    // The launch is sized for kFold 1 (one graph for any adapter mix); a folded pair's pieces past ceil(pieces
+    // / 2) have nothing to do.
+    if (adapter.rank <= kWarps * kRowsPerWarp / 2) {
+      if (piece >= (p.pieces + 1) / 2) {
+        wait_for_previous_grid();
+        allow_next_grid();
+        return;
+      }
+      shrink_piece<ShrinkPiece<kRowsPerWarp, kVectorsPerLane, 2>>(p, pair, piece, adapter);
+      return;
+    }
+  }
+  shrink_piece<ShrinkPiece<kRowsPerWarp, kVectorsPerLane>>(p, pair, piece, adapter);
 }
 
-// PRECOND: gridDim.x == T*K * g.chunk_begin[kMax], each target's chunks = ceil(out / rows per CTA) (SmallGridParams);
+// PRECOND: gridDim.x == T*K * g.chunk_begin[kMax], each target's chunks = ceil(out / rows per CTA at
+// kLanesPerRow lanes a row) (SmallGridParams);
 // expand_chunk's; launched right after the shrink of the same call (file header); z_readers[:T*K] == 0 on entry.
 template <int kLanesPerRow, int kVectorsPerThread>
 __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __grid_constant__ SmallGridParams g) {
@@ -336,7 +409,13 @@ __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __g
     if (p.base != nullptr) epilogue_copy(p, pair, chunk * rows_per_chunk, rows_per_chunk);  // no adapter: the copy
     return;
   }
-  expand_chunk<kLanesPerRow, kVectorsPerThread>(p, pair, chunk, adapter, 0, [] {
+  const ExpandLanes<kLanesPerRow, kVectorsPerThread> map(p, adapter.rank);
+  if (map.kRankAware && chunk >= map.active_chunks) {  // the pair's rank needs fewer lanes a row: nothing to do
+    wait_for_previous_grid();
+    allow_next_grid();
+    return;
+  }
+  expand_chunk<kLanesPerRow, kVectorsPerThread>(p, pair, chunk, adapter, map, 0, [] {
     wait_for_previous_grid();  // the shrink's atomics into z are complete and visible
     allow_next_grid();         // a PDL successor still waits for this whole grid before it reads anything
   });
@@ -387,7 +466,9 @@ __global__ static void __launch_bounds__(kThreads) small_fused_kernel(const __gr
   const int pair = (ticket - shrink_ctas) / p.chunks, chunk = (ticket - shrink_ctas) % p.chunks;
   const PairAdapter adapter = pair_adapter(p, pair);
   if (adapter.rank == 0) return;
-  expand_chunk<kLanesPerRow, kFusedVectorsPerThread>(p, pair, chunk, adapter, p.pieces, [&] {
+  const ExpandLanes<kLanesPerRow, kFusedVectorsPerThread> map(p, adapter.rank);
+  if (map.kRankAware && chunk >= map.active_chunks) return;
+  expand_chunk<kLanesPerRow, kFusedVectorsPerThread>(p, pair, chunk, adapter, map, p.pieces, [&] {
     if (threadIdx.x == 0) {
       while (load_acquire(p.z_readers + pair) < p.pieces) __nanosleep(32);
       __threadfence();
