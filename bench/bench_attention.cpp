@@ -7,8 +7,7 @@
 //  - decode of 16 sequences at context 2,000, full and window 128: bytes = the K and V rows each sequence
 //    reads (keys·Hkv·D·2 B, twice) + q and out, floor at 4.2 TB/s. The launches cycle over 4 copies of
 //    the cache (4 × 65 MB, > 5× the L2) so K/V come from DRAM. Decode also runs split-KV pinned at 4, 6,
-//    8, 16 splits, each with the 2- and 3-stage K/V ring (64-row tiles) and the 2-, 3- and 4-stage ring
-//    (the key split's 16-row tiles): the data for the launcher's split and ring rules.
+//    8, 16 splits, each with the 2- and 3-stage K/V ring: the data for the launcher's split and ring rules.
 // Every row prints both counts and the floor is the larger of the two (FLOPs count the useful math only:
 // flash's second P·V mma for P's low bf16 part is overhead against the floor).
 // Method as the other CUDA benchmarks (bench/cuda_timing.h): launches in one CUDA graph, median replay.
@@ -121,11 +120,8 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
   };
   variants.push_back({"auto + workspace, 64-row tiles",
                       {.workspace = workspace, .workspace_bytes = workspace_bytes, .flash_rows = 64}});
-  // The ring depth where the launcher's tile has it: 64-row tiles (short chunks) 3; decode's key split 3 or 4.
   variants.push_back({"auto + workspace, 3 stages",
                       {.workspace = workspace, .workspace_bytes = workspace_bytes, .kv_stages = 3}});
-  variants.push_back({"auto + workspace, 4 stages (key split only)",
-                      {.workspace = workspace, .workspace_bytes = workspace_bytes, .kv_stages = 4}});
   variants.push_back({"auto + workspace, two barriers a tile", {.workspace = workspace, .workspace_bytes = workspace_bytes},
                       true});
   variants.push_back({"flash, 128-row tiles, two barriers", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
@@ -137,13 +133,9 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                            .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 64, .splits = splits,
                            .kv_stages = stages}});
     }
-    for (int stages : {2, 3, 4}) {
-      variants.push_back({"split-KV x" + std::to_string(splits) + ", key split" +
-                              (stages == 2 ? "" : ", " + std::to_string(stages) + " stages"),
-                          {.workspace = workspace, .workspace_bytes = workspace_bytes,
-                           .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 16, .splits = splits,
-                           .kv_stages = stages}});
-    }
+    variants.push_back({"split-KV x" + std::to_string(splits) + ", key split",
+                        {.workspace = workspace, .workspace_bytes = workspace_bytes,
+                         .kernel = cuda::AttentionKernel::kSplitKv, .flash_rows = 16, .splits = splits}});
   }
   {  // before rows of the 128-row tiles by warpgroup MMAs (the default since perf-log run 116)
     variants.push_back({"flash, 128-row tiles, mma.sync", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},

@@ -657,16 +657,6 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_gemm_early_trigger(false);
     cuda_backend.set_programmatic_launches(true);
-    // After (default 2 until measured): the decode attention's key split with a deeper K/V ring.
-    for (int stages : {3, 4}) {
-      cuda::set_attention_key_split_stages(stages);
-      cuda_backend.set_programmatic_launches(true);  // unchanged; makes the engine record its graphs again
-      char what[96];
-      std::snprintf(what, sizeof what, "same, decode attention's key split at %d K/V stages", stages);
-      row(what, time_decode(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
-    }
-    cuda::set_attention_key_split_stages(0);
-    cuda_backend.set_programmatic_launches(true);
     if (!o.fuse_route) {  // after (off by default until measured): the router's product and top-k as one kernel
       cuda_backend.set_fuse_route(true);
       row("same, router product and top-k as one kernel", time_decode(**engine, o, vocab, rng, spread),

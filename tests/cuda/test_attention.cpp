@@ -165,14 +165,6 @@ class CudaAttention : public CudaTest {
         expect_matches(c, batch, AttentionKernel::kFlash, false, 64, kv_stages);
         expect_matches(c, batch, AttentionKernel::kSplitKv, true, 64, kv_stages);
       }
-      for (int kv_stages : {3, 4}) {  // the key split's deeper rings (2 above), alone and split
-        expect_matches(c, batch, AttentionKernel::kFlash, false, 16, kv_stages);
-        expect_matches(c, batch, AttentionKernel::kSplitKv, true, 16, kv_stages);
-      }
-      // The launcher's own choice with the key split's depth set process-wide (decode batches take it).
-      cuda::set_attention_key_split_stages(4);
-      expect_matches(c, batch, AttentionKernel::kAuto, true);
-      cuda::set_attention_key_split_stages(0);
       // The K/V loop with two barriers per tile (the form before set_attention_one_barrier), every row tile
       // and both ring depths.
       cuda::set_attention_one_barrier(false);
@@ -285,12 +277,9 @@ TEST_F(CudaAttention, BadLaunchNamesTheProblem) {
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 96}),
                "AttentionLaunch.flash_rows: expected 0, 16, 64 or 128, found 96");
   EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 128, .kv_stages = 3}),
-               "AttentionLaunch.kv_stages 3 is not built for flash_rows 128");
-  EXPECT_DEATH(cuda::attention(decode_params, stream_, {.flash_rows = 64, .kv_stages = 4}),
-               "AttentionLaunch.kv_stages 4 is not built for flash_rows 64");
-  EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kv_stages = 5}),
-               "AttentionLaunch.kv_stages: expected 0, 2, 3 or 4, found 5");
-  EXPECT_DEATH(cuda::set_attention_key_split_stages(1), "set_attention_key_split_stages: expected 0, 2, 3 or 4, found 1");
+               "AttentionLaunch.kv_stages 3 is built for 64-row tiles only, found flash_rows 128");
+  EXPECT_DEATH(cuda::attention(decode_params, stream_, {.kv_stages = 4}),
+               "AttentionLaunch.kv_stages: expected 0, 2 or 3, found 4");
 }
 
 // The split-KV path replayed from a CUDA graph (no allocation or host sync inside the launcher).

@@ -249,12 +249,6 @@ constexpr int kMaxSplits = kAttentionMaxSplits;    // combine: one lane per spli
 constexpr int64_t kMaxSplitTokens = 64;
 // The K/V ring depth of 64-row tiles when not pinned (AttentionLaunch::kv_stages); 128-row tiles use 2.
 constexpr int kFlashDefaultStages64Rows = 2;
-// The key split's ring depth when neither AttentionLaunch::kv_stages nor set_attention_key_split_stages pins
-// it. A ring of s stages keeps s - 1 K/V tiles in flight while one is computed; at 2 every CTA waits a whole
-// load per tile (decode 16 × 2000: 8 tiles a split, 27.6 µs against a 15.6 µs bytes floor, perf-log run 114).
-// 3 and 4 are built for the bench's rows (3 / 2 CTAs an SM at D 64 instead of 4).
-constexpr int kFlashDefaultStagesKeySplit = 2;
-int key_split_stages = 0;  // set_attention_key_split_stages (0: kFlashDefaultStagesKeySplit)
 constexpr float kLog2e = 1.4426950408889634f;
 // set_attention_one_barrier. Row tiles of 64/128 rows only: T 1600 causal 168.5 → 164.1 µs, window 128
 // 41.5 → 40.0; the key split (16-row decode tiles) measured 29.6 → 31.0 µs with it, so keeps two (perf-log
@@ -1048,19 +1042,16 @@ int prepare_flash_kernel() {
 // Resident CTAs per SM of the flash kernel for (D, warps, K/V stages, key split). All configurations are
 // prepared together on the first flash call, once per process: that call must be eager (not captured), as
 // the callers' warm-up is. Built: 2 stages at every (D, warps); 3 stages at 4 warps (decode, split-KV); the
-// key split at 4 warps, 2, 3 or 4 stages.
+// key split at 4 warps, 2 stages.
 int flash_ctas_per_sm(int64_t head_dim, int warps, int stages, bool key_split = false) {
-  static const std::array<int, 12> resident = {
+  static const std::array<int, 8> resident = {
       prepare_flash_kernel<64, 4, 2>(),        prepare_flash_kernel<64, 8, 2>(),
       prepare_flash_kernel<128, 4, 2>(),       prepare_flash_kernel<128, 8, 2>(),
       prepare_flash_kernel<64, 4, 3>(),        prepare_flash_kernel<128, 4, 3>(),
-      prepare_flash_kernel<64, 4, 2, true>(),  prepare_flash_kernel<128, 4, 2, true>(),
-      prepare_flash_kernel<64, 4, 3, true>(),  prepare_flash_kernel<128, 4, 3, true>(),
-      prepare_flash_kernel<64, 4, 4, true>(),  prepare_flash_kernel<128, 4, 4, true>()};
-  const size_t d128 = head_dim == 64 ? 0 : 1;
-  if (key_split) return resident[(stages == 4 ? 10 : stages == 3 ? 8 : 6) + d128];
-  if (stages == 3) return resident[4 + d128];
-  return resident[2 * d128 + (warps == 8 ? 1 : 0)];
+      prepare_flash_kernel<64, 4, 2, true>(),  prepare_flash_kernel<128, 4, 2, true>()};
+  if (key_split) return resident[size_t(head_dim == 64 ? 6 : 7)];
+  if (stages == 3) return resident[size_t(head_dim == 64 ? 4 : 5)];
+  return resident[size_t((head_dim == 64 ? 0 : 2) + (warps == 8 ? 1 : 0))];
 }
 
 template <int D, int kWarps, int kStages, bool kKeySplit = false>
@@ -1176,13 +1167,6 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 // an error.
 void set_attention_one_barrier(bool on) { one_barrier = on; }
 void set_attention_wgmma(bool on) { flash_wgmma = on; }
-void set_attention_key_split_stages(int stages) {
-  if (stages != 0 && (stages < 2 || stages > 4)) {
-    std::fprintf(stderr, "loramux: cuda::set_attention_key_split_stages: expected 0, 2, 3 or 4, found %d\n", stages);
-    std::abort();
-  }
-  key_split_stages = stages;
-}
 
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
@@ -1237,34 +1221,25 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     key_split = true;
   } else if (launch.flash_rows == 0) {
     if (rows >= 128 * seqs && row_tiles_of(128) * kv_heads >= sms * flash_ctas_per_sm(head_dim, 8, 2)) warps = 8;
-    else if (rows <= 16 * seqs && tokens <= kMaxSplitTokens) key_split = true;
+    else if (rows <= 16 * seqs && tokens <= kMaxSplitTokens && launch.kv_stages != 3) key_split = true;
   } else if (launch.flash_rows != 64) {
     std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.flash_rows: expected 0, 16, 64 or 128, found %d\n",
                  launch.flash_rows);
     std::abort();
   }
-  // K/V ring depth (few key tiles per CTA in decode and short chunks, so the tiles in flight, not the math,
-  // bound it): 64-row tiles 2 or 3, the key split 2, 3 or 4, 128-row tiles 2. kv_stages pins it where the
-  // chosen tile has it built (the launcher's own choice of tile keeps its default otherwise); pinning a row
-  // tile without it is an error. The key split's default is set_attention_key_split_stages'.
-  if (launch.kv_stages != 0 && (launch.kv_stages < 2 || launch.kv_stages > 4)) {
-    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages: expected 0, 2, 3 or 4, found %d\n",
+  // K/V ring depth of 64-row tiles (decode and short chunks: few key tiles per CTA, so the tiles in flight,
+  // not the math, bound it): kv_stages pins it; 128-row tiles always use 2 (3 is not built for them).
+  if (launch.kv_stages != 0 && launch.kv_stages != 2 && launch.kv_stages != 3) {
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages: expected 0, 2 or 3, found %d\n",
                  launch.kv_stages);
     std::abort();
   }
-  if ((launch.kv_stages >= 3 && launch.flash_rows == 128) || (launch.kv_stages == 4 && launch.flash_rows == 64)) {
-    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages %d is not built for flash_rows %d "
-                 "(64-row tiles: 2 or 3; 16-row tiles, the key split: 2, 3 or 4; 128-row tiles: 2)\n",
-                 launch.kv_stages, launch.flash_rows);
+  if (launch.kv_stages == 3 && (launch.flash_rows == 128 || launch.flash_rows == 16)) {
+    std::fprintf(stderr, "loramux: cuda::attention: AttentionLaunch.kv_stages 3 is built for 64-row tiles only, "
+                 "found flash_rows %d\n", launch.flash_rows);
     std::abort();
   }
-  int stages = 2;
-  if (key_split) {
-    stages = launch.kv_stages != 0 ? launch.kv_stages
-             : key_split_stages != 0 ? key_split_stages : kFlashDefaultStagesKeySplit;
-  } else if (warps == 4) {
-    stages = launch.kv_stages == 2 || launch.kv_stages == 3 ? launch.kv_stages : kFlashDefaultStages64Rows;
-  }
+  int stages = warps == 8 || key_split ? 2 : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
   const int64_t row_tiles = row_tiles_of(key_split ? 16 : 16 * warps);
   LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
 
@@ -1336,15 +1311,8 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .scale_log2 = p.softmax_scale * kLog2e,
       .one_barrier = one_barrier && !key_split};
   if (key_split) {
-    if (head_dim == 64) {
-      if (stages == 4) launch_flash<64, 4, 4, true>(params, unsigned(row_tiles), stream);
-      else if (stages == 3) launch_flash<64, 4, 3, true>(params, unsigned(row_tiles), stream);
-      else launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
-    } else {
-      if (stages == 4) launch_flash<128, 4, 4, true>(params, unsigned(row_tiles), stream);
-      else if (stages == 3) launch_flash<128, 4, 3, true>(params, unsigned(row_tiles), stream);
-      else launch_flash<128, 4, 2, true>(params, unsigned(row_tiles), stream);
-    }
+    if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
+    else launch_flash<128, 4, 2, true>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64 && warps == 4) {
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);

@@ -30,9 +30,8 @@ struct AttentionLaunch {
   int flash_rows = 0;          // flash row tile: 0 = the launcher's choice, 16 (4 warps split each K/V tile's
                                // keys over the same rows: decode), 64 or 128 pins it (tests, bench)
   int splits = 0;              // pinned kSplitKv: 0 = as many as the workspace holds, n = min(n, that) (bench)
-  int kv_stages = 0;           // K/V ring depth: 0 = the launcher's choice; 64-row tiles 2 or 3, the key split
-                               // (16-row tiles) 2, 3 or 4, 128-row tiles 2. Applied where the chosen tile has
-                               // it; pinning flash_rows to a tile without it is an error
+  int kv_stages = 0;           // K/V ring depth of 64-row flash tiles: 0 = the launcher's choice, 2 or 3
+                               // (128-row tiles use 2; pinning 3 with flash_rows 128 is an error)
 };
 
 // Bytes of workspace that let any batch of up to max_tokens tokens use the most splits the launcher picks on
@@ -54,11 +53,5 @@ void set_attention_one_barrier(bool on);
 // 128 39.9 → 33.7, prefill 29.0 → 26.8 ms) or by mma.sync (off: the bench's before row). Two CTAs per SM at
 // D 64, one at D 128. Other row tiles (decode, short chunks) are unchanged. Process-wide.
 void set_attention_wgmma(bool on);
-
-// The key split's K/V ring depth (decode's 16-row tiles) when AttentionLaunch::kv_stages leaves it open:
-// 0 = the built-in default (2), or 2, 3, 4 (s - 1 tiles in flight while one is computed; fewer CTAs an SM
-// and so fewer splits at more stages). Anything else aborts. Recorded graphs keep the depth they were
-// captured with. Process-wide.
-void set_attention_key_split_stages(int stages);
 
 }  // namespace lmx::cuda
