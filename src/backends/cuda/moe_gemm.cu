@@ -34,6 +34,8 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/launch.cuh"
@@ -735,8 +737,9 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
   const int a_row = threadIdx.x / kChunksPerRow, a_chunk = threadIdx.x % kChunksPerRow;
   const int a_pair = tile_pairs[a_row];
   const bool a_valid = a_pair < p.pairs;
+  // A sentinel row's pointer walks x's first row (in = k_tiles · kBlockK values: never past it), so the step
+  // is the same constant for every thread.
   const __nv_bfloat16* a_next = a_valid ? p.x + int64_t(a_pair / p.row_div) * p.in + a_chunk * 8 : p.x;
-  const int a_step = a_valid ? kBlockK : 0;
   const int k_tiles = p.in / kBlockK;
   // B: the (expert, k-tile) span starts at ((expert · k_tiles + kt) · n + n0) rows, one k-tile n rows after the
   // last. Codes: two 16-byte chunks a row; exponents: one 16-byte chunk per 8 rows (n % 8 == 0).
@@ -760,84 +763,110 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
   const uint32_t a_dst = stage0 + 2 * swizzled(a_row, a_chunk);
   const uint32_t code_dst = stage0 + kBlockM * kBlockK * 2 + threadIdx.x * 16;
   const uint32_t scale_dst = stage0 + kBlockM * kBlockK * 2 + kRawBytes + threadIdx.x * 16;
-  auto copy16 = [](uint32_t shared, const void* global, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 16 : 0));
+  // Every shared address below is a per-thread register plus a compile-time stage offset (the k-loop is
+  // unrolled by kStages, so k-tile kt always sits in stage kt % kStages = the unrolled index): the loads and
+  // copies take the offset as an immediate and the loop spends no instructions on stage arithmetic.
+  auto copy16 = [](uint32_t shared, auto offset, const void* global, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0+%1], [%2], 16, %3;\n" ::"r"(shared), "n"(decltype(offset)::value),
+                 "l"(global), "r"(valid ? 16 : 0));
   };
-  auto load_a = [&](int stage) {
-    copy16(a_dst + stage * kStageBytes, a_next, a_valid);
-    a_next += a_step;
+  // The exponent copy of the kScaleChunks loader threads, predicated (no divergent branch in the loop).
+  auto copy16_if = [](uint32_t shared, auto offset, const void* global, bool valid, bool loader) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n@p cp.async.cg.shared.global [%0+%1], [%2], 16, %3;\n}\n" ::"r"(shared),
+        "n"(decltype(offset)::value), "l"(global), "r"(valid ? 16 : 0), "r"(int(loader)));
   };
-  auto load_b = [&](int stage) {
+  auto load_a = [&](auto offset) {
+    copy16(a_dst, offset, a_next, a_valid);
+    a_next += kBlockK;
+  };
+  auto load_b = [&](auto offset) {
 #pragma unroll
     for (int j = 0; j < kRawLoads; ++j) {
-      copy16(code_dst + stage * kStageBytes + kThreads * 16 * j, code_next[j], code_ok[j]);
+      copy16(code_dst + kThreads * 16 * j, offset, code_next[j], code_ok[j]);
       code_next[j] += code_span;
     }
-    if (scale_loader) {
-      copy16(scale_dst + stage * kStageBytes, scale_next, scale_ok);
-      scale_next += scale_span;
-    }
+    copy16_if(scale_dst, offset, scale_next, scale_ok, scale_loader);
+    scale_next += scale_span;
   };
+  // Stage s's byte offset, as a type (an "n" operand of the copies).
+  auto stage_offset = [](auto s) { return std::integral_constant<int, decltype(s)::value * kStageBytes>{}; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_n0 = warp * kWarpN, g = lane / 4, t = lane % 4;
+  // Per-thread shared addresses in stage 0: the A fragments of each k step, each n-tile's code words and
+  // exponent pair.
+  uint32_t a_ld[kBlockK / 16], code_ld[kNi], exponent_ld[kNi];
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk) a_ld[kk] = stage0 + 2 * swizzled(lane % 16, 2 * kk + lane / 16);
+#pragma unroll
+  for (int j = 0; j < kNi; ++j) {
+    const int column = warp_n0 + 8 * j + g;
+    code_ld[j] = stage0 + kBlockM * kBlockK * 2 + column * ops::mxfp4::kTileBytes + 8 * t;
+    exponent_ld[j] = stage0 + kBlockM * kBlockK * 2 + kRawBytes + column * 2;
+  }
   float acc[1][kNi][4] = {};
   if (start.weights_first) {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) load_b(s);
-    }
+    [&]<int... S>(std::integer_sequence<int, S...>) {
+      ((S < k_tiles ? load_b(stage_offset(std::integral_constant<int, S>{})) : void()), ...);
+    }(std::make_integer_sequence<int, kStages - 1>{});
     wait_then_allow_dependents();
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) load_a(s);
-      cp_async_commit();
-    }
+    [&]<int... S>(std::integer_sequence<int, S...>) {
+      ((S < k_tiles ? load_a(stage_offset(std::integral_constant<int, S>{})) : void(), cp_async_commit()), ...);
+    }(std::make_integer_sequence<int, kStages - 1>{});
   } else {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) {
-        load_a(s);
-        load_b(s);
-      }
-      cp_async_commit();
-    }
+    [&]<int... S>(std::integer_sequence<int, S...>) {
+      (((S < k_tiles ? (load_a(stage_offset(std::integral_constant<int, S>{})),
+                        load_b(stage_offset(std::integral_constant<int, S>{})))
+                     : void()),
+        cp_async_commit()),
+       ...);
+    }(std::make_integer_sequence<int, kStages - 1>{});
   }
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  // One k-tile in stage S (kt % kStages == S): wait for it, refill the stage read one k-tile ago, then decode
+  // each lane's B registers of the whole k-tile (per n-tile, register m is k step m / 2, b0 / b1 by m % 2)
+  // and run the MMAs. Returns false past the last k-tile (the unrolled group's remaining stages are skipped).
+  auto k_tile = [&](int kt, auto stage) {
+    constexpr int kS = decltype(stage)::value;
+    constexpr int kOffset = kS * kStageBytes;
+    if (kt >= k_tiles) return false;
     cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) {
-      load_a(next % kStages);
-      load_b(next % kStages);
+    if (kt + kStages - 1 < k_tiles) {
+      constexpr auto refill = stage_offset(std::integral_constant<int, (kS + kStages - 1) % kStages>{});
+      load_a(refill);
+      load_b(refill);
     }
     cp_async_commit();
-    const char* stage = stages + (kt % kStages) * kStageBytes;
-    const auto* a_tile = reinterpret_cast<const __nv_bfloat16*>(stage);
-    const char* codes = stage + kBlockM * kBlockK * 2;
-    const char* exponents = codes + kRawBytes;
-    // The lane's B registers of the whole k-tile, per n-tile: register m is k step m / 2, b0 / b1 by m % 2.
     uint32_t b[kNi][8];
 #pragma unroll
     for (int j = 0; j < kNi; ++j) {
-      const int column = warp_n0 + 8 * j + g;
-      const uint2 words = *reinterpret_cast<const uint2*>(codes + column * ops::mxfp4::kTileBytes + 8 * t);
-      const uint32_t pair = *reinterpret_cast<const uint16_t*>(exponents + column * 2);
+      uint32_t word_x, word_y, pair;
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2+%3];\n" : "=r"(word_x), "=r"(word_y) : "r"(code_ld[j]), "n"(kOffset));
+      asm volatile("ld.shared.u16 %0, [%1+%2];\n" : "=r"(pair) : "r"(exponent_ld[j]), "n"(kOffset));
       const uint32_t first = ops::mxfp4::scale_multiplier(pair & 0xffu);
       const uint32_t second = ops::mxfp4::scale_multiplier(pair >> 8);
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        b[j][r] = mul_bf16x2(ops::mxfp4::decode_register(words.x, r), first);
-        b[j][4 + r] = mul_bf16x2(ops::mxfp4::decode_register(words.y, r), second);
+        b[j][r] = mul_bf16x2(ops::mxfp4::decode_register(word_x, r), first);
+        b[j][4 + r] = mul_bf16x2(ops::mxfp4::decode_register(word_y, r), second);
       }
     }
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
       unsigned a_frag[4];
-      ldmatrix_x4(a_frag, a_tile + swizzled(lane % 16, 2 * kk + lane / 16));
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4+%5];\n"
+                   : "=r"(a_frag[0]), "=r"(a_frag[1]), "=r"(a_frag[2]), "=r"(a_frag[3])
+                   : "r"(a_ld[kk]), "n"(kOffset));
 #pragma unroll
       for (int j = 0; j < kNi; ++j) mma_bf16(acc[0][j], a_frag, b[j][2 * kk], b[j][2 * kk + 1]);
     }
+    return true;
+  };
+  for (int kt0 = 0; kt0 < k_tiles; kt0 += kStages) {
+    [&]<int... S>(std::integer_sequence<int, S...>) {
+      (k_tile(kt0 + S, std::integral_constant<int, S>{}) && ...);
+    }(std::make_integer_sequence<int, kStages>{});
   }
 
   if (start.late_wait) wait_then_allow_dependents();
