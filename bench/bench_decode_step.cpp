@@ -633,12 +633,12 @@ int main(int argc, char** argv) {
     cuda_backend.set_skinny_max_out(int64_t(1) << 40);  // q|k|v and o_proj on the skinny kernel (L2 prefetch)
     row("same, every product of <= 16 rows on the skinny kernel", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
-    // o_proj alone joins the router on the skinny kernel (out = H; q|k|v and the LM head are wider): its
-    // cuBLASLt product sits at ~53% of its bytes floor (perf-log run 71)
-    cuda_backend.set_skinny_max_out(c.hidden_size);
-    row("same, o_proj on the skinny kernel", time_decode(**engine, o, vocab, rng, spread),
-        with_lora.total() / kBytesPerSecond);
     cuda_backend.set_skinny_max_out(1024);
+    // Before/after of o_proj on the skinny kernel (the default since its five wins, perf-log runs 130-138):
+    // its cuBLASLt product sat at ~53% of its bytes floor (perf-log run 71)
+    cuda_backend.set_skinny_narrowing(false);
+    row("same, o_proj on cuBLASLt", time_decode(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_skinny_narrowing(true);
     cuda_backend.set_fuse_rope_kv_write(false);  // before/after of the fused rope + KV-cache write
     row("same, rope, kv_write (and a QK-norm) unfused", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);

@@ -97,6 +97,11 @@ class CudaBackend final : public ops::Backend {
     linear_.set_skinny_max_out(out);
     ++memory_epoch_;
   }
+  // LinearRunner::set_skinny_narrowing (bench before/after); bumps memory_epoch().
+  void set_skinny_narrowing(bool on) {
+    linear_.set_skinny_narrowing(on);
+    ++memory_epoch_;
+  }
   // LinearRunner::set_autotune (bench before/after); graphs are recorded again, and every shape chooses its
   // cuBLASLt algorithm again on its next (eager) call.
   void set_linear_autotune(bool on) {

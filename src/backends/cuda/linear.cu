@@ -350,13 +350,15 @@ LinearRunner::~LinearRunner() {
 
 // kAuto: cuBLASLt reads wide weights faster than the skinny kernel (docs/perf-log.md runs 9 and 24), but
 // narrow products (the router's 32 columns) cost it ~12 µs each (run 14's profile), far above their bytes:
-// those take the skinny kernel.
+// those take the skinny kernel. So do narrowing products (out <= in: o_proj), where cuBLASLt sat at ~53% of
+// the bytes floor (run 96): decode step −0.035 to −0.11 ms in five runs (perf-log runs 130–138, H100 on
+// MXFP4 experts and H200 on bf16; the bench's row "same, o_proj on the skinny kernel").
 uint64_t LinearRunner::memory_epoch() const { return state_->epoch; }
 
 bool LinearRunner::takes_skinny(const ops::LinearParams& p) const {
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
   const bool skinny_fits = tokens <= kSkinnyMaxRows && in % 8 == 0;
-  const bool narrow = out <= skinny_max_out_;
+  const bool narrow = out <= skinny_max_out_ || (skinny_narrowing_ && out <= in);
   const bool skinny = path_ == LinearPath::kSkinny || (path_ == LinearPath::kAuto && narrow);
   return skinny && skinny_fits && detail::aligned16(p.x.data) && detail::aligned16(p.weight.data);
 }

@@ -16,7 +16,8 @@
 namespace lmx::cuda {
 
 // Which kernel runs: kAuto = for T <= 16 rows and at most set_skinny_max_out() outputs (default 1024: the
-// router, and k/v where they are separate) our tensor-core skinny GEMV, cuBLASLt otherwise — faster on wide
+// router, and k/v where they are separate) or at most as many outputs as inputs (o_proj;
+// set_skinny_narrowing) our tensor-core skinny GEMV, cuBLASLt otherwise — faster on wide
 // weights, in isolation (docs/perf-log.md run 9) and inside the decode step even against the skinny
 // kernel's L2 prefetch before its PDL wait (run 24: 11.84 vs 12.01 ms); kSkinny forces the GEMV (T <= 16)
 // and kCublasLt cuBLASLt, for tests and the benchmark's comparison rows.
@@ -44,6 +45,9 @@ class LinearRunner {
   // kAuto's skinny path takes T <= 16 products of at most this many outputs (a huge value puts q|k|v and
   // o_proj on it too: the bench's comparison row).
   void set_skinny_max_out(int64_t out) { skinny_max_out_ = out; }
+  // kAuto's skinny path also takes T <= 16 products with out <= in (o_proj; a dense MLP's down_proj too,
+  // not measured apart); false = only set_skinny_max_out's rule (the bench's before row).
+  void set_skinny_narrowing(bool on) { skinny_narrowing_ = on; }
   // cuBLASLt products of at most 16 rows (decode) time the heuristic's first 8 candidates on their first
   // call (outside stream capture: host-synchronizing, once per shape) and keep the fastest (on, the
   // default); off keeps the heuristic's first choice (the bench's before row). Forgets the algorithms chosen
@@ -77,6 +81,7 @@ class LinearRunner {
   bool split_ragged_ = true;
   int64_t row_align_ = 64;  // set_split_row_align
   int64_t skinny_max_out_ = 1024;
+  bool skinny_narrowing_ = true;
   // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t);
   // lda: W's row stride (0: in); accumulate: c += instead of c =.
   void cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows, int64_t ldc,
