@@ -610,12 +610,6 @@ int main(int argc, char** argv) {
       row("same, MoE-LoRA shrinks after their GEMMs", time_decode(**engine, o, vocab, rng, spread),
           with_lora.total() / kBytesPerSecond);
       cuda::set_moe_lora_fork_shrinks(true);
-      // The expands' launch shape (perf-log run 137: the gate_up expand's time is its CTAs' dependent chains)
-      cuda::set_moe_lora_expand_vectors(8);
-      cuda_backend.set_programmatic_launches(true);
-      row("same, MoE-LoRA expands at 8 B vectors a thread", time_decode(**engine, o, vocab, rng, spread),
-          with_lora.total() / kBytesPerSecond);
-      cuda::set_moe_lora_expand_vectors(0);
       cuda_backend.set_programmatic_launches(true);
     }
     if (o.target_rows != 0) {  // the floor printed is the full adapters' (an upper bound for these rows)

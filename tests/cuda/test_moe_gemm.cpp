@@ -530,12 +530,6 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
         } else {
           EXPECT_TRUE(all_close(chained, widen(mxfp4_expand), 1.0 / 64.0)) << "the forked shrinks against the chained ones";
         }
-        cuda::set_moe_lora_expand_vectors(8);  // the expands' other launch shape (bench row): the same bits
-        const OwnedTensor eight_vectors = run_block(c, nan_weights, true, stream_, -1, {}, &copies);
-        cuda::set_moe_lora_expand_vectors(0);
-        EXPECT_EQ(std::memcmp(eight_vectors.view.data, mxfp4_expand.view.data, mxfp4_expand.view.nbytes()), 0)
-            << "the MoE-LoRA expands at 8 vectors a thread give other bits";
-        EXPECT_THROW(cuda::set_moe_lora_expand_vectors(6), std::invalid_argument);
       }
       cpu::CpuBackend cpu;
       BlockCase oracle_case = c;

@@ -1951,7 +1951,6 @@ bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool lora_fork_shrinks = true;                      // set_moe_lora_fork_shrinks (perf-log run 135)
-int lora_expand_vectors = 0;                        // set_moe_lora_expand_vectors (0: the built-in choice)
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
@@ -2409,13 +2408,6 @@ void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
 void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }
-void set_moe_lora_expand_vectors(int vectors_per_thread) {
-  if (vectors_per_thread != 0 && vectors_per_thread != 4 && vectors_per_thread != 8) {
-    throw std::invalid_argument("set_moe_lora_expand_vectors: 0, 4 or 8 B vectors a thread, got " +
-                                std::to_string(vectors_per_thread));
-  }
-  lora_expand_vectors = vectors_per_thread;
-}
 void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
   struct Shape {
     int block_n, stages, ctas;
@@ -3147,8 +3139,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w,
                                 .z = view(l.z, DType::F32, {pairs, w.b.dim(-1)}),
                                 .z_readers = view(l.z_readers, DType::I32, {pairs + 1}), .y = y,
-                                .pdl = config.small_pdl, .expand_vectors_per_thread = lora_expand_vectors,
-                                .base = y};
+                                .pdl = config.small_pdl, .base = y};
     MoeLoraSmallParams side = sp;
     side.pdl = false;  // on the side stream: a plain launch after the fork
     LMX_CUDA_CHECK(cudaEventRecord(config.fork, stream));

@@ -67,10 +67,6 @@ void set_moe_lora_in_mxfp4_gemm(bool on);
 // GEMM, the expand after both (on, the default since perf-log run 135), or GEMM → shrink → expand in the chain
 // (off: the bench's before row). The same bits either way. Process-wide.
 void set_moe_lora_fork_shrinks(bool on);
-// B vectors each thread of the forked decode MoE-LoRA's expands loads (MoeLoraSmallParams::
-// expand_vectors_per_thread): 0 = the built-in 4, or 8 (half the CTAs, ~70 registers: 3 CTAs an SM; the bench's
-// row). std::invalid_argument otherwise. Process-wide.
-void set_moe_lora_expand_vectors(int vectors_per_thread);
 // moe_block's decode GEMMs with the MoE-LoRA in their accumulators (wait_before_epilogue) let their dependents
 // launch at their start (on) or at their wait (off, the default until the H200 measures it). Process-wide.
 void set_moe_gemm_early_trigger(bool on);
