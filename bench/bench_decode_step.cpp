@@ -29,6 +29,8 @@
 // --step-reps).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
 // dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
+// --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the knock-outs)
+// and the no-adapter row (a short device call).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
 // N timed steps (those rows moved ±0.5–1 ms between runs at 3).
 #include <algorithm>
@@ -50,6 +52,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/attention.cuh"
+#include "backends/cuda/moe_lora_small.cuh"
 #include "backends/cuda/moe_gemm.cuh"
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -69,6 +72,7 @@ constexpr double kFlopsPerSecond = 750e12;  // dense bf16 (issue 4/5)
 struct Options {
   std::string model = "preset:gpt-oss-20b";
   int adapters = 8, rank = 32, batch = 16, context = 2000, steps = 12, prefill = 1600, profile = 0;
+  bool new_rows_only = false;  // --new-rows-only 1: the first row, the newest rows, the no-adapter row
   int max_batched_tokens = 0;         // 0: max(prefill, 4096)
   int vocab = 0;                      // 0: the preset's; else as loramux serve sizes a preset from its tokenizer
   uint64_t weight_seed = 1;           // loramux serve's --weight-seed is 0
@@ -120,6 +124,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
     else if (key == "--only") o.only = value;
+    else if (key == "--new-rows-only") o.new_rows_only = std::atoi(value.c_str()) != 0;
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
@@ -593,6 +598,7 @@ int main(int argc, char** argv) {
   if (o.adapters > 0) {
     row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
+    if (!o.new_rows_only) {  // --new-rows-only 1 skips from here to the enqueue-order row
     if (mxfp4) {  // before/after: the same weights' bf16 copies (the floor printed stays the MXFP4 one)
       cuda::set_moe_gemm_mxfp4(false);
       cuda_backend.set_programmatic_launches(true);  // unchanged; makes the engine record its graphs again
@@ -651,6 +657,27 @@ int main(int argc, char** argv) {
         with_lora.total() / kBytesPerSecond);
     cuda::set_moe_gemm_early_trigger(false);
     cuda_backend.set_programmatic_launches(true);
+    }
+    // Before (perf-log run 148): each fused linear + LoRA enqueues its forked shrink before its product.
+    cuda_backend.set_fork_product_first(false);
+    row("same, forked LoRA shrinks enqueued before their dense products", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda_backend.set_fork_product_first(true);
+    // Where the adapters' small kernels cost step time: the step without some of them (wrong results; timing
+    // only). Without the dense shrinks z stays zero, so the values stay sane; the dense expands are never
+    // knocked out (they write the fused projections' outputs).
+    for (const auto& [mask, what] : {std::pair{1, "diagnostic (wrong results): no dense LoRA shrinks"},
+                                     std::pair{4, "diagnostic (wrong results): no MoE-LoRA shrinks"},
+                                     std::pair{8, "diagnostic (wrong results): no MoE-LoRA expands"},
+                                     std::pair{12, "diagnostic (wrong results): no MoE-LoRA small kernels"},
+                                     std::pair{13, "diagnostic (wrong results): only the dense expands"}}) {
+      cuda::set_small_lora_knockout(mask);
+      cuda_backend.set_programmatic_launches(true);
+      row(what, time_decode(**engine, o, vocab, rng, spread), with_lora.total() / kBytesPerSecond);
+    }
+    cuda::set_small_lora_knockout(0);
+    cuda_backend.set_programmatic_launches(true);
+    if (!o.new_rows_only) {  // and from here to the no-adapter row
     if (!o.fuse_route) {  // after (off by default until measured): the router's product and top-k as one kernel
       cuda_backend.set_fuse_route(true);
       row("same, router product and top-k as one kernel", time_decode(**engine, o, vocab, rng, spread),
@@ -677,6 +704,7 @@ int main(int argc, char** argv) {
     row("same, projections as product, bias, split, LoRA launches", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_fuse_linear_lora(true);
+    }
     row("decode step, LoRA on, no adapter in batch", time_decode(**engine, o, vocab, rng, no_adapter),
         base.total() / kBytesPerSecond);
     // The yardstick's steady state: contexts spread ± 300 around --context, pages interleaved by admission

@@ -382,15 +382,23 @@ TEST_F(CudaLoraDense, LinearLoraMatchesCpu) {
       EXPECT_EQ(differing, 0) << "output " << i << ": rows without a LoRA term differ from the composition's";
     }
     backend.set_fuse_linear_lora(true);
-    backend.begin_capture();
-    backend.linear_lora(device);
-    const int graph = backend.end_capture();
-    for (int replay = 0; replay < 2; ++replay) {
+    for (bool product_first : {false, true}) {  // the fork's enqueue order (set_fork_product_first)
+      backend.set_fork_product_first(product_first);
+      const std::string order = product_first ? "product first, " : "";
       poison_outputs();
-      backend.replay(graph);
-      expect_outputs("graph replay " + std::to_string(replay));
+      backend.linear_lora(device);
+      expect_outputs(order + "eager");
+      backend.begin_capture();
+      backend.linear_lora(device);
+      const int graph = backend.end_capture();
+      for (int replay = 0; replay < 2; ++replay) {
+        poison_outputs();
+        backend.replay(graph);
+        expect_outputs(order + "graph replay " + std::to_string(replay));
+      }
+      backend.release_graph(graph);
     }
-    backend.release_graph(graph);
+    backend.set_fork_product_first(true);  // the default
     if (HasFatalFailure()) return;
   }
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -331,6 +332,49 @@ TEST_F(CudaMoeLoraSmall, NoLoraLeavesOutputBitIdentical) {
       run_case(c, only_slot);
     }
   }
+}
+
+// set_small_lora_knockout (a bench diagnostic): the MoE shrink's bit leaves z untouched (zero), the MoE
+// expand's leaves y bit for bit as it was, the dense bits leave MoE launches alone, and a mask past 4 bits
+// throws. Off again, the same call gives the oracle's y.
+TEST_F(CudaMoeLoraSmall, KnockoutSkipsOnlyTheNamedLaunches) {
+  EXPECT_THROW(cuda::set_small_lora_knockout(16), std::invalid_argument);
+  EXPECT_THROW(cuda::set_small_lora_knockout(-1), std::invalid_argument);
+  const Case c{16, 4, 32, 8, 32, 520, 1000, false};
+  const Problem p = make_problem(rng(), c, std::nullopt);
+  const int64_t pairs = c.tokens * c.top_k;
+  OwnedTensor want = widen(p.y0);
+  oracle_apply(cpu_, p, want);
+  OwnedTensor d_a = cuda::upload(p.a), d_b = cuda::upload(p.b), d_rank = cuda::upload(p.rank);
+  OwnedTensor d_ids = cuda::upload(p.topk_ids), d_slot = cuda::upload(p.token_slot), d_x = cuda::upload(p.x);
+  OwnedTensor z = cuda::empty(DType::F32, {pairs, c.capacity_rank});
+  OwnedTensor z_readers = cuda::empty(DType::I32, {pairs + 1});
+  cuda::fill_bytes(z.view, 0);
+  cuda::fill_bytes(z_readers.view, 0);
+  OwnedTensor d_y = cuda::upload(p.y0);
+  const cuda::MoeLoraSmallParams params{.x = d_x, .topk_ids = d_ids, .token_slot = d_slot,
+                                        .w = {.a = d_a, .b = d_b, .rank = d_rank}, .z = z,
+                                        .z_readers = z_readers, .y = d_y};
+  cuda::set_small_lora_knockout(3);  // the dense launches only: the MoE shrink runs
+  cuda::moe_lora_small_shrink(params, stream_);
+  sync();
+  expect_z(p, z, "dense knock-outs");
+  cuda::set_small_lora_knockout(8);  // the MoE expand: y untouched, z left as the shrink wrote it
+  cuda::moe_lora_small_expand(params, stream_);
+  sync();
+  EXPECT_TRUE(bitwise_equal(cuda::download(d_y), p.y0)) << "a knocked-out expand wrote y";
+  expect_z(p, z, "after a knocked-out expand");
+  cuda::set_small_lora_knockout(0);
+  cuda::moe_lora_small_expand(params, stream_);
+  sync();
+  expect_y(p, d_y, want, "knock-out off");
+  expect_clean(z, z_readers, "knock-out off");
+  cuda::set_small_lora_knockout(4);  // the MoE shrink: z stays zero, so the expand adds nothing
+  cuda::copy(d_y.view, p.y0.view);
+  cuda::moe_lora_small_shrink(params, stream_);
+  sync();
+  expect_clean(z, z_readers, "a knocked-out shrink");
+  cuda::set_small_lora_knockout(0);
 }
 
 }  // namespace

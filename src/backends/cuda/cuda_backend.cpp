@@ -326,10 +326,11 @@ void CudaBackend::linear_lora(const ops::LinearLoraParams& p) {
     const std::span<const ops::LoraParams> group(parts, count);
     const LoraDenseScratch& scratch = lora_scratch(parts[0]);  // may grow (a sync) before anything is enqueued
     LMX_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+    if (fork_product_first_) linear_.run(product, stream_);  // the shrink still depends only on the fork
     LMX_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_, 0));
     lora_dense_fused_shrink(group, scratch, side_stream_);
     LMX_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
-    linear_.run(product, stream_);
+    if (!fork_product_first_) linear_.run(product, stream_);
     LMX_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
     lora_dense_fused_expand(group, p.linear.out, bias_later ? p.linear.bias : Tensor{}, scratch, kLoraDenseConfig, stream_);
     return;

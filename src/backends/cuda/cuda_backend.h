@@ -86,6 +86,14 @@ class CudaBackend final : public ops::Backend {
     fuse_linear_lora_ = on;
     ++memory_epoch_;
   }
+  // true (default since perf-log run 148: -0.09 ms a GPT-OSS-20B MXFP4 decode step on the H100): the fused
+  // linear + LoRA enqueues its product before its forked shrink (the graph's nodes are made in that order), so
+  // the product's CTAs take their SMs first and the shrink fills the ones it leaves idle (q|k|v on cuBLASLt:
+  // 80 CTAs); false (the bench's before row): the shrink first. Same bits. Bumps memory_epoch().
+  void set_fork_product_first(bool on) {
+    fork_product_first_ = on;
+    ++memory_epoch_;
+  }
   // true: route runs the router's product and its top-k as one kernel at decode sizes (LinearRunner::route);
   // false (default until measured on the H200): the product, then the top-k kernel. Bumps memory_epoch().
   void set_fuse_route(bool on) {
@@ -130,6 +138,7 @@ class CudaBackend final : public ops::Backend {
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   bool fuse_linear_lora_ = true;
+  bool fork_product_first_ = true;
   bool fuse_route_ = false;
   ops::KernelConfigs kernel_configs_;
   LinearRunner linear_;

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "backends/cuda/check.h"
@@ -46,6 +47,7 @@ constexpr int kMaxRank = 128;                  // R limit, same as the tiled pat
 constexpr int kRowsPerWarpCap128 = 128 / kWarps;
 constexpr int kSmCount = 132;                  // H200; only sizes the launch shapes (a hint, not a limit)
 constexpr int kOneWaveCtas = 8 * kSmCount;     // 256-thread CTAs resident at once at full occupancy
+int knockout_mask = 0;                         // set_small_lora_knockout (a timing diagnostic; 0: off)
 
 // ---- device helpers -----------------------------------------------------------------------------------
 
@@ -599,6 +601,14 @@ int shrink_pieces(int in, int vectors_per_lane) {
   return (in / kBf16PerVector + per_cta - 1) / per_cta;
 }
 
+// Whether set_small_lora_knockout drops this launch: bit 0 dense shrinks, 1 dense expands, 2 MoE shrinks, 3 MoE
+// expands (dense = one expert: lora_dense's launches).
+bool knocked_out(const SmallGridParams& grid, bool expand) {
+  if (knockout_mask == 0) return false;
+  const int bit = (grid.target[0].experts == 1 ? 0 : 2) + (expand ? 1 : 0);
+  return (knockout_mask >> bit & 1) != 0;
+}
+
 // The defined targets of a group (one target outside a group), each checked alone and against the first:
 // the launch's params. `first` supplies what every target shares (pdl, knobs, pair count).
 struct Group {
@@ -690,6 +700,7 @@ void launch_expand(const Group& g, int vectors_per_thread, dim3 blocks, unsigned
 void moe_lora_small_shrink(std::span<const MoeLoraSmallParams> targets, cudaStream_t stream) {
   Group g = check_and_pack_group(targets, "moe_lora_small_shrink");
   if (g.targets == 0 || g.pairs == 0) return;  // no resident adapter targets these projections, or no pairs
+  if (knocked_out(g.grid, false)) return;
   const int in = g.grid.target[0].in, capacity_rank = g.grid.target[0].capacity_rank;
   int vectors_per_lane = g.first->shrink_vectors_per_lane;
   if (vectors_per_lane == 0) {
@@ -716,6 +727,7 @@ void moe_lora_small_shrink(std::span<const MoeLoraSmallParams> targets, cudaStre
 void moe_lora_small_expand(std::span<const MoeLoraSmallParams> targets, cudaStream_t stream) {
   Group g = check_and_pack_group(targets, "moe_lora_small_expand");
   if (g.targets == 0 || g.pairs == 0) return;
+  if (knocked_out(g.grid, true)) return;
   const int lanes = lanes_per_row(g.grid.target[0].capacity_rank / kBf16PerVector);
   int vectors_per_thread = g.first->expand_vectors_per_thread;
   if (vectors_per_thread == 0) {
@@ -764,6 +776,11 @@ void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream) {
 
 void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream) {
   moe_lora_small_expand(std::span<const MoeLoraSmallParams>(&p, 1), stream);
+}
+
+void set_small_lora_knockout(int mask) {
+  if (mask < 0 || mask > 15) throw std::invalid_argument("set_small_lora_knockout: a mask of 4 bits, got " + std::to_string(mask));
+  knockout_mask = mask;
 }
 
 void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {

@@ -68,6 +68,13 @@ void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream);
 // MoE block uses per batch size.
 void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream);
 
+// A timing diagnostic for the bench only, never for serving: the small shrinks and expands named by `mask` are
+// not launched at all (bit 0: dense shrinks, 1: dense expands, 2: MoE shrinks, 3: MoE expands), so a decode
+// step's time without them shows what they cost on its critical path. The results are then wrong (without
+// its expand a dense projection's fused output is never written; z is never re-zeroed). 0 (default): off.
+// Anything outside [0, 15] throws std::invalid_argument. Recorded graphs keep what they were captured with.
+void set_small_lora_knockout(int mask);
+
 // A group of projections that read the same x and routing (a layer's q, k and v) in one shrink and one
 // expand launch instead of one pair each: at decode these kernels are launch- and latency-bound, not
 // byte-bound. Each target has its own w, z, z_readers and y; x, topk_ids, token_slot, R, pdl,
