@@ -29,8 +29,8 @@
 // --step-reps).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
 // dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
-// --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the knock-outs)
-// and the no-adapter row (a short device call).
+// --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the side
+// expands, the knock-outs) and the no-adapter row (a short device call).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
 // N timed steps (those rows moved ±0.5–1 ms between runs at 3).
 #include <algorithm>
@@ -663,6 +663,14 @@ int main(int argc, char** argv) {
     row("same, forked LoRA shrinks enqueued before their dense products", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_fork_product_first(true);
+    // After (off by default until measured): the MoE-LoRA expands on the side stream right after their shrinks,
+    // beside the GEMMs; the activation and the combine add their terms.
+    cuda::set_moe_lora_side_expands(true);
+    cuda_backend.set_programmatic_launches(true);
+    row("same, MoE-LoRA expands beside their GEMMs (terms added after)", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda::set_moe_lora_side_expands(false);
+    cuda_backend.set_programmatic_launches(true);
     // Where the adapters' small kernels cost step time: the step without some of them (wrong results; timing
     // only). Without the dense shrinks z stays zero, so the values stay sane; the dense expands are never
     // knocked out (they write the fused projections' outputs).

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/moe_align.cuh"
@@ -529,6 +530,22 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
               << "the forked shrinks give other bits than the chained ones";
         } else {
           EXPECT_TRUE(all_close(chained, widen(mxfp4_expand), 1.0 / 64.0)) << "the forked shrinks against the chained ones";
+        }
+        // The expands on the side stream beside their GEMMs, their terms added by the activation and the
+        // combine (set_moe_lora_side_expands): the same bits, MXFP4 and bf16 (run_block runs each twice on
+        // one workspace, so a term left in the scratch would show as a doubled LoRA).
+        cuda::set_moe_lora_side_expands(true);
+        const OwnedTensor side = run_block(c, nan_weights, true, stream_, -1, {}, &copies);
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+        const OwnedTensor bf16_side = run_block(c, b, true, stream_);
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+        cuda::set_moe_lora_side_expands(false);
+        for (const auto& [got, what] : {std::pair{&side, "MXFP4, side expands"}, std::pair{&bf16_side, "bf16, side expands"}}) {
+          if (exact) {
+            EXPECT_EQ(std::memcmp(got->view.data, mxfp4_expand.view.data, mxfp4_expand.view.nbytes()), 0) << what;
+          } else {
+            EXPECT_TRUE(all_close(*got, widen(mxfp4_expand), 1.0 / 64.0)) << what;
+          }
         }
       }
       cpu::CpuBackend cpu;

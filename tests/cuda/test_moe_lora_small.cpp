@@ -334,6 +334,57 @@ TEST_F(CudaMoeLoraSmall, NoLoraLeavesOutputBitIdentical) {
   }
 }
 
+// MoeLoraSmallParams::delta: the expand writes the term alone (f32) and leaves y as it was; adding it as the
+// consumers do (bf16(y + delta) where delta != 0) gives the in-place expand's bits from the same z. Rows of
+// pairs without an adapter stay zero; z and z_readers are clean after it. R 32 and 64 (rank-aware lanes).
+TEST_F(CudaMoeLoraSmall, DeltaModeMatchesInPlaceBits) {
+  for (const int64_t R : {32, 64}) {
+    const Case c{16, 4, 32, 8, R, 520, 1000, false};
+    SCOPED_TRACE(c.name());
+    const Problem p = make_problem(rng(), c, std::nullopt);
+    const int64_t pairs = c.tokens * c.top_k;
+    OwnedTensor d_a = cuda::upload(p.a), d_b = cuda::upload(p.b), d_rank = cuda::upload(p.rank);
+    OwnedTensor d_ids = cuda::upload(p.topk_ids), d_slot = cuda::upload(p.token_slot), d_x = cuda::upload(p.x);
+    OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
+    OwnedTensor z_readers = cuda::empty(DType::I32, {pairs + 1});
+    OwnedTensor delta = cuda::empty(DType::F32, {pairs, c.out});
+    cuda::fill_bytes(z.view, 0);
+    cuda::fill_bytes(z_readers.view, 0);
+    cuda::fill_bytes(delta.view, 0);
+    OwnedTensor d_y = cuda::upload(p.y0);
+    cuda::MoeLoraSmallParams params{.x = d_x, .topk_ids = d_ids, .token_slot = d_slot,
+                                    .w = {.a = d_a, .b = d_b, .rank = d_rank}, .z = z,
+                                    .z_readers = z_readers, .y = d_y};
+    cuda::moe_lora_small_shrink(params, stream_);
+    sync();
+    const OwnedTensor z_saved = cuda::download(z);
+    params.delta = delta;
+    cuda::moe_lora_small_expand(params, stream_);
+    sync();
+    EXPECT_TRUE(bitwise_equal(cuda::download(d_y), p.y0)) << "the delta-mode expand wrote y";
+    expect_clean(z, z_readers, "delta mode");
+    const OwnedTensor terms = cuda::download(delta);
+    cuda::copy(z.view, z_saved.view);  // the same z for the in-place expand
+    params.delta = Tensor();
+    cuda::moe_lora_small_expand(params, stream_);
+    sync();
+    const OwnedTensor in_place = cuda::download(d_y);
+    OwnedTensor added = OwnedTensor::host(DType::BF16, {pairs, c.out});
+    int64_t stray = 0;
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      for (int64_t o = 0; o < c.out; ++o) {
+        const int64_t i = pair * c.out + o;
+        const float term = terms.view.ptr<float>()[i];
+        const bf16 y0 = p.y0.view.ptr<bf16>()[i];
+        added.view.ptr<bf16>()[i] = term != 0.0f ? f32_to_bf16(bf16_to_f32(y0) + term) : y0;
+        stray += p.pair_matrix[pair] < 0 && term != 0.0f;
+      }
+    }
+    EXPECT_EQ(stray, 0) << "terms written for pairs without an adapter";
+    EXPECT_TRUE(bitwise_equal(added, in_place)) << "y + delta differs from the in-place expand";
+  }
+}
+
 // set_small_lora_knockout (a bench diagnostic): the MoE shrink's bit leaves z untouched (zero), the MoE
 // expand's leaves y bit for bit as it was, the dense bits leave MoE launches alone, and a mask past 4 bits
 // throws. Off again, the same call gives the oracle's y.

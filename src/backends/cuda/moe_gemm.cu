@@ -1805,7 +1805,25 @@ struct ActivationKernelParams {
   bool gpt_oss;
   float swiglu_alpha;
   float swiglu_limit;
+  float* delta;            // [P, 2I] f32 or null (MoeActivationParams::delta)
 };
+
+// v = bf16(v + delta) where the term is nonzero (v holds a bf16 value; the expand's y += delta rounding), and
+// the term read is zeroed: the 8 f32 at `delta` (16-byte aligned).
+__device__ __forceinline__ void take_delta8(float* delta, float (&v)[8]) {
+  float4* d4 = reinterpret_cast<float4*>(delta);
+  const float4 lo = d4[0], hi = d4[1];
+  const float d[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = d[j] != 0.0f ? __bfloat162float(__float2bfloat16_rn(v[j] + d[j])) : v[j];
+  d4[0] = d4[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+__device__ __forceinline__ float take_delta(float* delta, float v) {
+  const float d = *delta;
+  if (d == 0.0f) return v;
+  *delta = 0.0f;
+  return __bfloat162float(__float2bfloat16_rn(v + d));
+}
 
 // One thread per 8 consecutive outputs of a row: 16-byte loads of the 8 gates and 8 ups (halves: two
 // vectors; interleaved: the 16 values g0 u0 g1 u1 ... as two vectors) and one 16-byte store.
@@ -1818,13 +1836,22 @@ __global__ static void activation8_kernel(const __grid_constant__ ActivationKern
   const int64_t row = index / per_row, i0 = (index % per_row) * 8;
   const __nv_bfloat16* h = p.h + row * 2 * p.inter;
   float gate[8], up[8], out[8];
+  float* delta = p.delta != nullptr ? p.delta + row * 2 * p.inter : nullptr;
   if (p.halves) {
     detail::load8(h + i0, gate);
     detail::load8(h + p.inter + i0, up);
+    if (delta != nullptr) {
+      take_delta8(delta + i0, gate);
+      take_delta8(delta + p.inter + i0, up);
+    }
   } else {
     float lo[8], hi[8];
     detail::load8(h + 2 * i0, lo);
     detail::load8(h + 2 * i0 + 8, hi);
+    if (delta != nullptr) {
+      take_delta8(delta + 2 * i0, lo);
+      take_delta8(delta + 2 * i0 + 8, hi);
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       gate[j] = lo[2 * j], up[j] = lo[2 * j + 1];
@@ -1843,8 +1870,12 @@ __global__ static void activation_kernel(const __grid_constant__ ActivationKerne
   if (index >= p.rows * p.inter) return;
   const int64_t row = index / p.inter, i = index % p.inter;
   const __nv_bfloat16* h = p.h + row * 2 * p.inter;
-  const float gate = __bfloat162float(h[p.halves ? i : 2 * i]);
-  const float up = __bfloat162float(h[p.halves ? p.inter + i : 2 * i + 1]);
+  const int64_t gate_at = p.halves ? i : 2 * i, up_at = p.halves ? p.inter + i : 2 * i + 1;
+  float gate = __bfloat162float(h[gate_at]), up = __bfloat162float(h[up_at]);
+  if (p.delta != nullptr) {
+    gate = take_delta(p.delta + row * 2 * p.inter + gate_at, gate);
+    up = take_delta(p.delta + row * 2 * p.inter + up_at, up);
+  }
   p.a[index] = __float2bfloat16_rn(activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit));
 }
 
@@ -1857,6 +1888,7 @@ struct CombineKernelParams {
   int top_k;                  // K
   float4* clear;              // MoeCombineParams::clear, or null
   int64_t clear_vectors;      // its numel / 4
+  float* delta;               // [T*K, H] f32 or null (MoeCombineParams::delta)
 };
 
 // One thread per kVec consecutive outputs of one token; Σ_k in k order, fp32. PRECOND: kVec == 1, or
@@ -1874,10 +1906,13 @@ __global__ static void combine_kernel(const __grid_constant__ CombineKernelParam
     const float w = p.topk_weights[t * p.top_k + k];
     const __nv_bfloat16* d = p.d + (t * p.top_k + k) * p.hidden + h0;
     float v[kVec];
+    float* delta = p.delta != nullptr ? p.delta + (t * p.top_k + k) * p.hidden + h0 : nullptr;
     if constexpr (kVec == 8) {
       detail::load8(d, v);
+      if (delta != nullptr) take_delta8(delta, v);
     } else {
       v[0] = __bfloat162float(d[0]);
+      if (delta != nullptr) v[0] = take_delta(delta, v[0]);
     }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[j] += w * v[j];
@@ -1951,6 +1986,7 @@ bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool lora_fork_shrinks = true;                      // set_moe_lora_fork_shrinks (perf-log run 135)
+bool lora_side_expands = false;                     // set_moe_lora_side_expands
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
@@ -2408,6 +2444,7 @@ void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
 void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }
+void set_moe_lora_side_expands(bool on) { lora_side_expands = on; }
 void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm) {
   struct Shape {
     int block_n, stages, ctas;
@@ -2692,6 +2729,13 @@ void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
   const int64_t rows = p.h.dim(0), inter = p.h.dim(1) / 2;
   if (!is_bf16_matrix(p.a, rows, inter)) detail::contract_failure(op, "a", p.a, (dims({rows, inter}) + " BF16").c_str());
   detail::require_cuda(op, {{"h", &p.h}, {"a", &p.a}});
+  if (p.delta.defined()) {
+    if (p.delta.dtype != DType::F32 || p.delta.ndim != 2 || p.delta.dim(0) != rows || p.delta.dim(1) != 2 * inter ||
+        !detail::aligned16(p.delta.data)) {
+      detail::contract_failure(op, "delta", p.delta, (dims({rows, 2 * inter}) + " F32, 16-byte aligned").c_str());
+    }
+    detail::require_cuda(op, {{"delta", &p.delta}});
+  }
   if (rows * inter == 0) return;
   const ActivationKernelParams params{.h = static_cast<const __nv_bfloat16*>(p.h.data),
                                       .a = static_cast<__nv_bfloat16*>(p.a.data),
@@ -2700,7 +2744,8 @@ void moe_activation(const MoeActivationParams& p, cudaStream_t stream) {
                                       .halves = p.layout == ops::GateUpLayout::kHalves,
                                       .gpt_oss = p.activation == ops::MoeActivation::kGptOssClamped,
                                       .swiglu_alpha = p.swiglu_alpha,
-                                      .swiglu_limit = p.swiglu_limit};
+                                      .swiglu_limit = p.swiglu_limit,
+                                      .delta = p.delta.defined() ? static_cast<float*>(p.delta.data) : nullptr};
   constexpr int kThreads = 256;
   if (inter % 8 == 0 && detail::aligned16(p.h.data) && detail::aligned16(p.a.data)) {
     detail::launch(activation8_kernel, dim3(detail::blocks_for(rows * inter / 8, kThreads)), dim3(kThreads), 0, stream, params);
@@ -2805,6 +2850,13 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
     }
     detail::require_cuda(op, {{"clear", &p.clear}});
   }
+  if (p.delta.defined()) {
+    if (p.delta.dtype != DType::F32 || p.delta.ndim != 2 || p.delta.dim(0) != tokens * top_k ||
+        p.delta.dim(1) != hidden || !detail::aligned16(p.delta.data)) {
+      detail::contract_failure(op, "delta", p.delta, (dims({tokens * top_k, hidden}) + " F32, 16-byte aligned").c_str());
+    }
+    detail::require_cuda(op, {{"delta", &p.delta}});
+  }
   const int64_t clear_vectors = p.clear.defined() ? p.clear.numel() / 4 : 0;
   if (tokens * hidden == 0 && clear_vectors == 0) return;
   LMX_CHECK(top_k < 0x7fffffff);
@@ -2815,7 +2867,8 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
                                    .hidden = hidden,
                                    .top_k = int(top_k),
                                    .clear = static_cast<float4*>(p.clear.data),
-                                   .clear_vectors = clear_vectors};
+                                   .clear_vectors = clear_vectors,
+                                   .delta = p.delta.defined() ? static_cast<float*>(p.delta.data) : nullptr};
   constexpr int kThreads = 256;
   if (hidden % 8 == 0 && detail::aligned16(p.d.data) && detail::aligned16(p.out.data)) {
     const int64_t threads = std::max(tokens * hidden / 8, clear_vectors);
@@ -2840,6 +2893,7 @@ struct WorkspaceLayout {
   int64_t expert_capacity = 0, lora_capacity = 0;
   // Self-cleaning MoE-LoRA scratch at fixed offsets (sized for max T; zeroed once by moe_workspace_prepare):
   size_t z = 0, tile_counters = 0, z_readers = 0, stream_k_counters = 0, clean_end = 0;
+  size_t delta_gate_up = 0, delta_down = 0;  // the side expands' terms: [pairs, 2I] and [pairs, H] f32
   // Per call (offsets depend on T and BLOCK_M):
   size_t expert_sorted = 0, expert_tiles = 0, expert_offsets = 0, expert_count = 0, expert_scratch = 0;
   size_t lora_sorted = 0, lora_tiles = 0, lora_offsets = 0, lora_count = 0, lora_scratch = 0;
@@ -2869,6 +2923,10 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     l.z = take(size_t(z_rows) * s.max_rank * 4);
     l.tile_counters = take(size_t(max_tiles) * 4);
     l.z_readers = take(size_t(max_pairs + 1) * 4);
+    // set_moe_lora_side_expands (the direct path's batches only)
+    const int64_t delta_rows = std::min(max_pairs, kMoeLoraSmallMaxPairs);
+    l.delta_gate_up = take(size_t(delta_rows) * 2 * s.inter * 4);
+    l.delta_down = take(size_t(delta_rows) * s.hidden * 4);
   }
   l.stream_k_counters = take(size_t(moe_stream_k_counters()) * 4);
   l.clean_end = offset;
@@ -3135,22 +3193,28 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // for the shrink's).
   const bool fork_shrinks = lora && small && !decode_gemm_lora && lora_fork_shrinks && config.side_stream != nullptr &&
                             config.fork != nullptr && config.join != nullptr && block_m == kMoeGemmBlockMDecode;
-  auto forked_shrink = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y) {
+  // With set_moe_lora_side_expands the expand follows its shrink on the side stream, writing the term into
+  // `delta` (the workspace's self-cleaning scratch) for moe_activation / moe_combine to add after the join.
+  const bool side_expands = fork_shrinks && lora_side_expands && moe_lora_small_fits(pairs);  // the scratch's rows
+  const Tensor delta_gate_up = side_expands ? view(l.delta_gate_up, DType::F32, {pairs, 2 * inter}) : Tensor();
+  const Tensor delta_down = side_expands ? view(l.delta_down, DType::F32, {pairs, hidden}) : Tensor();
+  auto forked_shrink = [&](const ops::LoraStack& w, const Tensor& x, const Tensor& y, const Tensor& delta) {
     const MoeLoraSmallParams sp{.x = x, .topk_ids = p.topk_ids, .token_slot = p.token_slot, .w = w,
                                 .z = view(l.z, DType::F32, {pairs, w.b.dim(-1)}),
                                 .z_readers = view(l.z_readers, DType::I32, {pairs + 1}), .y = y,
-                                .pdl = config.small_pdl, .base = y};
+                                .pdl = config.small_pdl, .base = delta.defined() ? Tensor() : y, .delta = delta};
     MoeLoraSmallParams side = sp;
     side.pdl = false;  // on the side stream: a plain launch after the fork
     LMX_CUDA_CHECK(cudaEventRecord(config.fork, stream));
     LMX_CUDA_CHECK(cudaStreamWaitEvent(config.side_stream, config.fork, 0));
     moe_lora_small_shrink(side, config.side_stream);
+    if (delta.defined()) moe_lora_small_expand(sp, config.side_stream);  // directly after its shrink (pdl)
     LMX_CUDA_CHECK(cudaEventRecord(config.join, config.side_stream));
     return sp;
   };
   auto joined_expand = [&](const MoeLoraSmallParams& sp) {
     LMX_CUDA_CHECK(cudaStreamWaitEvent(stream, config.join, 0));
-    moe_lora_small_expand(sp, stream);
+    if (!sp.delta.defined()) moe_lora_small_expand(sp, stream);  // else it ran on the side stream
   };
   if (decode_gemm_lora) {
     // The shrink reads x before its wait (x is the router's input, written three launches back).
@@ -3174,12 +3238,12 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     gate_up.token_slot = p.token_slot;
     moe_gate_up(gate_up, stream);
   } else if (lora_gu && fork_shrinks) {
-    const MoeLoraSmallParams sp = forked_shrink(p.lora_gate_up, p.x, h);
+    const MoeLoraSmallParams sp = forked_shrink(p.lora_gate_up, p.x, h, delta_gate_up);
     gate_up.h = h;
     moe_gate_up(gate_up, stream);
     joined_expand(sp);
     moe_activation({.h = h, .activation = p.activation, .layout = p.layout, .swiglu_alpha = p.swiglu_alpha,
-                    .swiglu_limit = p.swiglu_limit, .a = a},
+                    .swiglu_limit = p.swiglu_limit, .a = a, .delta = delta_gate_up},
                    stream);
   } else if (lora_gu) {
     gate_up.h = h;
@@ -3198,7 +3262,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                                 : decode_gemm_lora && lora_down ? decode_lora(p.lora_down, a, d, pairs * rank_gu, false)
                                                                 : MoeGemmLora{};
   const bool fork_down = fork_shrinks && lora_down;
-  const MoeLoraSmallParams down_small = fork_down ? forked_shrink(p.lora_down, a, d) : MoeLoraSmallParams{};
+  const MoeLoraSmallParams down_small = fork_down ? forked_shrink(p.lora_down, a, d, delta_down) : MoeLoraSmallParams{};
   moe_down({.a = a_rows, .weight = p.down, .bias = p.down_bias, .tiles = tiles, .d = d,
             .block_n = block_m == kMoeGemmBlockMLarge && gather_rows
                            ? (block_down_block_n != 0 ? block_down_block_n : large_block_n_for(p.down.dim(1), 256))
@@ -3219,7 +3283,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   else if (fork_down) joined_expand(down_small);
   else if (lora_down && !decode_gemm_lora) apply_lora(p.lora_down, a_rows, d, false, pair_rows);
   const Tensor clear = decode_gemm_lora ? view(l.z, DType::F32, {pairs * (rank_gu + rank_down)}) : Tensor();
-  moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out, .clear = clear}, stream);
+  moe_combine({.d = d, .topk_weights = p.topk_weights, .out = p.out, .clear = clear,
+               .delta = fork_down ? delta_down : Tensor()},
+              stream);
 }
 
 }  // namespace lmx::cuda

@@ -67,6 +67,13 @@ void set_moe_lora_in_mxfp4_gemm(bool on);
 // GEMM, the expand after both (on, the default since perf-log run 135), or GEMM → shrink → expand in the chain
 // (off: the bench's before row). The same bits either way. Process-wide.
 void set_moe_lora_fork_shrinks(bool on);
+// With the forked shrinks: the expands too run on the side stream, right after their shrinks and beside the
+// GEMM, writing the LoRA term into an f32 scratch (MoeLoraSmallParams::delta) that moe_activation (gate_up)
+// and moe_combine (down) add after the join; so neither expand waits for its GEMM (on), or each expand
+// follows the join and adds into the GEMM's output (off, the default until measured). Same bits, except
+// that an element of -0 with a zero term stays -0. Process-wide; recorded graphs keep what they were
+// captured with.
+void set_moe_lora_side_expands(bool on);
 // moe_block's decode GEMMs with the MoE-LoRA in their accumulators (wait_before_epilogue) let their dependents
 // launch at their start (on) or at their wait (off, the default until the H200 measures it). Process-wide.
 void set_moe_gemm_early_trigger(bool on);
@@ -263,6 +270,10 @@ struct MoeActivationParams {
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
   Tensor a;  // [P, I] bf16
+  // Optional [P, 2I] f32, 16-byte aligned: a LoRA term written beside the GEMM (MoeLoraSmallParams::delta).
+  // Each h element with a nonzero term becomes bf16(h + delta) before the activation (the bits of the expand's
+  // h += delta), and the kernel zeroes what it read (the workspace's self-cleaning scratch).
+  Tensor delta{};
 };
 void moe_activation(const MoeActivationParams& p, cudaStream_t stream);
 
@@ -302,6 +313,10 @@ struct MoeCombineParams {
   // after its programmatic wait. moe_block's decode MoE-LoRA in the GEMM accumulators restores the
   // workspace's zero z this way (the GEMMs before it have read z), with no memset node in the chain.
   Tensor clear;
+  // Optional [T*K, H] f32, 16-byte aligned: a LoRA term written beside the down GEMM; each d element with a
+  // nonzero term is bf16(d + delta) before the weighted sum, and the kernel zeroes what it read (as
+  // MoeActivationParams::delta).
+  Tensor delta{};
 };
 void moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 

@@ -89,6 +89,7 @@ struct SmallKernelParams {
   const __nv_bfloat16* base;  // epilogue: [T*K, base_stride] bf16 at the part's first column, or null
   const __nv_bfloat16* bias;  // epilogue: [out] bf16 at the part's first column, or null
   int base_stride;            // base's row length N
+  float* delta;               // [T*K, out] f32 or null (MoeLoraSmallParams::delta): the term alone, y untouched
   int top_k;                  // K
   int experts;                // E
   int in;
@@ -270,7 +271,9 @@ struct ExpandLanes {
 // / kLanesPerRow * kVectorsPerThread; kLanesPerRow = the power of two >= R / 8; R % 8 == 0, R <= 128; b, z
 // 16-byte aligned; rank in [1, R]; chunk < lanes.active_chunks; every active chunk's CTA reaches this call
 // (it has a barrier).
-template <int kLanesPerRow, int kVectorsPerThread, typename WaitForZ>
+// kDelta (SmallKernelParams::delta set; its own instantiation, so the in-place kernels keep their registers):
+// the term alone into delta, y neither read nor written.
+template <int kLanesPerRow, int kVectorsPerThread, bool kDelta = false, typename WaitForZ>
 __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pair, int chunk, PairAdapter adapter,
                                              ExpandLanes<kLanesPerRow, kVectorsPerThread> map, int readers_before,
                                              WaitForZ wait_for_z) {
@@ -292,11 +295,11 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
   for (int i = 0; i < kVectorsPerThread; ++i) {
     const int row = min(first_row + i * rows_per_pass, p.out - 1);
     b_raw[i] = load_vector(b + int64_t(row) * p.capacity_rank);
-    if (p.base == nullptr) y_old[i] = __bfloat162float(y[row]);
+    if (!kDelta && p.base == nullptr) y_old[i] = __bfloat162float(y[row]);
   }
 
   wait_for_z();
-  if (p.base != nullptr) {
+  if (!kDelta && p.base != nullptr) {
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int row = min(first_row + i * rows_per_pass, p.out - 1);
@@ -330,7 +333,13 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
       if (offset < map.lanes()) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
     }
     const int row = first_row + i * rows_per_pass;
-    if (q == 0 && row < p.out) y[row] = __float2bfloat16_rn(y_old[i] + partial);
+    if (q == 0 && row < p.out) {
+      if constexpr (kDelta) {
+        p.delta[int64_t(pair) * p.out + row] = partial;
+      } else {
+        y[row] = __float2bfloat16_rn(y_old[i] + partial);
+      }
+    }
   }
 }
 
@@ -394,7 +403,7 @@ __global__ static void __launch_bounds__(kThreads, shrink_min_ctas(kRowsPerWarp,
 // PRECOND: gridDim.x == T*K * g.chunk_begin[kMax], each target's chunks = ceil(out / rows per CTA at
 // kLanesPerRow lanes a row) (SmallGridParams);
 // expand_chunk's; launched right after the shrink of the same call (file header); z_readers[:T*K] == 0 on entry.
-template <int kLanesPerRow, int kVectorsPerThread>
+template <int kLanesPerRow, int kVectorsPerThread, bool kDelta>
 __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __grid_constant__ SmallGridParams g) {
   const int per_pair = g.chunk_begin[kMoeLoraSmallMaxTargets];
   const int pair = blockIdx.x / per_pair, c = blockIdx.x % per_pair;
@@ -417,7 +426,7 @@ __global__ static void __launch_bounds__(kThreads) small_expand_kernel(const __g
     allow_next_grid();
     return;
   }
-  expand_chunk<kLanesPerRow, kVectorsPerThread>(p, pair, chunk, adapter, map, 0, [] {
+  expand_chunk<kLanesPerRow, kVectorsPerThread, kDelta>(p, pair, chunk, adapter, map, 0, [] {
     wait_for_previous_grid();  // the shrink's atomics into z are complete and visible
     allow_next_grid();         // a PDL successor still waits for this whole grid before it reads anything
   });
@@ -537,6 +546,14 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
   } else if (p.bias.defined()) {
     detail::contract_failure(op, "bias", p.bias, "undefined without base (the bias belongs to the epilogue)");
   }
+  if (p.delta.defined()) {
+    if (p.base.defined()) detail::contract_failure(op, "delta", p.delta, "undefined with base (the epilogue writes y)");
+    if (p.delta.device != Device::kCuda || p.delta.dtype != DType::F32 || p.delta.ndim != 2 || p.delta.dim(0) != pairs ||
+        p.delta.dim(1) != out || !detail::aligned16(p.delta.data)) {
+      detail::contract_failure(op, "delta", p.delta, ("[T*K, out] F32 on cuda, 16-byte aligned, out = " +
+                                                      std::to_string(out)).c_str());
+    }
+  }
   if (pairs * std::max<int64_t>(in / kBf16PerVector, out) >= 0x7fffffff || slots * experts >= 0x7fffffff) {
     detail::contract_failure(op, "topk_ids", p.topk_ids, "T*K small enough for a per-pair grid (moe_lora_small_fits)");
   }
@@ -552,6 +569,7 @@ SmallKernelParams check_and_pack(const MoeLoraSmallParams& p, const char* op) {
                            .base = p.base.defined() ? static_cast<const __nv_bfloat16*>(p.base.data) + p.base_column : nullptr,
                            .bias = p.bias.defined() ? static_cast<const __nv_bfloat16*>(p.bias.data) + p.base_column : nullptr,
                            .base_stride = p.base.defined() ? int(p.base.dim(1)) : 0,
+                           .delta = p.delta.defined() ? static_cast<float*>(p.delta.data) : nullptr,
                            .top_k = int(top_k),
                            .experts = int(experts),
                            .in = int(in),
@@ -655,6 +673,9 @@ Group check_and_pack_group(std::span<const MoeLoraSmallParams> parts, const char
       if (p.expand_vectors_per_thread != q.expand_vectors_per_thread) {
         knob_failure(op, "expand_vectors_per_thread", p.expand_vectors_per_thread, "the same in every target of a group");
       }
+      if (p.delta.defined() != q.delta.defined()) {
+        detail::contract_failure(op, "delta", p.delta, "defined in every target of a group or in none");
+      }
     } else {
       g.first = &p;
       g.pairs = p.z.dim(0);
@@ -686,12 +707,20 @@ void launch_shrink(const Group& g, dim3 blocks, cudaStream_t stream) {
   }
 }
 
-template <int kLanesPerRow>
+template <int kLanesPerRow, bool kDelta>
 void launch_expand(const Group& g, int vectors_per_thread, dim3 blocks, unsigned threads, cudaStream_t stream) {
   if (vectors_per_thread == 8) {
-    launch(small_expand_kernel<kLanesPerRow, 8>, blocks, threads, g.first->pdl, stream, g.grid);
+    launch(small_expand_kernel<kLanesPerRow, 8, kDelta>, blocks, threads, g.first->pdl, stream, g.grid);
   } else {
-    launch(small_expand_kernel<kLanesPerRow, 4>, blocks, threads, g.first->pdl, stream, g.grid);
+    launch(small_expand_kernel<kLanesPerRow, 4, kDelta>, blocks, threads, g.first->pdl, stream, g.grid);
+  }
+}
+template <int kLanesPerRow>
+void launch_expand(const Group& g, int vectors_per_thread, dim3 blocks, unsigned threads, cudaStream_t stream) {
+  if (g.grid.target[0].delta != nullptr) {
+    launch_expand<kLanesPerRow, true>(g, vectors_per_thread, blocks, threads, stream);
+  } else {
+    launch_expand<kLanesPerRow, false>(g, vectors_per_thread, blocks, threads, stream);
   }
 }
 
@@ -786,6 +815,9 @@ void set_small_lora_knockout(int mask) {
 void moe_lora_small_fused(const MoeLoraSmallParams& p, cudaStream_t stream) {
   if (p.base.defined()) {
     detail::contract_failure("moe_lora_small_fused", "base", p.base, "undefined (the epilogue is the expand's alone)");
+  }
+  if (p.delta.defined()) {
+    detail::contract_failure("moe_lora_small_fused", "delta", p.delta, "undefined (the delta alone is the expand's)");
   }
   Group g = check_and_pack_group(std::span<const MoeLoraSmallParams>(&p, 1), "moe_lora_small_fused");
   if (g.targets == 0 || g.pairs == 0) return;

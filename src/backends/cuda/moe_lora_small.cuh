@@ -50,6 +50,12 @@ struct MoeLoraSmallParams {
   Tensor base{};             // [T*K, N] bf16, N >= base_column + out
   int64_t base_column = 0;
   Tensor bias{};             // [N] bf16, optional (with base only)
+  // The delta alone (expand only; not with base, not the fused kernel): with delta defined the expand writes
+  // delta[pair, o] = the LoRA term (fp32, before any rounding) for every pair with an adapter and leaves y and
+  // the other pairs' rows untouched, so it needs no input from the product whose output the term belongs to
+  // and may run beside it. The consumer adds it (bf16(y + delta) where delta != 0: the bits of y += delta) and
+  // zeroes it (moe_activation / moe_combine `delta`). PRECOND: all zero on entry.
+  Tensor delta{};            // [T*K, out] f32, 16-byte aligned
 };
 
 // The largest batch this path is meant for, in pairs T·K (docs/kernels.md). Measured side by side on the
@@ -61,7 +67,7 @@ inline bool moe_lora_small_fits(int64_t pairs) { return pairs <= kMoeLoraSmallMa
 
 // z[pair, :r] += A[s,e][:r]·x[row(pair)], s = token_slot[pair / K], e = topk_ids[pair], r = rank[s].
 void moe_lora_small_shrink(const MoeLoraSmallParams& p, cudaStream_t stream);
-// y[pair, :] += B[s,e][:, :r]·z[pair, :r], then z[pair] = 0. Must follow the shrink of the same params on
+// y[pair, :] += B[s,e][:, :r]·z[pair, :r] (or delta[pair, :] = that term, MoeLoraSmallParams::delta), then z[pair] = 0. Must follow the shrink of the same params on
 // the same stream (with pdl, directly: it waits on the kernel just before it).
 void moe_lora_small_expand(const MoeLoraSmallParams& p, cudaStream_t stream);
 // Shrink and expand in one launch (same result and scratch invariant); the bench decides which one the
