@@ -663,13 +663,13 @@ int main(int argc, char** argv) {
     row("same, forked LoRA shrinks enqueued before their dense products", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
     cuda_backend.set_fork_product_first(true);
-    // After (off by default until measured): the MoE-LoRA expands on the side stream right after their shrinks,
-    // beside the GEMMs; the activation and the combine add their terms.
-    cuda::set_moe_lora_side_expands(true);
-    cuda_backend.set_programmatic_launches(true);
-    row("same, MoE-LoRA expands beside their GEMMs (terms added after)", time_decode(**engine, o, vocab, rng, spread),
-        with_lora.total() / kBytesPerSecond);
+    // Before (perf-log run 149): each MoE-LoRA expand after the join, adding into its GEMM's output (the default:
+    // on the side stream right after its shrink, beside the GEMM; the activation and the combine add the terms).
     cuda::set_moe_lora_side_expands(false);
+    cuda_backend.set_programmatic_launches(true);
+    row("same, MoE-LoRA expands after their GEMMs (in place)", time_decode(**engine, o, vocab, rng, spread),
+        with_lora.total() / kBytesPerSecond);
+    cuda::set_moe_lora_side_expands(true);
     cuda_backend.set_programmatic_launches(true);
     // Where the adapters' small kernels cost step time: the step without some of them (wrong results; timing
     // only). Without the dense shrinks z stays zero, so the values stay sane; the dense expands are never

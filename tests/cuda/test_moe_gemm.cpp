@@ -531,16 +531,18 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
         } else {
           EXPECT_TRUE(all_close(chained, widen(mxfp4_expand), 1.0 / 64.0)) << "the forked shrinks against the chained ones";
         }
-        // The expands on the side stream beside their GEMMs, their terms added by the activation and the
-        // combine (set_moe_lora_side_expands): the same bits, MXFP4 and bf16 (run_block runs each twice on
-        // one workspace, so a term left in the scratch would show as a doubled LoRA).
-        cuda::set_moe_lora_side_expands(true);
-        const OwnedTensor side = run_block(c, nan_weights, true, stream_, -1, {}, &copies);
-        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
-        const OwnedTensor bf16_side = run_block(c, b, true, stream_);
-        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+        // The default since perf-log run 149: the expands on the side stream beside their GEMMs, their terms
+        // added by the activation and the combine (mxfp4_expand, bf16_expand). Off (set_moe_lora_side_expands:
+        // each expand after the join, adding into the GEMM's output): the same bits, MXFP4 and bf16
+        // (run_block runs each twice on one workspace, so a term left in the scratch would show as a doubled LoRA).
         cuda::set_moe_lora_side_expands(false);
-        for (const auto& [got, what] : {std::pair{&side, "MXFP4, side expands"}, std::pair{&bf16_side, "bf16, side expands"}}) {
+        const OwnedTensor joined = run_block(c, nan_weights, true, stream_, -1, {}, &copies);
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+        const OwnedTensor bf16_joined = run_block(c, b, true, stream_);
+        cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+        cuda::set_moe_lora_side_expands(true);
+        for (const auto& [got, what] : {std::pair{&joined, "MXFP4, expands after the join"},
+                                        std::pair{&bf16_joined, "bf16, expands after the join"}}) {
           if (exact) {
             EXPECT_EQ(std::memcmp(got->view.data, mxfp4_expand.view.data, mxfp4_expand.view.nbytes()), 0) << what;
           } else {

@@ -1986,7 +1986,7 @@ bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
 bool lora_fork_shrinks = true;                      // set_moe_lora_fork_shrinks (perf-log run 135)
-bool lora_side_expands = false;                     // set_moe_lora_side_expands
+bool lora_side_expands = true;                      // set_moe_lora_side_expands (perf-log run 149)
 bool gemm_early_trigger = false;                    // set_moe_gemm_early_trigger
 bool lora_gemm_wgmma = false;                       // set_moe_lora_gemm_wgmma
 bool a_in_tile_order = true;                        // set_moe_block_a_in_tile_order
