@@ -185,6 +185,23 @@ void expect_z(const Problem& p, const Tensor& d_z, const std::string& what) {
   EXPECT_EQ(bad, 0) << what;
 }
 
+// A problem's inputs on the device, its scratch z / z_readers zeroed once, y = y0; params() over them.
+struct DeviceProblem {
+  OwnedTensor a, b, rank, ids, slot, x, z, z_readers, y;
+  explicit DeviceProblem(const Problem& p)
+      : a(cuda::upload(p.a)), b(cuda::upload(p.b)), rank(cuda::upload(p.rank)), ids(cuda::upload(p.topk_ids)),
+        slot(cuda::upload(p.token_slot)), x(cuda::upload(p.x)),
+        z(cuda::empty(DType::F32, {p.c.tokens * p.c.top_k, p.c.capacity_rank})),
+        z_readers(cuda::empty(DType::I32, {p.c.tokens * p.c.top_k + 1})), y(cuda::upload(p.y0)) {
+    cuda::fill_bytes(z.view, 0);
+    cuda::fill_bytes(z_readers.view, 0);
+  }
+  cuda::MoeLoraSmallParams params() const {
+    return {.x = x, .topk_ids = ids, .token_slot = slot, .w = {.a = a, .b = b, .rank = rank}, .z = z,
+            .z_readers = z_readers, .y = y};
+  }
+};
+
 // run_case: for shrink + expand (shrink checked alone first; built-in shape with PDL on and off, then each
 // explicit launch shape with PDL) and for the fused kernel (PDL on and off): direct launches, then a
 // captured graph replayed twice. z / z_readers are zeroed once per case and must stay clean
@@ -196,18 +213,14 @@ class CudaMoeLoraSmall : public CudaTest {
 
 void CudaMoeLoraSmall::run_case(const Case& c, std::optional<int32_t> forced_slot) {
   const Problem p = make_problem(rng(), c, forced_slot);
-  const int64_t pairs = c.tokens * c.top_k;
   OwnedTensor want1 = widen(p.y0);
   oracle_apply(cpu_, p, want1);
   OwnedTensor want2 = widen(narrow(want1));  // the GPU rounds y to bf16 after each call
   oracle_apply(cpu_, p, want2);
 
-  OwnedTensor d_a = cuda::upload(p.a), d_b = cuda::upload(p.b), d_rank = cuda::upload(p.rank);
-  OwnedTensor d_ids = cuda::upload(p.topk_ids), d_slot = cuda::upload(p.token_slot), d_x = cuda::upload(p.x);
-  OwnedTensor z = cuda::empty(DType::F32, {pairs, c.capacity_rank});
-  OwnedTensor z_readers = cuda::empty(DType::I32, {pairs + 1});
-  cuda::fill_bytes(z.view, 0);
-  cuda::fill_bytes(z_readers.view, 0);
+  const DeviceProblem dev(p);
+  const OwnedTensor& z = dev.z;
+  const OwnedTensor& z_readers = dev.z_readers;
   struct Variant {
     bool fused, pdl, x_before_wait;
     int shrink_vectors_per_lane, expand_vectors_per_thread;  // 0 = built-in
@@ -224,13 +237,13 @@ void CudaMoeLoraSmall::run_case(const Case& c, std::optional<int32_t> forced_slo
                              std::to_string(v.shrink_vectors_per_lane) + "/" +
                              std::to_string(v.expand_vectors_per_thread);
     SCOPED_TRACE(what);
-    OwnedTensor d_y = cuda::upload(p.y0);
-    const cuda::MoeLoraSmallParams params{.x = d_x, .topk_ids = d_ids, .token_slot = d_slot,
-                                          .w = {.a = d_a, .b = d_b, .rank = d_rank}, .z = z,
-                                          .z_readers = z_readers, .y = d_y, .pdl = pdl,
-                                          .x_before_wait = v.x_before_wait,
-                                          .shrink_vectors_per_lane = v.shrink_vectors_per_lane,
-                                          .expand_vectors_per_thread = v.expand_vectors_per_thread};
+    const OwnedTensor& d_y = dev.y;
+    cuda::copy(d_y.view, p.y0.view);
+    cuda::MoeLoraSmallParams params = dev.params();
+    params.pdl = pdl;
+    params.x_before_wait = v.x_before_wait;
+    params.shrink_vectors_per_lane = v.shrink_vectors_per_lane;
+    params.expand_vectors_per_thread = v.expand_vectors_per_thread;
     if (fused) {
       cuda::moe_lora_small_fused(params, stream_);
     } else {
@@ -343,18 +356,11 @@ TEST_F(CudaMoeLoraSmall, DeltaModeMatchesInPlaceBits) {
     SCOPED_TRACE(c.name());
     const Problem p = make_problem(rng(), c, std::nullopt);
     const int64_t pairs = c.tokens * c.top_k;
-    OwnedTensor d_a = cuda::upload(p.a), d_b = cuda::upload(p.b), d_rank = cuda::upload(p.rank);
-    OwnedTensor d_ids = cuda::upload(p.topk_ids), d_slot = cuda::upload(p.token_slot), d_x = cuda::upload(p.x);
-    OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
-    OwnedTensor z_readers = cuda::empty(DType::I32, {pairs + 1});
+    const DeviceProblem dev(p);
+    const OwnedTensor &z = dev.z, &z_readers = dev.z_readers, &d_y = dev.y;
     OwnedTensor delta = cuda::empty(DType::F32, {pairs, c.out});
-    cuda::fill_bytes(z.view, 0);
-    cuda::fill_bytes(z_readers.view, 0);
     cuda::fill_bytes(delta.view, 0);
-    OwnedTensor d_y = cuda::upload(p.y0);
-    cuda::MoeLoraSmallParams params{.x = d_x, .topk_ids = d_ids, .token_slot = d_slot,
-                                    .w = {.a = d_a, .b = d_b, .rank = d_rank}, .z = z,
-                                    .z_readers = z_readers, .y = d_y};
+    cuda::MoeLoraSmallParams params = dev.params();
     cuda::moe_lora_small_shrink(params, stream_);
     sync();
     const OwnedTensor z_saved = cuda::download(z);
@@ -393,19 +399,11 @@ TEST_F(CudaMoeLoraSmall, KnockoutSkipsOnlyTheNamedLaunches) {
   EXPECT_THROW(cuda::set_small_lora_knockout(-1), std::invalid_argument);
   const Case c{16, 4, 32, 8, 32, 520, 1000, false};
   const Problem p = make_problem(rng(), c, std::nullopt);
-  const int64_t pairs = c.tokens * c.top_k;
   OwnedTensor want = widen(p.y0);
   oracle_apply(cpu_, p, want);
-  OwnedTensor d_a = cuda::upload(p.a), d_b = cuda::upload(p.b), d_rank = cuda::upload(p.rank);
-  OwnedTensor d_ids = cuda::upload(p.topk_ids), d_slot = cuda::upload(p.token_slot), d_x = cuda::upload(p.x);
-  OwnedTensor z = cuda::empty(DType::F32, {pairs, c.capacity_rank});
-  OwnedTensor z_readers = cuda::empty(DType::I32, {pairs + 1});
-  cuda::fill_bytes(z.view, 0);
-  cuda::fill_bytes(z_readers.view, 0);
-  OwnedTensor d_y = cuda::upload(p.y0);
-  const cuda::MoeLoraSmallParams params{.x = d_x, .topk_ids = d_ids, .token_slot = d_slot,
-                                        .w = {.a = d_a, .b = d_b, .rank = d_rank}, .z = z,
-                                        .z_readers = z_readers, .y = d_y};
+  const DeviceProblem dev(p);
+  const OwnedTensor &z = dev.z, &z_readers = dev.z_readers, &d_y = dev.y;
+  const cuda::MoeLoraSmallParams params = dev.params();
   cuda::set_small_lora_knockout(3);  // the dense launches only: the MoE shrink runs
   cuda::moe_lora_small_shrink(params, stream_);
   sync();
