@@ -29,7 +29,8 @@
 // --step-reps).
 // --target-rows 1 adds decode rows with the adapters on attention only and on the MLP only (as many more
 // dummy adapters of each kind, spread the same way): where the adapters' decode cost goes, graphs included.
-// --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the side
+// --knockout MASK (with --only): the row without the small LoRA launches MASK names (set_small_lora_knockout;
+// wrong results, for NCU_TIMES comparisons). --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the side
 // expands, the knock-outs) and the no-adapter row (a short device call).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
 // N timed steps (those rows moved ±0.5–1 ms between runs at 3).
@@ -83,6 +84,7 @@ struct Options {
                                       // sit hundreds of tokens into each generation)
   int step_reps = 5;                  // prefill and mixed rows: median of this many timed steps (odd, >= 3)
   std::string only;                   // one row only (Nsight Compute runs): decode, decode-base, prefill, ...
+  int knockout = 0;                   // --knockout MASK with --only: set_small_lora_knockout (wrong results)
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
@@ -124,6 +126,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--target-rows") o.target_rows = std::atoi(value.c_str());
     else if (key == "--step-reps") o.step_reps = std::max(3, std::atoi(value.c_str()) | 1);
     else if (key == "--only") o.only = value;
+    else if (key == "--knockout") o.knockout = std::atoi(value.c_str());
     else if (key == "--new-rows-only") o.new_rows_only = std::atoi(value.c_str()) != 0;
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
@@ -572,6 +575,7 @@ int main(int argc, char** argv) {
   auto spread = [&](int i) { return "a" + std::to_string(i % std::max(1, o.adapters)); };
   auto no_adapter = [](int) { return std::string(); };
   if (!o.only.empty()) {  // one row (Nsight Compute runs)
+    cuda::set_small_lora_knockout(o.knockout);  // a diagnostic: the named small LoRA launches skipped
     const double prefill_floor = prefill_flops(c, o.prefill) / kFlopsPerSecond;
     if (o.only == "decode") {
       row("decode step, adapters spread over the batch", time_decode(**engine, o, vocab, rng, spread),
