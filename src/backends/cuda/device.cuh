@@ -16,8 +16,8 @@ namespace lmx::cuda::detail {
 // accesses). PRECOND: p is 16-byte aligned.
 constexpr int kBf16PerVector = 8;
 
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// The 8 bf16 of one 16-byte vector (already in registers) as floats.
+__device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
   const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -25,6 +25,10 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {
     f[2 * i] = v.x;
     f[2 * i + 1] = v.y;
   }
+}
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {
+  widen8(*reinterpret_cast<const uint4*>(p), f);
 }
 
 __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {

@@ -1897,35 +1897,71 @@ struct CombineKernelParams {
   float* delta;               // [T*K, H] f32 or null (MoeCombineParams::delta)
 };
 
-// One thread per kVec consecutive outputs of one token; Σ_k in k order, fp32. PRECOND: kVec == 1, or
-// H % 8 == 0 and d, out 16-byte aligned (kVec == 8).
-template <int kVec>
+// One thread per kVec consecutive outputs of one token; Σ_k in k order, fp32. kTopK > 0: K known at compile
+// time (2, 4, 8), so the k loop unrolls and every load of it (weights, d rows, terms) is in flight at once; 0:
+// p.top_k at run time. kTerms: p.delta is set (the terms are added, then zeroed after all the loads). The
+// terms come from DRAM (the down GEMM's weights stream through L2 after the side expand wrote them), so a k
+// loop of one round trip per k was 13 µs a call against 4.5 without terms (perf-log runs 153–154).
+// PRECOND: kVec == 1, or H % 8 == 0 and d, out 16-byte aligned (kVec == 8); kTopK 0 or p.top_k.
+template <int kVec, int kTopK, bool kTerms>
 __global__ static void combine_kernel(const __grid_constant__ CombineKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
+  const int top_k = kTopK > 0 ? kTopK : p.top_k;
   const int64_t per_token = p.hidden / kVec;
   const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index < p.clear_vectors) p.clear[index] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (index >= p.tokens * per_token) return;
   const int64_t t = index / per_token, h0 = (index % per_token) * kVec;
   float acc[kVec] = {};
-  for (int k = 0; k < p.top_k; ++k) {
-    const float w = p.topk_weights[t * p.top_k + k];
-    const __nv_bfloat16* d = p.d + (t * p.top_k + k) * p.hidden + h0;
+  if constexpr (kTopK > 0 && kVec == 8) {
+    // Every load first (raw), then the math: one round trip for the thread.
+    uint4 raw[kTopK];
+    float4 terms[kTerms ? 2 * kTopK : 1];
+    float w[kTopK];
+#pragma unroll
+    for (int k = 0; k < kTopK; ++k) {
+      const int64_t row = t * kTopK + k;
+      w[k] = p.topk_weights[row];
+      raw[k] = *reinterpret_cast<const uint4*>(p.d + row * p.hidden + h0);
+      if constexpr (kTerms) {
+        terms[2 * k] = reinterpret_cast<const float4*>(p.delta + row * p.hidden + h0)[0];
+        terms[2 * k + 1] = reinterpret_cast<const float4*>(p.delta + row * p.hidden + h0)[1];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kTopK; ++k) {
+      float v[8];
+      detail::widen8(raw[k], v);
+      if constexpr (kTerms) {
+        const float4 lo = terms[2 * k], hi = terms[2 * k + 1];
+        const float tk[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = add_term(tk[j], v[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += w[k] * v[j];
+    }
+  } else {
+#pragma unroll
+  for (int k = 0; k < top_k; ++k) {
+    const float w = p.topk_weights[t * top_k + k];
+    const __nv_bfloat16* d = p.d + (t * top_k + k) * p.hidden + h0;
     float v[kVec];
-    const float* terms = p.delta != nullptr ? p.delta + (t * p.top_k + k) * p.hidden + h0 : nullptr;
     if constexpr (kVec == 8) {
       detail::load8(d, v);
-      if (terms != nullptr) add_terms8(terms, v);
+      if constexpr (kTerms) add_terms8(p.delta + (t * top_k + k) * p.hidden + h0, v);
     } else {
       v[0] = __bfloat162float(d[0]);
-      if (terms != nullptr) v[0] = add_term(terms[0], v[0]);
+      if constexpr (kTerms) v[0] = add_term(p.delta[(t * top_k + k) * p.hidden + h0], v[0]);
     }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[j] += w * v[j];
   }
-  if (p.delta != nullptr) {  // after every load of the loop above (add_terms8)
-    for (int k = 0; k < p.top_k; ++k) {
-      float* terms = p.delta + (t * p.top_k + k) * p.hidden + h0;
+  }
+  if constexpr (kTerms) {  // after every load of the loops above
+#pragma unroll
+    for (int k = 0; k < top_k; ++k) {
+      float* terms = p.delta + (t * top_k + k) * p.hidden + h0;
       if constexpr (kVec == 8) {
         zero8(terms);
       } else {
@@ -1937,6 +1973,24 @@ __global__ static void combine_kernel(const __grid_constant__ CombineKernelParam
     detail::store8(p.out + t * p.hidden + h0, acc);
   } else {
     p.out[t * p.hidden + h0] = __float2bfloat16_rn(acc[0]);
+  }
+}
+
+template <int kVec, int kTopK>
+void launch_combine(bool terms, unsigned blocks, cudaStream_t stream, const CombineKernelParams& params) {
+  if (terms) {
+    detail::launch(combine_kernel<kVec, kTopK, true>, dim3(blocks), dim3(256), 0, stream, params);
+  } else {
+    detail::launch(combine_kernel<kVec, kTopK, false>, dim3(blocks), dim3(256), 0, stream, params);
+  }
+}
+template <int kVec>
+void launch_combine(int top_k, bool terms, unsigned blocks, cudaStream_t stream, const CombineKernelParams& params) {
+  switch (top_k) {
+    case 2: launch_combine<kVec, 2>(terms, blocks, stream, params); break;
+    case 4: launch_combine<kVec, 4>(terms, blocks, stream, params); break;
+    case 8: launch_combine<kVec, 8>(terms, blocks, stream, params); break;
+    default: launch_combine<kVec, 0>(terms, blocks, stream, params); break;
   }
 }
 
@@ -2885,13 +2939,14 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
                                    .clear = static_cast<float4*>(p.clear.data),
                                    .clear_vectors = clear_vectors,
                                    .delta = p.delta.defined() ? static_cast<float*>(p.delta.data) : nullptr};
-  constexpr int kThreads = 256;
+  constexpr int kThreads = 256;  // launch_combine's blocks
+  const bool terms = p.delta.defined();
   if (hidden % 8 == 0 && detail::aligned16(p.d.data) && detail::aligned16(p.out.data)) {
     const int64_t threads = std::max(tokens * hidden / 8, clear_vectors);
-    detail::launch(combine_kernel<8>, dim3(detail::blocks_for(threads, kThreads)), dim3(kThreads), 0, stream, params);
+    launch_combine<8>(int(top_k), terms, detail::blocks_for(threads, kThreads), stream, params);
   } else {
     const int64_t threads = std::max(tokens * hidden, clear_vectors);
-    detail::launch(combine_kernel<1>, dim3(detail::blocks_for(threads, kThreads)), dim3(kThreads), 0, stream, params);
+    launch_combine<1>(int(top_k), terms, detail::blocks_for(threads, kThreads), stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }

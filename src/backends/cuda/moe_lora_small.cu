@@ -64,15 +64,7 @@ __device__ __forceinline__ int load_acquire(const int32_t* p) {
 
 __device__ __forceinline__ uint4 load_vector(const __nv_bfloat16* p) { return *reinterpret_cast<const uint4*>(p); }
 
-__device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(pairs[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
+using detail::widen8;
 
 // ---- kernels ------------------------------------------------------------------------------------------
 
