@@ -1,4 +1,4 @@
-// bench_cuda_ops: times the dense CUDA kernels (embedding, rms_norm, add, silu_mul, gather_rows, rope,
+// bench_cuda_ops: times the dense CUDA kernels (embedding, rms_norm, add, silu_mul, moe_activation, gather_rows, rope,
 // kv_write, and the linear projections: skinny tensor-core kernel vs cuBLASLt) at GPT-OSS-20B sizes (H 2880, V 201088, Hq 64, Hkv 8, D 64) for T = 16 (decode), 256 and 2048
 // (prefill). All are memory-bound, so each line prints the bytes the op must move, the floor those bytes
 // take at the H200's measured ~4.2 TB/s, the measured time, GB/s and the share of 4.2 TB/s.
@@ -21,6 +21,7 @@
 #include "backends/cuda/basic.cuh"
 #include "backends/cuda/linear.cuh"
 #include "backends/cuda/memory.h"
+#include "backends/cuda/moe_gemm.cuh"
 #include "backends/cuda/rope.cuh"
 #include "core/rng.h"
 #include "ops/rope.h"
@@ -191,6 +192,30 @@ void bench_tokens(int64_t T, cudaStream_t stream, Rng& rng, const Buffer& table)
                      stream);
     });
     print_row({.op = "silu_mul", .shape = dims({T, H}), .tokens = T, .bytes = bytes, .seconds = s});
+  }
+  {  // moe_activation over the T*4 pairs of GPT-OSS-20B (K 4, I 2880, interleaved gate/up, clamped SwiGLU):
+     // the separate activation of the MoE-LoRA side expands (moe_block), without and with their f32 terms
+     // (read, added, zeroed). The terms are zero after a set's first launch: the kernel's work does not
+     // depend on their values (a select per element).
+    const int64_t P = 4 * T, I = kHidden;
+    for (const bool terms : {false, true}) {
+      const double bytes = double(P * 2 * I * 2 + P * I * 2) + (terms ? 2.0 * double(P * 2 * I * 4) : 0.0);
+      const int sets = sets_for(bytes);
+      Rotation h = make_rotation(size_t(P * 2 * I * 2), sets), a = make_rotation(size_t(P * I * 2), sets);
+      Rotation delta = make_rotation(terms ? size_t(P * 2 * I * 4) : 16, sets);
+      fill_random_bf16(h.buffer, rng);
+      fill_random_bf16(delta.buffer, rng);  // any finite f32 bits: two bf16 N(0, 1) halves
+      const double s = time_per_launch(stream, launches_for(sets), [&](int i) {
+        cuda::moe_activation({.h = bf16_view(h, i, {P, 2 * I}),
+                              .activation = ops::MoeActivation::kGptOssClamped,
+                              .layout = ops::GateUpLayout::kInterleaved,
+                              .a = bf16_view(a, i, {P, I}),
+                              .delta = terms ? Tensor(delta.slot(i), DType::F32, {P, 2 * I}, Device::kCuda) : Tensor{}},
+                             stream);
+      });
+      print_row({.op = terms ? "moe_act+lora" : "moe_act", .shape = dims({P, 2 * I}) + " -> " + dims({P, I}),
+                 .tokens = T, .bytes = bytes, .seconds = s});
+    }
   }
   {  // gather_rows: the sampled rows before the LM head; decode samples every token, prefill one per sequence
     const int64_t B = std::min<int64_t>(T, 16);
