@@ -964,31 +964,49 @@ TEST_F(CudaMoeGemm, EntryPointsMatchReference) {
 }
 
 // moe_activation alone on both kernels: I % 8 == 0 (8 outputs per thread, 16-byte vectors) and I = 12 or
-// a misaligned h (one output per thread), every activation × layout, against the formula on h.
+// a misaligned h (one output per thread), every activation × layout, against the formula on h; with the
+// side expands' f32 terms (about a third of them zero) each h element with a nonzero term is bf16(h + term)
+// first, and the kernel leaves every term zero.
 TEST_F(CudaMoeGemm, ActivationMatchesReference) {
   struct Case { int64_t rows, inter, offset; };
   for (const Case& c : {Case{37, 2880, 0}, Case{5, 64, 0}, Case{9, 12, 0}, Case{6, 64, 1}, Case{0, 64, 0}}) {
     for (MoeActivation activation : {kSilu, kGptOss}) {
       for (GateUpLayout layout : {kHalves, kInterleaved}) {
-        SCOPED_TRACE("P " + std::to_string(c.rows) + " I " + std::to_string(c.inter) + " offset " +
-                     std::to_string(c.offset) + (activation == kSilu ? " silu" : " gpt-oss") +
-                     (layout == kHalves ? " halves" : " interleaved"));
-        const int64_t I = c.inter;
-        OwnedTensor h = random_bf16(rng(), {c.rows, 2 * I}, 4.0f);  // beyond the ±7 clamp now and then
-        OwnedTensor want = OwnedTensor::host(DType::F32, {c.rows, I});
-        for (int64_t r = 0; r < c.rows; ++r) {
-          for (int64_t i = 0; i < I; ++i) {
-            const int64_t g = layout == kHalves ? i : 2 * i, u = layout == kHalves ? I + i : 2 * i + 1;
-            want.view.ptr<float>()[r * I + i] = float(act_ref(bf16_to_f32(h.view.ptr<bf16>()[r * 2 * I + g]),
-                                                              bf16_to_f32(h.view.ptr<bf16>()[r * 2 * I + u]), activation));
+        for (const bool terms : {false, true}) {
+          SCOPED_TRACE("P " + std::to_string(c.rows) + " I " + std::to_string(c.inter) + " offset " +
+                       std::to_string(c.offset) + (activation == kSilu ? " silu" : " gpt-oss") +
+                       (layout == kHalves ? " halves" : " interleaved") + (terms ? " terms" : ""));
+          const int64_t I = c.inter;
+          OwnedTensor h = random_bf16(rng(), {c.rows, 2 * I}, 4.0f);  // beyond the ±7 clamp now and then
+          OwnedTensor delta = OwnedTensor::host(DType::F32, {c.rows, 2 * I});
+          for (int64_t i = 0; i < c.rows * 2 * I; ++i) {
+            delta.view.ptr<float>()[i] = rng().uniform(0.0f, 3.0f) < 1.0f ? 0.0f : rng().normal() * 0.5f;
+          }
+          OwnedTensor want = OwnedTensor::host(DType::F32, {c.rows, I});
+          const auto input = [&](int64_t at) {  // h's element at `at`, with its term rounded in (the expand's bits)
+            const float v = bf16_to_f32(h.view.ptr<bf16>()[at]), t = delta.view.ptr<float>()[at];
+            return terms && t != 0.0f ? bf16_to_f32(f32_to_bf16(v + t)) : v;
+          };
+          for (int64_t r = 0; r < c.rows; ++r) {
+            for (int64_t i = 0; i < I; ++i) {
+              const int64_t g = layout == kHalves ? i : 2 * i, u = layout == kHalves ? I + i : 2 * i + 1;
+              want.view.ptr<float>()[r * I + i] = float(act_ref(input(r * 2 * I + g), input(r * 2 * I + u), activation));
+            }
+          }
+          OwnedTensor d_h = upload_at_offset(h, c.offset), a = poisoned(DType::BF16, {c.rows, I});
+          OwnedTensor d_delta = cuda::upload(delta);
+          cuda::moe_activation({.h = d_h, .activation = activation, .layout = layout, .swiglu_alpha = 1.702f,
+                                .swiglu_limit = 7.0f, .a = a, .delta = terms ? d_delta.view : Tensor{}},
+                               stream_);
+          sync();
+          EXPECT_TRUE(all_close(cuda::download(a), want, kTolBf16Out));
+          if (terms) {
+            const OwnedTensor left = cuda::download(d_delta);
+            int64_t nonzero = 0;
+            for (int64_t i = 0; i < c.rows * 2 * I; ++i) nonzero += left.view.ptr<float>()[i] != 0.0f ? 1 : 0;
+            EXPECT_EQ(nonzero, 0) << "terms left nonzero";
           }
         }
-        OwnedTensor d_h = upload_at_offset(h, c.offset), a = poisoned(DType::BF16, {c.rows, I});
-        cuda::moe_activation({.h = d_h, .activation = activation, .layout = layout, .swiglu_alpha = 1.702f,
-                              .swiglu_limit = 7.0f, .a = a},
-                             stream_);
-        sync();
-        EXPECT_TRUE(all_close(cuda::download(a), want, kTolBf16Out));
       }
     }
   }
