@@ -980,15 +980,33 @@ constexpr int kCombineWarps = 4;
 
 // One warp per (token, head) row: lane s < splits holds split s's (max, sum); the row's result is
 // Σ_s 2^(m_s - M)·acc_s / Σ_s 2^(m_s - M)·sum_s with M the max over splits (empty splits: m = -inf, weight 0).
-// PRECOND: splits <= 32; every real row has a finite max in some split (its own key is in one of them).
-__global__ static void __launch_bounds__(32 * kCombineWarps)
+// Every load of a lane is issued first: its split's (max, sum) and the acc of the first kCombineSplits splits
+// at its dims d = lane + 32 j, j < kDims (addresses clamped into the row; what is past `splits` or D is
+// dropped): one round trip. (The loop that loaded acc only where a weight was nonzero waited one round trip
+// per split and dim, ~8 at 4 splits and D 64: 4.9 µs a call on the H100, perf-log session of 2026-12-06.)
+// Splits past kCombineSplits and dims past 32 · kDims take a loop; the sum runs in split order either way.
+// PRECOND: splits in [1, 32]; every real row has a finite max in some split (its own key is in one of them).
+constexpr int kCombineSplits = 8;
+template <int kDims>
+__global__ static void __launch_bounds__(32 * kCombineWarps, 4)  // a minimum, or ptxas splits the loads
     attention_combine_kernel(const __grid_constant__ CombineKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kCombineWarps + warp;
-  if (row >= p.rows) return;
-  const float split_max = lane < p.splits ? p.partial_max[lane * p.rows + row] : -INFINITY;
-  const float split_sum = lane < p.splits ? p.partial_sum[lane * p.rows + row] : 0.0f;
+  if (row >= p.rows) return;  // warp-uniform
+  const int split_at = min(lane, p.splits - 1);
+  float split_max = p.partial_max[split_at * p.rows + row];
+  float split_sum = p.partial_sum[split_at * p.rows + row];
+  float acc[kDims][kCombineSplits];
+#pragma unroll
+  for (int j = 0; j < kDims; ++j) {
+    const int d = min(lane + 32 * j, p.head_dim - 1);
+#pragma unroll
+    for (int u = 0; u < kCombineSplits; ++u) {
+      acc[j][u] = p.partial_acc[(min(u, p.splits - 1) * p.rows + row) * p.head_dim + d];
+    }
+  }
+  if (lane >= p.splits) split_max = -INFINITY, split_sum = 0.0f;
   float row_max = split_max;
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -999,13 +1017,30 @@ __global__ static void __launch_bounds__(32 * kCombineWarps)
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) denominator += __shfl_xor_sync(0xffffffffu, denominator, offset);
   const float inv = 1.0f / denominator;
-  for (int d = lane; d < p.head_dim; d += 32) {
+  float w[kCombineSplits];  // split u's weight (0 past `splits`: lanes past it hold 0)
+#pragma unroll
+  for (int u = 0; u < kCombineSplits; ++u) w[u] = __shfl_sync(0xffffffffu, weight, u);
+  // Empty splits' acc may hold anything (0·NaN is NaN): select, not multiply.
+#pragma unroll
+  for (int j = 0; j < kDims; ++j) {
+    const int d = lane + 32 * j;
+    float value = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kCombineSplits; ++u) value = w[u] != 0.0f ? fmaf(w[u], acc[j][u], value) : value;
+    for (int s = kCombineSplits; s < p.splits; ++s) {
+      const float ws = __shfl_sync(0xffffffffu, weight, s);
+      if (ws != 0.0f && d < p.head_dim) value = fmaf(ws, p.partial_acc[(s * p.rows + row) * p.head_dim + d], value);
+    }
+    if (d < p.head_dim) p.out[row * p.head_dim + d] = __float2bfloat16(value * inv);
+  }
+  for (int d0 = 32 * kDims; d0 < p.head_dim; d0 += 32) {  // dims past 32 · kDims (none at D <= 32 · kDims)
+    const int d = d0 + lane;
     float value = 0.0f;
     for (int s = 0; s < p.splits; ++s) {
-      const float w = __shfl_sync(0xffffffffu, weight, s);
-      if (w != 0.0f) value = fmaf(w, p.partial_acc[(s * p.rows + row) * p.head_dim + d], value);
+      const float ws = __shfl_sync(0xffffffffu, weight, s);
+      if (ws != 0.0f && d < p.head_dim) value = fmaf(ws, p.partial_acc[(s * p.rows + row) * p.head_dim + d], value);
     }
-    p.out[row * p.head_dim + d] = __float2bfloat16(value * inv);
+    if (d < p.head_dim) p.out[row * p.head_dim + d] = __float2bfloat16(value * inv);
   }
 }
 
@@ -1335,7 +1370,12 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
                                       .rows = rows_total,
                                       .splits = splits,
                                       .head_dim = int(head_dim)};
-    detail::launch(attention_combine_kernel, dim3(detail::blocks_for(rows_total, kCombineWarps)), dim3(32 * kCombineWarps), 0, stream, combine);
+    const dim3 blocks(detail::blocks_for(rows_total, kCombineWarps)), threads(32 * kCombineWarps);
+    if (combine.head_dim <= 64) {
+      detail::launch(attention_combine_kernel<2>, blocks, threads, 0, stream, combine);
+    } else {
+      detail::launch(attention_combine_kernel<4>, blocks, threads, 0, stream, combine);
+    }
     LMX_CUDA_CHECK_LAUNCH();
   }
 }

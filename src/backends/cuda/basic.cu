@@ -156,8 +156,12 @@ __global__ static void rms_norm_kernel(const __grid_constant__ RmsNormKernelPara
 // once. H = 2880: 360 vectors, 96 threads of 4 (78 registers: 8 rows per SM, 8 loads in flight per thread).
 // PRECOND: C % 8 == 0, C / 8 <= kVectors * blockDim.x; blockDim.x a multiple of 32 (<= 1024); x, weight, out
 // 16-byte aligned; out == x or disjoint.
-template <int kVectors>
-__global__ static void rms_norm_resident_kernel(const __grid_constant__ RmsNormKernelParams p) {
+// kMaxThreads: the launch bounds (one CTA an SM at least). At 256 ptxas may keep every load of a thread in
+// flight as 16-byte vectors; without bounds it held the kernel to 78 registers by splitting each vector
+// load into four 4-byte loads and issuing the residual's in four later groups, each a round trip (perf-log,
+// session of 2026-12-06). Rows longer than 256 · kVectors vectors take the 1024-thread instance.
+template <int kVectors, int kMaxThreads>
+__global__ static void __launch_bounds__(kMaxThreads, 1) rms_norm_resident_kernel(const __grid_constant__ RmsNormKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int64_t row_offset = int64_t(blockIdx.x) * p.cols;
   __nv_bfloat16* x = p.x + row_offset;
@@ -436,7 +440,11 @@ void rms_norm(const ops::RmsNormParams& p, cudaStream_t stream) {
   if (vector && units <= kRmsNormVectors * 1024) {
     const int64_t holders = (units + kRmsNormVectors - 1) / kRmsNormVectors;  // threads that hold a vector
     const int threads = int((holders + 31) / 32 * 32);
-    detail::launch(rms_norm_resident_kernel<kRmsNormVectors>, dim3(unsigned(rows)), dim3(threads), 0, stream, params);
+    if (threads <= 256) {
+      detail::launch(rms_norm_resident_kernel<kRmsNormVectors, 256>, dim3(unsigned(rows)), dim3(threads), 0, stream, params);
+    } else {
+      detail::launch(rms_norm_resident_kernel<kRmsNormVectors, 1024>, dim3(unsigned(rows)), dim3(threads), 0, stream, params);
+    }
   } else {
     const int threads = int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, 1024));
     if (vector) {

@@ -28,7 +28,8 @@ __device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
 }
 
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[8]) {
-  widen8(*reinterpret_cast<const uint4*>(p), f);
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);  // a copy: widen8 on the dereference itself bound its
+  widen8(raw, f);                                         // reference to global memory (four 4-byte loads)
 }
 
 __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {

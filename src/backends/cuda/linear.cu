@@ -133,8 +133,12 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 // PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements; launched with cluster
 // dims (1, kSplit, 1) and gridDim.y == kSplit when kSplit > 1; with p.done: Out is float, *p.done == 0 and no
 // other grid uses p.done meanwhile (one counter per stream), 1 <= K <= min(out, kRouterMaxTopK).
+// The launch bounds name 2 CTAs an SM: without a minimum ptxas held the kernel to 42 registers and issued
+// the loop's 16 loads in four groups of 4, each waiting for the MMAs of the one before (four round trips an
+// iteration instead of one: o_proj at 1.37 TB/s on the H100, perf-log run 157); at 2 it keeps all 16 in
+// flight (98 registers; 2 · 256 · 98 fit the 64K registers).
 template <typename Out, int kSplit>
-__global__ static void __launch_bounds__(32 * kSkinnyWarps) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
+__global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
   const int n0 = blockIdx.x * kSkinnyOutPerCta;
   {
     const int rows = min(kSkinnyOutPerCta, p.out - n0);

@@ -1924,8 +1924,12 @@ struct CombineKernelParams {
 // terms come from DRAM (the down GEMM's weights stream through L2 after the side expand wrote them), so a k
 // loop of one round trip per k was 13 µs a call against 4.5 without terms (perf-log runs 153–154).
 // PRECOND: kVec == 1, or H % 8 == 0 and d, out 16-byte aligned (kVec == 8); kTopK 0 or p.top_k.
+// 128-thread CTAs (45 at T 16, where 256 left 23 SMs with work); the launch bounds' minimum of 4 CTAs an SM
+// gives ptxas a budget of 128 registers: without one it kept the kernel small and split the kTopK = 4 loads
+// with terms (16 a thread) into several groups, each a round trip (perf-log run 157).
+constexpr int kCombineThreads = 128;
 template <int kVec, int kTopK, bool kTerms>
-__global__ static void combine_kernel(const __grid_constant__ CombineKernelParams p) {
+__global__ static void __launch_bounds__(kCombineThreads, 4) combine_kernel(const __grid_constant__ CombineKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   const int top_k = kTopK > 0 ? kTopK : p.top_k;
   const int64_t per_token = p.hidden / kVec;
@@ -2000,9 +2004,9 @@ __global__ static void combine_kernel(const __grid_constant__ CombineKernelParam
 template <int kVec, int kTopK>
 void launch_combine(bool terms, unsigned blocks, cudaStream_t stream, const CombineKernelParams& params) {
   if (terms) {
-    detail::launch(combine_kernel<kVec, kTopK, true>, dim3(blocks), dim3(256), 0, stream, params);
+    detail::launch(combine_kernel<kVec, kTopK, true>, dim3(blocks), dim3(kCombineThreads), 0, stream, params);
   } else {
-    detail::launch(combine_kernel<kVec, kTopK, false>, dim3(blocks), dim3(256), 0, stream, params);
+    detail::launch(combine_kernel<kVec, kTopK, false>, dim3(blocks), dim3(kCombineThreads), 0, stream, params);
   }
 }
 template <int kVec>
@@ -2967,14 +2971,13 @@ void moe_combine(const MoeCombineParams& p, cudaStream_t stream) {
                                    .clear = static_cast<float4*>(p.clear.data),
                                    .clear_vectors = clear_vectors,
                                    .delta = p.delta.defined() ? static_cast<float*>(p.delta.data) : nullptr};
-  constexpr int kThreads = 256;  // launch_combine's blocks
   const bool terms = p.delta.defined();
   if (hidden % 8 == 0 && detail::aligned16(p.d.data) && detail::aligned16(p.out.data)) {
     const int64_t threads = std::max(tokens * hidden / 8, clear_vectors);
-    launch_combine<8>(int(top_k), terms, detail::blocks_for(threads, kThreads), stream, params);
+    launch_combine<8>(int(top_k), terms, detail::blocks_for(threads, kCombineThreads), stream, params);
   } else {
     const int64_t threads = std::max(tokens * hidden, clear_vectors);
-    launch_combine<1>(int(top_k), terms, detail::blocks_for(threads, kThreads), stream, params);
+    launch_combine<1>(int(top_k), terms, detail::blocks_for(threads, kCombineThreads), stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
