@@ -13,6 +13,7 @@
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
+//                     [--skinny-max-out N]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -88,6 +89,7 @@ struct Options {
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
+  int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
   int mxfp4_block_n = 0, mxfp4_stages = 0, mxfp4_ctas = 0;  // --mxfp4-shape NxS[xC]: set_moe_gemm_mxfp4_shape
   int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
@@ -132,6 +134,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
     else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
+    else if (key == "--skinny-max-out") o.skinny_max_out = std::atoll(value.c_str());
     else if (key == "--mxfp4-shape") {
       if (std::sscanf(value.c_str(), "%dx%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages, &o.mxfp4_ctas) < 2) {
         std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES[xCTAS] (e.g. 128x6, 128x4x8), got '%s'\n",
@@ -498,6 +501,11 @@ int main(int argc, char** argv) {
     cuda_backend.set_fuse_route(true);
     std::printf("every row: the router's product and top-k as one kernel (--fuse-route 1)\n");
   }
+  if (o.skinny_max_out != 1024) {
+    cuda_backend.set_skinny_max_out(o.skinny_max_out);
+    std::printf("every row: products of <= 16 rows and up to %lld outputs on the skinny kernel (--skinny-max-out)\n",
+                (long long)o.skinny_max_out);
+  }
   const auto t_load = std::chrono::steady_clock::now();
   Result<model::ModelWeights> weights =
       engine::load_base_model(o.model, o.weight_seed, o.vocab, &backend,
@@ -637,7 +645,7 @@ int main(int argc, char** argv) {
     cuda_backend.set_skinny_max_out(int64_t(1) << 40);  // q|k|v and o_proj on the skinny kernel (L2 prefetch)
     row("same, every product of <= 16 rows on the skinny kernel", time_decode(**engine, o, vocab, rng, spread),
         with_lora.total() / kBytesPerSecond);
-    cuda_backend.set_skinny_max_out(1024);
+    cuda_backend.set_skinny_max_out(o.skinny_max_out);
     // Before/after of o_proj on the skinny kernel (the default since its five wins, perf-log runs 130-138):
     // its cuBLASLt product sat at ~53% of its bytes floor (perf-log run 71)
     cuda_backend.set_skinny_narrowing(false);
