@@ -19,7 +19,9 @@ class CudaRouting : public CudaTest {};
 TEST_F(CudaRouting, MatchesCpu) {
   struct Case { int64_t tokens, experts; int top_k; };
   const std::vector<Case> cases = {{1, 8, 1},    {3, 8, 2},     {16, 32, 4},   {257, 32, 4},
-                                   {64, 128, 8}, {1024, 128, 8}, {5, 512, 32}, {33, 512, 10}, {0, 32, 4}};
+                                   {64, 128, 8}, {1024, 128, 8}, {5, 512, 32}, {33, 512, 10}, {0, 32, 4},
+                                   // the last E held in registers (8 a lane) and the first read every pass
+                                   {7, 256, 8},  {3, 257, 4}};
   const std::vector<std::pair<ops::RoutingRule, bool>> rules = {{ops::RoutingRule::kSoftmaxThenTopK, true},
                                                                  {ops::RoutingRule::kSoftmaxThenTopK, false},
                                                                  {ops::RoutingRule::kTopKThenSoftmax, true}};

@@ -112,18 +112,36 @@ __device__ __forceinline__ bool ranks_before(float value, int id, float other_va
 // selection passes, each a warp argmax over the logits strictly after the previous pick in the total order —
 // no per-token scratch, so any E. The order is taken on the logits for both rules: softmax is monotone, so it
 // is the oracle's order unless two probabilities round to the same fp32 value (docs/NUMERICS.md). Logits are
-// read through L2 (ld.global.cg), so values other CTAs of the same grid wrote before a fence are seen.
+// read through L2 (ld.global.cg), so values other CTAs of the same grid wrote before a fence are seen; up to
+// 32 · kRouterCachedPerLane experts they are read once, all at once, into registers (each pass re-reading
+// them was a round trip to L2 of its own: five at K 4), beyond that every pass reads them again.
 // PRECOND: all 32 lanes call it; 1 <= K <= min(E, kRouterMaxTopK); no NaN logits (the oracle rejects them; a
 // NaN never ranks before anything, so it is never picked here).
+constexpr int kRouterCachedPerLane = 8;  // E <= 256 (DeepSeek-V3's router) from registers
 __device__ __forceinline__ void router_topk_warp(const float* logits, int experts, int top_k, bool softmax_first,
                                                  bool renormalize, int32_t* ids, float* weights) {
   const int lane = threadIdx.x % 32;
+  const bool cached = experts <= 32 * kRouterCachedPerLane;
+  float cache[kRouterCachedPerLane];
+#pragma unroll
+  for (int j = 0; j < kRouterCachedPerLane; ++j) {
+    const int e = lane + 32 * j;
+    cache[j] = cached && e < experts ? __ldcg(logits + e) : -FLT_MAX;
+  }
+  // Logit e = lane + 32·j of this lane (j the loop's step count).
+  auto logit = [&](int j, int e) {
+    if (!cached) return __ldcg(logits + e);
+    float v = cache[0];
+#pragma unroll
+    for (int i = 1; i < kRouterCachedPerLane; ++i) v = j == i ? cache[i] : v;
+    return v;
+  };
   float max_logit = -FLT_MAX;
-  for (int e = lane; e < experts; e += 32) max_logit = fmaxf(max_logit, __ldcg(logits + e));
+  for (int e = lane, j = 0; e < experts; e += 32, ++j) max_logit = fmaxf(max_logit, logit(j, e));
   for (int offset = 16; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(~0u, max_logit, offset));
   float sum_exp = 0.0f;
   if (softmax_first) {
-    for (int e = lane; e < experts; e += 32) sum_exp += expf(__ldcg(logits + e) - max_logit);
+    for (int e = lane, j = 0; e < experts; e += 32, ++j) sum_exp += expf(logit(j, e) - max_logit);
     for (int offset = 16; offset > 0; offset /= 2) sum_exp += __shfl_xor_sync(~0u, sum_exp, offset);
   }
 
@@ -133,8 +151,8 @@ __device__ __forceinline__ void router_topk_warp(const float* logits, int expert
   for (int k = 0; k < top_k; ++k) {
     float best_value = -FLT_MAX;
     int best_id = INT_MAX;
-    for (int e = lane; e < experts; e += 32) {
-      const float v = __ldcg(logits + e);
+    for (int e = lane, j = 0; e < experts; e += 32, ++j) {
+      const float v = logit(j, e);
       if (ranks_before(prev_value, prev_id, v, e) && ranks_before(v, e, best_value, best_id)) {
         best_value = v;
         best_id = e;

@@ -73,9 +73,13 @@ __device__ __forceinline__ int group_of(const AlignKernelParams& p, int pair) {
 // Groups are padded to whole tiles in runs of run_groups (a run's groups back to back, its tiles' group the
 // run's index); with group_rows > 1 each group of a run starts at a multiple of group_rows wherever that
 // fits in the run's tiles (the tile padding's rows move between its groups; the run never grows).
+// `counts` is p.counts, or the tiny path's copy in shared memory; `offsets_out`, when set, also gets each
+// group's offset (it may be `counts` itself: a group's count is read, by the one thread that owns its run,
+// before its offset is written).
 // PRECOND: blockDim.x == kThreads; counts complete and visible to the block.
 template <int kThreads = kScanThreads>
-__device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
+__device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded, const int32_t* counts,
+                            int32_t* offsets_out = nullptr) {
   using ScanInt = cub::BlockScan<int, kThreads>;
   __shared__ typename ScanInt::TempStorage scan_storage;
   __shared__ int total_tiles;
@@ -85,13 +89,13 @@ __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
   auto round_to = [](int n, int m) { return (n + m - 1) / m * m; };
   auto run_count = [&](int run) {
     int c = 0;
-    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) c += p.counts[g];
+    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) c += counts[g];
     return c;
   };
   auto run_aligned = [&](int run) {  // the run's groups start at multiples of group_rows
     if (p.group_rows == 1) return false;
     int rows = 0;
-    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) rows += round_to(p.counts[g], p.group_rows);
+    for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) rows += round_to(counts[g], p.group_rows);
     return round_to(rows, p.block_m) == round_to(run_count(run), p.block_m);
   };
   int padded = 0, unpadded = 0;
@@ -110,12 +114,14 @@ __device__ void scan_groups(const AlignKernelParams& p, bool write_unpadded) {
     const int group_rows = run_aligned(run) ? p.group_rows : 1;
     int at = padded_start;
     for (int g = run * p.run_groups; g < (run + 1) * p.run_groups; ++g) {
+      const int count = counts[g];  // before offsets_out[g] (it may alias counts)
       p.group_offsets[g] = at;
+      if (offsets_out != nullptr) offsets_out[g] = at;
       if (write_unpadded) p.unpadded_offsets[g] = unpadded_start;
-      const int rows = round_to(p.counts[g], group_rows);
-      for (int i = at + p.counts[g]; i < at + rows; ++i) p.sorted_pairs[i] = p.pairs;
+      const int rows = round_to(count, group_rows);
+      for (int i = at + count; i < at + rows; ++i) p.sorted_pairs[i] = p.pairs;
       at += rows;
-      unpadded_start += p.counts[g];
+      unpadded_start += count;
     }
     for (int i = at; i < padded_start + size; ++i) p.sorted_pairs[i] = p.pairs;
     for (int tile = padded_start / p.block_m; tile < (padded_start + size) / p.block_m; ++tile) p.tile_group[tile] = run;
@@ -182,7 +188,7 @@ __global__ static void __launch_bounds__(kScanThreads) align_block_kernel(const 
     }
   }
   __syncthreads();
-  scan_groups(p, false);
+  scan_groups(p, false, p.counts);
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
@@ -207,7 +213,7 @@ __global__ static void align_keys_kernel(const __grid_constant__ AlignKernelPara
 // Sort path, step 3 (after the radix sort): offsets and tiles. PRECOND: one block of kScanThreads.
 __global__ static void align_scan_kernel(const __grid_constant__ AlignKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
-  scan_groups(p, true);
+  scan_groups(p, true, p.counts);
 }
 
 // Sort path, step 4: sorted position i of group g goes to group_offsets[g] + (i - unpadded_offsets[g]).
@@ -222,8 +228,9 @@ __global__ static void align_scatter_kernel(const __grid_constant__ AlignKernelP
 
 // Tiny path (decode batches: up to kMoeAlignTinyPairs pairs), one block of kTinyThreads, one pair per
 // thread: the keys go to shared memory, each pair's place in its group is the number of earlier pairs with
-// its key (at most 255 compares), the counts are shared-memory atomics copied out for the shared scan, then
-// each pair is written at its group's offset + its place. The one-block sort's 1024-thread radix sort of a
+// its key (at most 255 compares), the counts are shared-memory atomics that the scan reads in place and
+// overwrites with the groups' offsets, then each pair is written at its group's offset + its place (no
+// global round trip between the steps: p.counts is not used). The one-block sort's 1024-thread radix sort of a
 // mostly padding block and its ~30 barriers took ~7.3 µs at 64 pairs (perf-log run 114).
 // PRECOND: blockDim.x == kTinyThreads; pairs <= kTinyThreads; dynamic shared memory = groups ints.
 __global__ static void __launch_bounds__(kTinyThreads) align_tiny_kernel(const __grid_constant__ AlignKernelParams p) {
@@ -240,12 +247,10 @@ __global__ static void __launch_bounds__(kTinyThreads) align_tiny_kernel(const _
     for (int q = 0; q < pair; ++q) place += keys[q] == key ? 1 : 0;
     atomicAdd(&tiny_counts[key], 1);
   }
+  __syncthreads();  // the counts complete in shared memory
+  scan_groups<kTinyThreads>(p, false, tiny_counts, tiny_counts);  // tiny_counts[g] becomes g's offset
   __syncthreads();
-  for (int g = threadIdx.x; g < p.groups; g += kTinyThreads) p.counts[g] = tiny_counts[g];
-  __syncthreads();  // counts visible to the block
-  scan_groups<kTinyThreads>(p, false);
-  __syncthreads();
-  if (key < p.groups) p.sorted_pairs[p.group_offsets[key] + place] = pair;
+  if (key < p.groups) p.sorted_pairs[tiny_counts[key] + place] = pair;
 }
 
 // Chunked path (a few thousand to kMoeAlignSmallPairs pairs): the one-block sort's cost grows with its items
@@ -298,7 +303,7 @@ __global__ static void __launch_bounds__(kScanThreads) align_chunk_scan_kernel(c
     p.counts[g] = total;
   }
   __syncthreads();  // counts visible to the block
-  scan_groups(p, false);
+  scan_groups(p, false, p.counts);
   __syncthreads();
   for (int g = threadIdx.x; g < p.groups; g += kScanThreads) {
     int position = p.group_offsets[g];
