@@ -501,7 +501,6 @@ __device__ __forceinline__ void store_flash_rows(const FlashKernelParams& p, con
 template <int D, int kWarps, int kStages, bool kKeySplit = false>
 __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarps)
     flash_attention_kernel(const __grid_constant__ FlashKernelParams p) {
-  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   static_assert(kStages >= 2);
   constexpr int kBlockM = kKeySplit ? 16 : 16 * kWarps;  // rows per tile
   constexpr int kThreads = 32 * kWarps;
@@ -519,16 +518,32 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_head = blockIdx.y, split = blockIdx.z;
+  // Before the PDL wait (launch.cuh: reads of data complete two launches back): the tile's metadata
+  // (sequence starts, positions: the step's inputs, never written by a kernel) and the block table, and an
+  // L2 prefetch of the K/V rows of the split's first kStages key tiles. A prefetch brings nothing into the
+  // CTA, so the rows the kernel before (rope's cache write) may still be writing are read after the wait as
+  // always; the metadata's round trips and the first tiles' DRAM latency overlap that kernel's tail.
   flash_tile_setup(p, kv_head, tile);
   const int seq = tile.seq;
-  if (seq < 0) return;  // past the last tile (uniform over the CTA)
   const int valid_rows = tile.rows;
   const int key_begin = tile.kv_lo, key_end = tile.kv_hi;  // inclusive
-  const int total_key_tiles = (key_end - key_begin + kFlashBlockN) / kFlashBlockN;
+  const int total_key_tiles = seq < 0 ? 0 : (key_end - key_begin + kFlashBlockN) / kFlashBlockN;
   const int tiles_per_split = (total_key_tiles + p.splits - 1) / p.splits;
   const int first_key_tile = min(total_key_tiles, split * tiles_per_split);
   const int key_tiles = min(total_key_tiles, first_key_tile + tiles_per_split) - first_key_tile;
-  const int32_t* pages = p.block_table + int64_t(seq) * p.max_pages;
+  const int32_t* pages = p.block_table + int64_t(max(seq, 0)) * p.max_pages;
+  constexpr int kLinesPerRow = D * int(sizeof(__nv_bfloat16)) / 128;  // 128-byte lines of a key's row
+  for (int i = threadIdx.x; i < min(key_tiles, kStages) * kFlashBlockN; i += kThreads) {
+    const int64_t offset = kv_chunk_offset<D>(p, pages, key_begin + first_key_tile * kFlashBlockN + i, key_end, kv_head, 0);
+    if (offset < 0) continue;
+#pragma unroll
+    for (int line = 0; line < kLinesPerRow; ++line) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p.k_cache + offset + line * 64));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p.v_cache + offset + line * 64));
+    }
+  }
+  detail::pdl_enter();  // launched by detail::launch; every CTA waits before it exits
+  if (seq < 0) return;  // past the last tile (uniform over the CTA)
 
   // A K/V tile is kFlashBlockN keys × kChunksPerRow 16-byte chunks; thread i copies chunks i + j·kThreads.
   // kv_offsets finds those chunks' cache offsets (-1: past the range or a freed page) once per tile.

@@ -2,10 +2,12 @@
 // made of. A kernel launched through detail::launch() may become resident while the kernel before it on the
 // stream still runs (in its tail), so its launch latency and ramp-up hide behind that kernel instead of
 // leaving the GPU idle between the two. Included by .cu files only; the knob is for the bench's before/after.
-// PRECOND of every kernel launched this way: each thread's first statement is detail::pdl_enter() (no global
-// memory is read or written before it): griddepcontrol.wait returns once every kernel before it on the stream
-// is complete and visible, and only then does the kernel allow its own dependents to start, so the chain
-// holds for kernels that read data written several launches back before their own wait (moe_lora_small).
+// PRECOND of every kernel launched this way: each thread executes detail::pdl_enter() before it writes global
+// memory or reads anything the kernel just before it may write, and before it exits: griddepcontrol.wait
+// returns once every kernel before it on the stream is complete and visible, and only then does the kernel
+// allow its own dependents to start, so the chain holds for kernels that read data written several launches
+// back before their own wait (moe_lora_small; flash_attention_kernel's metadata and block table). Most call
+// it as their first statement.
 #pragma once
 #include <cuda_runtime_api.h>
 
