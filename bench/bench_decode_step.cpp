@@ -13,7 +13,7 @@
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
-//                     [--skinny-max-out N]
+//                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -90,6 +90,7 @@ struct Options {
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
   int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
+  std::string moe_lora_in_gemm;       // --moe-lora-in-gemm MODE: set_moe_lora_in_gemm for every row (empty: the default)
   int mxfp4_block_n = 0, mxfp4_stages = 0, mxfp4_ctas = 0;  // --mxfp4-shape NxS[xC]: set_moe_gemm_mxfp4_shape
   int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
@@ -135,6 +136,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
     else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
     else if (key == "--skinny-max-out") o.skinny_max_out = std::atoll(value.c_str());
+    else if (key == "--moe-lora-in-gemm") o.moe_lora_in_gemm = value;
     else if (key == "--mxfp4-shape") {
       if (std::sscanf(value.c_str(), "%dx%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages, &o.mxfp4_ctas) < 2) {
         std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES[xCTAS] (e.g. 128x6, 128x4x8), got '%s'\n",
@@ -500,6 +502,17 @@ int main(int argc, char** argv) {
   if (o.fuse_route) {
     cuda_backend.set_fuse_route(true);
     std::printf("every row: the router's product and top-k as one kernel (--fuse-route 1)\n");
+  }
+  if (!o.moe_lora_in_gemm.empty()) {
+    const std::string& m = o.moe_lora_in_gemm;
+    if (m != "off" && m != "long-runs" && m != "always") {
+      std::fprintf(stderr, "bench_decode_step: --moe-lora-in-gemm: expected off, long-runs or always, got '%s'\n", m.c_str());
+      return 2;
+    }
+    cuda::set_moe_lora_in_gemm(m == "off" ? cuda::MoeLoraInGemm::kOff
+                               : m == "always" ? cuda::MoeLoraInGemm::kAlways
+                                               : cuda::MoeLoraInGemm::kLongRuns);
+    std::printf("every row: set_moe_lora_in_gemm(%s) (--moe-lora-in-gemm)\n", m.c_str());
   }
   if (o.skinny_max_out != 1024) {
     cuda_backend.set_skinny_max_out(o.skinny_max_out);

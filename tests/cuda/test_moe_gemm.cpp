@@ -581,8 +581,9 @@ TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 256, 256, kPrefill));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 1600, -1, kLarge));    // unknown (a recording)
   EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kAlways, 16, -1, cuda::kMoeGemmBlockMDecode));
-  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 16, -1, cuda::kMoeGemmBlockMDecode));  // decode: any mix
-  EXPECT_TRUE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 64, 64, cuda::kMoeGemmBlockMDecode));
+  // Decode: beside the GEMMs (the forked shrinks and side expands) since perf-log run 170, whatever the mix.
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 16, -1, cuda::kMoeGemmBlockMDecode));
+  EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kLongRuns, 64, 64, cuda::kMoeGemmBlockMDecode));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 16, -1, cuda::kMoeGemmBlockMDecode));
   EXPECT_FALSE(cuda::moe_lora_in_gemm_for(MoeLoraInGemm::kOff, 1600, 0, kLarge));
   // Warp-aligned slot groups: only strictly between T / 256 and T / 2 scattered, at 128-row tiles, kLongRuns.
@@ -713,7 +714,7 @@ TEST_F(CudaMoeGemm, NoAdapterTokensGiveBaseResultBitwise) {
         EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base));
       }
       cuda::set_moe_lora_in_epilogue(false);
-      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);  // decode sizes: in the GEMM accumulators
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);  // decode sizes: beside the GEMMs (run 170)
       EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "the default rule";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);  // in the GEMMs' accumulators: no warp has a slot, nothing is added
       EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), base)) << "LoRA in the GEMM accumulators";

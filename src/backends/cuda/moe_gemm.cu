@@ -2606,10 +2606,10 @@ bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scatte
   //  - in between, with each slot's rows starting at a warp boundary (moe_lora_warp_groups_for): without
   //    it a 1600-token prompt beside 15 decoding tokens took 42.1–42.5 ms here, 40.7–41.2 by the expand
   //    kernels, because those few tokens put a second or third adapter into a warp of most tiles.
-  //  - 16-row tiles (decode), whatever the mix: a tile holds a few pairs, so a warp makes one or two
-  //    passes of R/16 small MMAs per column block, and the layer saves the two expand kernels, the
-  //    activation kernel and h's round trip (perf-log run 68).
-  if (mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMDecode) return true;
+  //  - 16-row tiles (decode): not since perf-log run 170. There the accumulator path (a warp's one or two
+  //    passes of R/16 small MMAs per column block) had saved the two expand kernels, the activation kernel
+  //    and h's round trip of the chained expand path (run 68); the forked shrinks and side expands (runs
+  //    135, 149) now run the LoRA beside the GEMMs instead: bf16 decode step 14.11 → 14.00 ms (H100).
   return mode == MoeLoraInGemm::kLongRuns && block_m == kMoeGemmBlockMLarge && scattered >= 0;
 }
 bool moe_lora_warp_groups_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m) {

@@ -126,10 +126,11 @@ void set_moe_lora_in_gemm(MoeLoraInGemm mode);
 // GemmKernelParams carries it: record graphs again after changing it.
 void set_moe_lora_l1_prefetch(bool on);
 // The mode's choice for a batch of `tokens` with MoeParams::lora_scattered_tokens = `scattered` at expert
-// tiles of `block_m` rows. kLongRuns: 16-row tiles (decode: the direct shrink writes z, the decode GEMMs
-// add z·Bᵀ, whatever the mix), or 128-row tiles with scattered known (-1 in recordings); in between T / 256
-// and T / 2 with warp groups (moe_lora_warp_groups_for). moe_block also needs, at 16 rows, the direct
-// MoE-LoRA path (moe_lora_small_fits), at 128 the persistent kernel, and for gate_up the interleaved layout.
+// tiles of `block_m` rows. kLongRuns: 128-row tiles with scattered known (-1 in recordings); in between
+// T / 256 and T / 2 with warp groups (moe_lora_warp_groups_for). Not 16-row tiles (decode) since perf-log
+// run 170: there the forked shrinks and side expands run beside the GEMMs; kAlways still puts them in (the
+// direct shrink writes z, the decode GEMMs add z·Bᵀ). moe_block also needs, at 16 rows, the direct MoE-LoRA
+// path (moe_lora_small_fits), at 128 the persistent kernel, and for gate_up the interleaved layout.
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m);
 // A warp's rows in the persistent GEMM's accumulator tile (wgmma m64: four warps of 16 rows).
 constexpr int kMoeLoraWarpRows = 16;
