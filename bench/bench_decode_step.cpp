@@ -13,7 +13,7 @@
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
-//                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always]
+//                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always] [--down-decode-stages 6]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -91,6 +91,7 @@ struct Options {
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
   int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
   std::string moe_lora_in_gemm;       // --moe-lora-in-gemm MODE: set_moe_lora_in_gemm for every row (empty: the default)
+  int down_decode_stages = -1;        // --down-decode-stages N: set_moe_block_down_decode_stages for every row
   int mxfp4_block_n = 0, mxfp4_stages = 0, mxfp4_ctas = 0;  // --mxfp4-shape NxS[xC]: set_moe_gemm_mxfp4_shape
   int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
@@ -137,6 +138,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
     else if (key == "--skinny-max-out") o.skinny_max_out = std::atoll(value.c_str());
     else if (key == "--moe-lora-in-gemm") o.moe_lora_in_gemm = value;
+    else if (key == "--down-decode-stages") o.down_decode_stages = std::atoi(value.c_str());
     else if (key == "--mxfp4-shape") {
       if (std::sscanf(value.c_str(), "%dx%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages, &o.mxfp4_ctas) < 2) {
         std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES[xCTAS] (e.g. 128x6, 128x4x8), got '%s'\n",
@@ -502,6 +504,10 @@ int main(int argc, char** argv) {
   if (o.fuse_route) {
     cuda_backend.set_fuse_route(true);
     std::printf("every row: the router's product and top-k as one kernel (--fuse-route 1)\n");
+  }
+  if (o.down_decode_stages >= 0) {
+    cuda::set_moe_block_down_decode_stages(o.down_decode_stages);  // throws with the accepted values
+    std::printf("every row: the bf16 decode down GEMM at %d stages (--down-decode-stages)\n", o.down_decode_stages);
   }
   if (!o.moe_lora_in_gemm.empty()) {
     const std::string& m = o.moe_lora_in_gemm;

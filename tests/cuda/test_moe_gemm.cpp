@@ -567,6 +567,25 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
   }
 }
 
+// moe_block's bf16 decode down GEMM at each of its stage counts (set_moe_block_down_decode_stages; 0, the
+// default, = the kernel's 6): only the pipeline's depth changes, so the bits do not; and the oracle agrees.
+TEST_F(CudaMoeGemm, DownDecodeStagesGiveTheSameBits) {
+  for (const BlockCase& c : {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true},
+                             BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false}}) {
+    SCOPED_TRACE(describe(c));
+    ASSERT_LT(c.tokens * c.top_k / c.experts, 32) << "not a BLOCK_M 16 case";
+    const BlockData b = make_block_data(rng(), c);
+    cuda::set_moe_block_down_decode_stages(0);
+    const OwnedTensor six = run_block(c, b, false, stream_);  // the default
+    EXPECT_TRUE(close_to_oracle(six, cpu_block(cpu_, c, b)));
+    for (int stages : {4, 5, 6}) {
+      cuda::set_moe_block_down_decode_stages(stages);
+      EXPECT_TRUE(bitwise_equal(run_block(c, b, false, stream_), six)) << stages << " stages";
+    }
+  }
+  cuda::set_moe_block_down_decode_stages(0);
+}
+
 TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   using cuda::MoeLoraInGemm;
   constexpr int kLarge = cuda::kMoeGemmBlockMLarge, kPrefill = cuda::kMoeGemmBlockMPrefill;
@@ -1062,6 +1081,8 @@ TEST_F(CudaMoeGemm, BadInputNamesTheField) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_THROW(cuda::set_moe_gemm_large_block_n(64), std::invalid_argument);
   EXPECT_THROW(cuda::set_moe_block_down_block_n(64), std::invalid_argument);
+  EXPECT_THROW(cuda::set_moe_block_down_decode_stages(3), std::invalid_argument);
+  EXPECT_THROW(cuda::set_moe_block_down_decode_stages(7), std::invalid_argument);
   const int64_t tokens = 4, top_k = 2, experts = 8, H = 64, I = 64, pairs = tokens * top_k;
   Routing routing = make_routing(rng(), tokens, top_k, experts);
   OwnedTensor d_ids = cuda::upload(routing.ids), d_weights = cuda::upload(routing.weights);

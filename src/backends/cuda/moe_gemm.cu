@@ -2091,6 +2091,7 @@ int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
 int block_down_block_n = 0;                         // set_moe_block_down_block_n
+int block_down_decode_stages = 0;                   // set_moe_block_down_decode_stages (perf-log runs 175, 178)
 
 // BLOCK_N of 128-row tiles on the warp-specialized kernels by the output width n: 192 where n is a multiple
 // of it (GPT-OSS-20B's 5760 and 2880: 1.2× the FLOPs per staged byte of 128 with no partial column block;
@@ -2581,6 +2582,13 @@ void set_moe_block_down_block_n(int block_n) {
                                 ", expected 0 (by width), 128, 192 or 256");
   }
   block_down_block_n = block_n;
+}
+void set_moe_block_down_decode_stages(int stages) {
+  if (stages != 0 && (stages < 4 || stages > 6)) {
+    throw std::invalid_argument("set_moe_block_down_decode_stages: stages = " + std::to_string(stages) +
+                                ", expected 0 (the kernel's 6), 4, 5 or 6");
+  }
+  block_down_decode_stages = stages;
 }
 void set_moe_gemm_large_block_n(int block_n) {
   if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
@@ -3370,6 +3378,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                            ? (block_down_block_n != 0 ? block_down_block_n : large_block_n_for(p.down.dim(1), 256))
                            : 0,
             .cta_group = cta_group,
+            .decode_stages = block_m == kMoeGemmBlockMDecode ? block_down_decode_stages : 0,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,
             .wait_before_epilogue = decode_gemm_lora && lora_down && overlap,
             .early_trigger = gemm_early_trigger,

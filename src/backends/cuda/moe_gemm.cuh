@@ -59,6 +59,13 @@ void set_moe_gemm_mxfp4(bool on);
 // 3 stages at 8 (registers capped at 64), 5 at 6, 6 or 8 stages (bench sweeps; graphs must be recorded again). ctas_per_sm 0: the shape's first built count. Throws
 // std::invalid_argument for shapes not built.
 void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
+// moe_block's decode down GEMM on bf16 experts (BLOCK_M 16 × BLOCK_N 64): its cp.async stages, 4, 5 or 6 (0:
+// the kernel's 6). Fewer stages fit more CTAs an SM (6: 3, 5: 4, 4: 5) with the same bytes in flight; down has
+// half gate_up's column blocks, so its grid is short of CTAs at 3 an SM: GPT-OSS-20B T 16 down 155.4 µs at 6,
+// 148.1 at 5, 146.7 at 4 on the H200 (perf-log run 175; gate_up level). The default stays 0: in the bf16
+// decode step on an H100, 4 stages were level to slower (run 178); no H200 step has measured it yet.
+// Throws std::invalid_argument for other values. Graphs must be recorded again.
+void set_moe_block_down_decode_stages(int stages);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
 // default, perf-log run 118): where the decode GEMMs read MXFP4 experts, the LoRA runs as shrink + expand
 // kernels around them (the before/after row; tests compare each path with its bf16 twin).
