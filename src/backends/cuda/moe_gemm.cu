@@ -2091,7 +2091,7 @@ int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
 int block_down_block_n = 0;                         // set_moe_block_down_block_n
-int block_down_decode_stages = 0;                   // set_moe_block_down_decode_stages (perf-log runs 175, 178)
+int block_down_decode_stages = 0;                   // set_moe_block_down_decode_stages (perf-log runs 175-179)
 
 // BLOCK_N of 128-row tiles on the warp-specialized kernels by the output width n: 192 where n is a multiple
 // of it (GPT-OSS-20B's 5760 and 2880: 1.2× the FLOPs per staged byte of 128 with no partial column block;

@@ -63,7 +63,7 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
 // the kernel's 6). Fewer stages fit more CTAs an SM (6: 3, 5: 4, 4: 5) with the same bytes in flight; down has
 // half gate_up's column blocks, so its grid is short of CTAs at 3 an SM: GPT-OSS-20B T 16 down 155.4 µs at 6,
 // 148.1 at 5, 146.7 at 4 on the H200 (perf-log run 175; gate_up level). The default stays 0: in the bf16
-// decode step on an H100, 4 stages were level to slower (run 178); no H200 step has measured it yet.
+// decode step 4 stages were level to slower on an H100 (run 178) and slower on an H200 (run 179: +0.07 ms).
 // Throws std::invalid_argument for other values. Graphs must be recorded again.
 void set_moe_block_down_decode_stages(int stages);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
