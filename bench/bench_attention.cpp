@@ -1,7 +1,7 @@
 // bench_attention: GPU time of one layer's paged attention at GPT-OSS-20B shapes (Hq 64, Hkv 8, D 64, P 16,
-// sinks on), each kernel of backends/cuda/attention.cuh: the first simple kernel (one warp per row), flash
-// without a workspace at both row tiles (64 and 128 rows), and the launcher's choice with a workspace
-// (split-KV when the row tiles are few).
+// sinks on) and Qwen3-30B-A3B's prefill (Hq 32, Hkv 4, D 128, no sinks), each kernel of
+// backends/cuda/attention.cuh: the first simple kernel (one warp per row), flash without a workspace at both
+// row tiles (64 and 128 rows), and the launcher's choice with a workspace (split-KV when the row tiles are few).
 //  - prefill of one 1,600-token prompt, full causal and window 128: FLOPs = 4·D·Hq·Σ_t keys(t) (QKᵀ and
 //    P·V, 2 FLOPs per multiply-add each; keys(t) = t + 1, or min(t + 1, 128)), floor at 750 TFLOP/s;
 //  - decode of 16 sequences at context 2,000, full and window 128: bytes = the K and V rows each sequence
@@ -31,7 +31,16 @@ namespace {
 
 constexpr double kBytesPerSecond = 4.2e12;  // measured d2d copy (docs/perf-log.md)
 constexpr double kFlopsPerSecond = 750e12;  // measured bf16 dense (issue 4)
-constexpr int64_t kQHeads = 64, kKvHeads = 8, kHeadDim = 64, kPageSize = 16;
+constexpr int64_t kPageSize = 16;
+
+// A model's attention shape.
+struct Shape {
+  const char* model;
+  int64_t q_heads, kv_heads, head_dim;
+  bool sinks;
+};
+constexpr Shape kGptOss{"GPT-OSS-20B", 64, 8, 64, true};
+constexpr Shape kQwen3{"Qwen3-30B-A3B", 32, 4, 128, false};
 constexpr int kCopies = 4;       // caches the launches cycle over
 constexpr int kIterations = 40;  // per graph (a multiple of kCopies)
 constexpr int kReplays = 7;
@@ -45,13 +54,16 @@ OwnedTensor random_device_bf16(Rng& rng, std::initializer_list<int64_t> dims) {
 // One attention batch on the device: B sequences with `context` keys each, the last `queries` of them this
 // step's tokens; kCopies caches with the same block table.
 struct Batch {
+  Shape shape;
   int64_t tokens = 0, seqs = 0, context = 0;
   OwnedTensor q, block_table, seq_start, positions, sinks, out;  // [T, Hq, D], [B, pages], [B+1], [T], [Hq], [T, Hq, D]
   std::vector<OwnedTensor> k_cache, v_cache;                     // kCopies × [pages, P, Hkv, D] bf16
 };
 
-Batch make_batch(Rng& rng, int64_t seqs, int64_t context, int64_t queries) {
+Batch make_batch(Rng& rng, const Shape& shape, int64_t seqs, int64_t context, int64_t queries) {
+  const int64_t kQHeads = shape.q_heads, kKvHeads = shape.kv_heads, kHeadDim = shape.head_dim;
   Batch batch;
+  batch.shape = shape;
   batch.seqs = seqs;
   batch.context = context;
   batch.tokens = seqs * queries;
@@ -97,6 +109,7 @@ double keys_seen(const Batch& batch, int window) {
 void run(const char* what, const Batch& batch, int window, void* workspace, size_t workspace_bytes,
          const std::vector<int>& pinned_splits, cudaStream_t stream) {
   const double keys = keys_seen(batch, window);
+  const int64_t kQHeads = batch.shape.q_heads, kKvHeads = batch.shape.kv_heads, kHeadDim = batch.shape.head_dim;
   const double flops = 4.0 * double(kHeadDim) * double(kQHeads) * keys;
   const double row_bytes = double(kQHeads) * kHeadDim * 2.0;  // q or out of one token
   // Each sequence's K and V rows from its first query's window start on, read once.
@@ -110,6 +123,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     cuda::AttentionLaunch launch;
     bool two_barriers = false;  // the K/V loop's two CTA barriers per tile (before set_attention_one_barrier)
     bool mma_sync = false;      // 128-row tiles by mma.sync (set_attention_wgmma(false): the before rows)
+    bool copies_in_order = false;  // wgmma tiles' K/V copies between barrier and Q·Kᵀ (overlap_kv off: before)
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
@@ -142,23 +156,27 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
                         false, true});
     variants.push_back({"auto + workspace, mma.sync", {.workspace = workspace, .workspace_bytes = workspace_bytes},
                         false, true});
+    variants.push_back({"flash, 128-row tiles, copies in order",
+                        {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128}, false, false, true});
   }
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {
       const int copy = i % kCopies;
       cuda::attention({.q = batch.q, .k_cache = batch.k_cache[size_t(copy)], .v_cache = batch.v_cache[size_t(copy)],
                        .block_table = batch.block_table, .seq_start = batch.seq_start, .positions = batch.positions,
-                       .sinks = batch.sinks, .sliding_window = window,
+                       .sinks = batch.shape.sinks ? batch.sinks.view : Tensor{}, .sliding_window = window,
                        .softmax_scale = 1.0f / std::sqrt(float(kHeadDim)), .out = batch.out},
                       stream, variant.launch);
     };
     cuda::set_attention_one_barrier(!variant.two_barriers);
     cuda::set_attention_wgmma(!variant.mma_sync);
+    cuda::set_attention_wgmma_overlap_kv(!variant.copies_in_order);
     enqueue(0);  // eager first: shared-memory attributes are set outside the capture
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double seconds = bench::seconds_per_launch(stream, kIterations, kReplays, enqueue);
     cuda::set_attention_one_barrier(true);
     cuda::set_attention_wgmma(true);
+    cuda::set_attention_wgmma_overlap_kv(true);
     const char* bound = bytes / kBytesPerSecond >= flops / kFlopsPerSecond ? "bytes" : "flops";
     std::printf("%-34s %-20s %9.2f us  %13.0f FLOP  %12.0f B  floor %7.2f us (%s)  %5.1f%% of floor\n", what,
                 variant.name.c_str(), seconds * 1e6, flops, bytes, floor * 1e6, bound, 100.0 * floor / seconds);
@@ -169,20 +187,21 @@ int main_impl() {
   Rng rng(20261202);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
-  std::printf("GPT-OSS-20B attention, one layer: Hq %lld, Hkv %lld, D %lld, P %lld, sinks; "
-              "H200 floors %.0f TB/s, %.0f TFLOP/s\n",
-              (long long)kQHeads, (long long)kKvHeads, (long long)kHeadDim, (long long)kPageSize,
-              kBytesPerSecond / 1e12, kFlopsPerSecond / 1e12);
-  {
-    const Batch prefill = make_batch(rng, 1, 1600, 1600);
-    const size_t bytes = cuda::attention_workspace_bytes(prefill.tokens, kQHeads, kHeadDim);
-    OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
-    run("prefill T 1600, causal", prefill, 0, workspace.view.data, bytes, {}, stream);
-    run("prefill T 1600, window 128", prefill, 128, workspace.view.data, bytes, {}, stream);
-  }
-  {
-    const Batch decode = make_batch(rng, 16, 2000, 1);
-    const size_t bytes = cuda::attention_workspace_bytes(decode.tokens, kQHeads, kHeadDim);
+  for (const Shape& shape : {kGptOss, kQwen3}) {
+    std::printf("%s attention, one layer: Hq %lld, Hkv %lld, D %lld, P %lld%s; H200 floors %.0f TB/s, %.0f TFLOP/s\n",
+                shape.model, (long long)shape.q_heads, (long long)shape.kv_heads, (long long)shape.head_dim,
+                (long long)kPageSize, shape.sinks ? ", sinks" : "", kBytesPerSecond / 1e12, kFlopsPerSecond / 1e12);
+    {
+      const Batch prefill = make_batch(rng, shape, 1, 1600, 1600);
+      const size_t bytes = cuda::attention_workspace_bytes(prefill.tokens, shape.q_heads, shape.head_dim);
+      OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
+      run("prefill T 1600, causal", prefill, 0, workspace.view.data, bytes, {}, stream);
+      // Qwen3 has no sliding layers; its decode rows would repeat GPT-OSS's kernels at D 128 (not tuned here)
+      if (shape.sinks) run("prefill T 1600, window 128", prefill, 128, workspace.view.data, bytes, {}, stream);
+    }
+    if (!shape.sinks) continue;
+    const Batch decode = make_batch(rng, shape, 16, 2000, 1);
+    const size_t bytes = cuda::attention_workspace_bytes(decode.tokens, shape.q_heads, shape.head_dim);
     OwnedTensor workspace = cuda::empty(DType::F32, {int64_t(bytes / sizeof(float))});
     run("decode B 16, context 2000", decode, 0, workspace.view.data, bytes, {2, 4, 6, 8, 16}, stream);
     run("decode B 16, context 2000, win 128", decode, 128, workspace.view.data, bytes, {2}, stream);

@@ -122,8 +122,8 @@ class CudaAttention : public CudaTest {
 
   // Runs `kernel` on the batch (with a poisoned workspace when `workspace`: attention_workspace_bytes for the
   // launcher's choice, room for every split of every row when split-KV is pinned) and compares with the oracle.
-  void expect_matches(const Case& c, const Batch& batch, AttentionKernel kernel, bool workspace, int flash_rows = 0,
-                      int kv_stages = 0) {
+  OwnedTensor expect_matches(const Case& c, const Batch& batch, AttentionKernel kernel, bool workspace,
+                             int flash_rows = 0, int kv_stages = 0) {
     SCOPED_TRACE(std::string("kernel ") + kernel_name(kernel) + (workspace ? " with workspace" : "") +
                  (flash_rows ? ", row tile " + std::to_string(flash_rows) : "") +
                  (kv_stages ? ", K/V stages " + std::to_string(kv_stages) : ""));
@@ -145,7 +145,9 @@ class CudaAttention : public CudaTest {
                      .softmax_scale = 1.0f / std::sqrt(float(c.head_dim)), .out = d_out},
                     stream_, launch);
     sync();
-    EXPECT_TRUE(all_close(cuda::download(d_out), batch.want, kTolBf16Out));
+    OwnedTensor out = cuda::download(d_out);
+    EXPECT_TRUE(all_close(out, batch.want, kTolBf16Out));
+    return out;
   }
 
   // Every kernel that can run the case's shape (flash and split-KV with every row tile), and the launcher's
@@ -322,6 +324,7 @@ class CudaAttentionWgmma : public CudaAttention {
  protected:
   void TearDown() override {
     cuda::set_attention_wgmma(true);
+    cuda::set_attention_wgmma_overlap_kv(true);
     CudaAttention::TearDown();
   }
   // Both forms of the 128-row tiles: warpgroup MMAs (the default) and mma.sync (the knob off).
@@ -372,6 +375,35 @@ TEST_F(CudaAttentionWgmma, ShapeSweep) {
       }
     }
   }
+}
+
+// set_attention_wgmma_overlap_kv moves when the K/V copies are issued (block-table entries a tile ahead, the
+// copies behind Q·Kᵀ) and nothing else: the same bits as the in-order loop, pinned and split over CTAs, D 64
+// and 128, page sizes 4 and 16 (a thread's rows in 16 pages a tile), windows behind freed pages, every
+// tile count from 1 up; both meet the oracle.
+TEST_F(CudaAttentionWgmma, OverlappedCopiesGiveTheSameBits) {
+  const std::vector<Case> cases = {
+      {{{37, 37}, {101, 1}, {70, 20}}, 8, 2, 64, 16, 8, true},
+      {{{1000, 1000}}, 16, 2, 64, 16, 128, true, true},
+      {{{700, 300}, {70, 1}}, 8, 4, 64, 4, 4, true},
+      {{{1600, 1600}}, 64, 8, 64, 16, 0, true},
+      {{{530, 64}, {200, 7}, {4096, 33}}, 32, 4, 128, 16, 0, false},
+      {{{1000, 1000}}, 8, 1, 128, 16, 128, true},
+      {{{1, 1}, {2, 2}, {129, 3}}, 4, 4, 128, 4, 0, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Batch batch = make_batch(c);
+    for (const bool split : {false, true}) {
+      const AttentionKernel kernel = split ? AttentionKernel::kSplitKv : AttentionKernel::kFlash;
+      cuda::set_attention_wgmma_overlap_kv(true);
+      const OwnedTensor overlapped = expect_matches(c, batch, kernel, split, 128);
+      cuda::set_attention_wgmma_overlap_kv(false);
+      const OwnedTensor in_order = expect_matches(c, batch, kernel, split, 128);
+      EXPECT_TRUE(bitwise_equal(overlapped, in_order)) << (split ? "split over CTAs" : "one split");
+    }
+  }
+  cuda::set_attention_wgmma_overlap_kv(true);
 }
 
 // The knob switches kernels and nothing else: off, the mma.sync kernel gives the same batch bit for bit before

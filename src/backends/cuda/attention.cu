@@ -359,18 +359,31 @@ __device__ __forceinline__ void flash_tile_setup(const FlashKernelParams& p, int
   __syncthreads();
 }
 
+// The physical page holding `key`, or -1 past key_end or in a freed page (block-table entry < 0).
+__device__ __forceinline__ int kv_page(const FlashKernelParams& p, const int32_t* pages, int key, int key_end) {
+  if (key > key_end) return -1;
+  const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+  return max(pages[page], -1);
+}
+
+// Cache offset (elements) of 16-byte chunk `chunk` of `key`'s row of kv_head in physical page `physical`
+// (kv_page's answer), or -1 where physical is.
+template <int D>
+__device__ __forceinline__ int64_t kv_offset_in_page(const FlashKernelParams& p, int physical, int key, int kv_head,
+                                                     int chunk) {
+  if (physical < 0) return -1;
+  const int in_page = p.page_shift >= 0 ? key & (p.page_size - 1) : key % p.page_size;
+  const int row_elems = p.kv_heads * D;  // the offset within the page in 32 bits: one wide multiply
+  return int64_t(physical) * (p.page_size * row_elems) + (in_page * row_elems + kv_head * D + chunk * 8);
+}
+
 // Cache offset (elements) of 16-byte chunk `chunk` of `key`'s row of kv_head, or -1 past key_end or in a
 // freed page (block-table entry < 0). The page lookup was a third of the flash loop's instructions (run 51),
 // so callers compute it once per K/V tile for the K and the V copy both.
 template <int D>
 __device__ __forceinline__ int64_t kv_chunk_offset(const FlashKernelParams& p, const int32_t* pages, int key,
                                                    int key_end, int kv_head, int chunk) {
-  if (key > key_end) return -1;
-  const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
-  const int physical = pages[page];
-  if (physical < 0) return -1;
-  return (int64_t(physical) * p.page_size + (key - page * p.page_size)) * (int64_t(p.kv_heads) * D) +
-         int64_t(kv_head) * D + chunk * 8;
+  return kv_offset_in_page<D>(p, kv_page(p, pages, key, key_end), key, kv_head, chunk);
 }
 
 // The online softmax state of the thread's two rows (rows r[0], r[1] of the tile) before the first key: empty,
@@ -403,15 +416,32 @@ __device__ __forceinline__ void online_softmax(float (&score)[kKeyTiles][4], boo
                                                const int (&pos)[2], const int (&lo)[2], float scale_log2,
                                                float (&running_max)[2], float (&sum)[2], float (&correction)[2]) {
   const int lane = threadIdx.x % 32;
-  float raw_max[2] = {-INFINITY, -INFINITY};
+  // The mask as a branch of its own: folded into the max loop, ptxas predicated its ~130 instructions onto
+  // every tile, masked or not (a fifth of the wgmma kernel's loop; needs_mask is uniform over the CTA).
+  if (needs_mask) {
 #pragma unroll
-  for (int n = 0; n < kKeyTiles; ++n) {
+    for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = e / 2, key = key_base + n * 8 + (lane % 4) * 2 + e % 2;
-      if (needs_mask && (key > pos[i] || key < lo[i])) score[n][e] = -INFINITY;
-      raw_max[i] = fmaxf(raw_max[i], score[n][e]);
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, key = key_base + n * 8 + (lane % 4) * 2 + e % 2;
+        if (key > pos[i] || key < lo[i]) score[n][e] = -INFINITY;
+      }
     }
+  }
+  // Each row's max as a tree (depth log2 of its 2·kKeyTiles scores, not a chain of them; max is exact, so
+  // the same result in any order).
+  float raw_max[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float part[kKeyTiles];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) part[n] = fmaxf(score[n][2 * i], score[n][2 * i + 1]);
+#pragma unroll
+    for (int len = kKeyTiles; len > 1; len = (len + 1) / 2) {
+#pragma unroll
+      for (int n = 0; n < len / 2; ++n) part[n] = fmaxf(part[n], part[n + (len + 1) / 2]);
+    }
+    raw_max[i] = part[0];
   }
   float reference[2];
 #pragma unroll
@@ -796,21 +826,27 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 // (perf-log run 116); removed.
 // Ring: tiles are requested kStages - 2 ahead, so the stage refilled at iteration it held tile it - 2,
 // whose P·V retired at iteration it - 1's wait; one commit group per K/V tile (Q joins tile 0's).
+// kOverlapKv (set_attention_wgmma_overlap_kv, the default): a thread's block-table entries for the next tile
+// are loaded one tile ahead, and the copies go out after Q·Kᵀ is issued, so neither the lookup's global round
+// trip nor the address math sits between the barrier and Q·Kᵀ (perf-log run 183: T 1600 causal 108.5 →
+// 105.1 µs; with the mask as a branch of its own, 125.7 → 105.1).
 // Tile setup, masks, softmax, sinks, splits and the epilogue are flash_attention_kernel's (same helpers), so
 // the two differ only in the MMAs' accumulation order inside each 16-deep step.
 // D 128 (Qwen3): every tile in two blocks of 64 columns (128-byte rows), S over 8 steps of 16 head dims, P·V
 // as m64n128k16 with V's second block as the leading offset; one CTA per SM (154–158 registers).
 // PRECOND: as flash_attention_kernel; blockDim.x == 256; dynamic shared memory =
-// flash_wgmma_shared_bytes<D, kStages>(); built for sm_90a. D 64: 116 registers, no spills.
+// flash_wgmma_shared_bytes<D, kStages>(); built for sm_90a. D 64: 124 registers (111 in order), no spills;
+// D 128: 166 (152).
 constexpr int kFlashWgmmaStages = 4;  // two CTAs a SM: tiles requested 2 ahead
 bool flash_wgmma = true;              // set_attention_wgmma
+bool flash_wgmma_overlap_kv = true;   // set_attention_wgmma_overlap_kv
 
 template <int D, int kStages>
 constexpr size_t flash_wgmma_shared_bytes() {
   return size_t(128 + 2 * kStages * kFlashBlockN) * D * sizeof(__nv_bfloat16) + 1024;  // + the 1024-byte round-up
 }
 
-template <int D, int kStages>
+template <int D, int kStages, bool kOverlapKv>
 __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kernel(const __grid_constant__ FlashKernelParams p) {
   detail::pdl_enter();  // first: launched by detail::launch (launch.cuh)
   static_assert(kStages >= 3 && (D == 64 || D == 128));
@@ -820,9 +856,12 @@ __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kerne
   constexpr int kChunksPerThread = kFlashBlockN * kChunksPerRow / kThreads;
   static_assert(kFlashBlockN * kChunksPerRow % kThreads == 0 && kBlockM * kChunksPerRow % kThreads == 0);
   extern __shared__ __align__(16) unsigned char flash_wgmma_smem[];
-  // 1024-byte aligned: every tile below starts on a swizzle atom.
-  auto* q_smem = reinterpret_cast<__nv_bfloat16*>((reinterpret_cast<uintptr_t>(flash_wgmma_smem) + 1023) &
-                                                  ~uintptr_t(1023));  // [D / 64][128 rows][64] bf16, swizzled
+  // 1024-byte aligned: every tile below starts on a swizzle atom. Offset from the shared array itself (not
+  // through an integer), so the compiler keeps the shared state space: convert_v's loads and stores were
+  // generic LD/ST before.
+  const unsigned misalignment = unsigned(__cvta_generic_to_shared(flash_wgmma_smem)) & 1023u;
+  auto* q_smem = reinterpret_cast<__nv_bfloat16*>(flash_wgmma_smem + ((1024u - misalignment) & 1023u));
+  // [D / 64][128 rows][64] bf16, swizzled
   __nv_bfloat16* k_smem = q_smem + kBlockM * D;           // [kStages][D / 64][64 keys][64] bf16, swizzled
   __nv_bfloat16* v_smem = k_smem + kStages * kTileElems;  // the same for V, fp16 once converted
   __shared__ FlashTile<kBlockM> tile;
@@ -843,15 +882,33 @@ __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kerne
   auto swizzled = [](int rows, int row, int chunk) {
     return (chunk / 8) * rows * 64 + row * 64 + (((chunk % 8) ^ (row & 7)) * 8);
   };
+  auto tile_key0 = [&](int index) { return key_begin + (first_key_tile + index) * kFlashBlockN; };
+  // kOverlapKv: the physical pages of this thread's rows of the next tile to issue, loaded one issue ahead
+  // (in the loop the block-table load was a dependent global round trip between the barrier and Q·Kᵀ).
+  int next_page[kChunksPerThread] = {};
+  auto load_pages = [&](int index) {
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int row = (int(threadIdx.x) + j * kThreads) / kChunksPerRow;
+      next_page[j] = index < key_tiles ? kv_page(p, pages, tile_key0(index) + row, key_end) : -1;
+    }
+  };
+  if constexpr (kOverlapKv) load_pages(0);
   // Tile `index` of the CTA's keys into stage index % kStages (K and V, one commit group; empty past the last).
+  // PRECOND with kOverlapKv: tiles are issued in order 0, 1, 2, ... (next_page holds tile index's pages).
   auto issue_kv = [&](int index) {
     if (index < key_tiles) {
-      const int key0 = key_begin + (first_key_tile + index) * kFlashBlockN;
+      const int key0 = tile_key0(index);
       const int stage_offset = (index % kStages) * kTileElems;
+      int page[kChunksPerThread];
+#pragma unroll
+      for (int j = 0; j < kChunksPerThread; ++j) page[j] = next_page[j];
+      if constexpr (kOverlapKv) load_pages(index + 1);
 #pragma unroll
       for (int j = 0; j < kChunksPerThread; ++j) {
         const int c = threadIdx.x + j * kThreads, row = c / kChunksPerRow, chunk = c % kChunksPerRow;
-        const int64_t offset = kv_chunk_offset<D>(p, pages, key0 + row, key_end, kv_head, chunk);
+        const int64_t offset = kOverlapKv ? kv_offset_in_page<D>(p, page[j], key0 + row, kv_head, chunk)
+                                          : kv_chunk_offset<D>(p, pages, key0 + row, key_end, kv_head, chunk);
         const int bytes = offset >= 0 ? 16 : 0;
         const int at = stage_offset + swizzled(kFlashBlockN, row, chunk);
         cp_async16(k_smem + at, p.k_cache + max(offset, int64_t(0)), bytes);
@@ -953,10 +1010,12 @@ __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kerne
     convert_v(stage);
     fence_proxy_async();  // the copies and the conversion, made visible to the MMAs' async proxy ...
     __syncthreads();      // ... for every thread's chunks
-    issue_kv(it + kStages - 2);
+    if constexpr (!kOverlapKv) issue_kv(it + kStages - 2);
     float score[kKeyTiles][4];
     auto& score_flat = reinterpret_cast<float(&)[4 * kKeyTiles]>(score);
     issue_s(stage, score_flat);
+    // kOverlapKv: the next copies are issued while Q·Kᵀ runs (its stage held tile it - 2, whose P·V retired)
+    if constexpr (kOverlapKv) issue_kv(it + kStages - 2);
     wgmma_wait<0>();  // S, and the previous tile's P·V: acc and p_frag are free again
     fence_operands(score_flat);
     fence_operands(acc_flat);
@@ -1113,20 +1172,25 @@ void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStrea
   LMX_CUDA_CHECK_LAUNCH();
 }
 
-// flash_wgmma_kernel: its shared-memory attribute set once (the first 128-row D 64 call with the knob on,
-// eager like every first call of a shape), then the launch.
-template <int D, int kStages>
+// flash_wgmma_kernel: its shared-memory attribute set once per form (the first 128-row call of that D and
+// knob, eager like every first call of a shape), then the launch.
+template <int D, int kStages, bool kOverlapKv>
 void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
   constexpr size_t shared_bytes = flash_wgmma_shared_bytes<D, kStages>();
   static const bool prepared = [] {
-    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kStages>,
+    LMX_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kStages, kOverlapKv>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
   }();
   (void)prepared;
   const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_wgmma_kernel<D, kStages>, grid, dim3(256), shared_bytes, stream, params);
+  detail::launch(flash_wgmma_kernel<D, kStages, kOverlapKv>, grid, dim3(256), shared_bytes, stream, params);
   LMX_CUDA_CHECK_LAUNCH();
+}
+template <int D>
+void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
+  if (flash_wgmma_overlap_kv) launch_flash_wgmma<D, kFlashWgmmaStages, true>(params, row_tiles, stream);
+  else launch_flash_wgmma<D, kFlashWgmmaStages, false>(params, row_tiles, stream);
 }
 
 void launch_simple(const ops::AttentionParams& p, cudaStream_t stream) {
@@ -1217,6 +1281,7 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 // an error.
 void set_attention_one_barrier(bool on) { one_barrier = on; }
 void set_attention_wgmma(bool on) { flash_wgmma = on; }
+void set_attention_wgmma_overlap_kv(bool on) { flash_wgmma_overlap_kv = on; }
 
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
@@ -1367,13 +1432,13 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
     if (stages == 3) launch_flash<64, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (head_dim == 64) {
-    if (flash_wgmma) launch_flash_wgmma<64, kFlashWgmmaStages>(params, unsigned(row_tiles), stream);
+    if (flash_wgmma) launch_flash_wgmma<64>(params, unsigned(row_tiles), stream);
     else launch_flash<64, 8, 2>(params, unsigned(row_tiles), stream);
   } else if (warps == 4) {
     if (stages == 3) launch_flash<128, 4, 3>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2>(params, unsigned(row_tiles), stream);
   } else if (flash_wgmma) {
-    launch_flash_wgmma<128, kFlashWgmmaStages>(params, unsigned(row_tiles), stream);
+    launch_flash_wgmma<128>(params, unsigned(row_tiles), stream);
   } else {
     launch_flash<128, 8, 2>(params, unsigned(row_tiles), stream);
   }

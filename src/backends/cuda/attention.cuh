@@ -54,4 +54,9 @@ void set_attention_one_barrier(bool on);
 // D 64, one at D 128. Other row tiles (decode, short chunks) are unchanged. Process-wide.
 void set_attention_wgmma(bool on);
 
+// flash_wgmma_kernel's K/V copies: each thread's block-table entries of the next tile loaded one tile ahead and
+// the copies issued while Q·Kᵀ runs (on, the default), or the pages looked up and the copies issued between
+// the tile's barrier and Q·Kᵀ (off: the bench's before row). The same result bit for bit. Process-wide.
+void set_attention_wgmma_overlap_kv(bool on);
+
 }  // namespace lmx::cuda
