@@ -34,6 +34,7 @@
 // wrong results, for NCU_TIMES comparisons). --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the side
 // expands, the knock-outs) and the no-adapter row (a short device call).
 // --attention-overlap-kv 0: the prefill attention's wgmma tiles issue their K/V copies in order (the before run).
+// --down-block-n N: moe_block's 128-row down GEMM at BLOCK_N N (128, 192, 240, 256; default: its rule).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
 // N timed steps (those rows moved ±0.5–1 ms between runs at 3).
 #include <algorithm>
@@ -98,6 +99,7 @@ struct Options {
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
   int attention_overlap_kv = 1;       // 0: the wgmma tiles' K/V copies in order (set_attention_wgmma_overlap_kv)
+  int down_block_n = 0;               // moe_block's 128-row down BLOCK_N (set_moe_block_down_block_n; 0: its rule)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
   double prefill_lane_sm_share = 0.75;
   int prefill_lane_first = 0;         // 1: the lane's kernels before the decode steps' (EngineConfig::prefill_lane_first)
@@ -136,6 +138,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--new-rows-only") o.new_rows_only = std::atoi(value.c_str()) != 0;
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--attention-overlap-kv") o.attention_overlap_kv = std::atoi(value.c_str());
+    else if (key == "--down-block-n") o.down_block_n = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
     else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
@@ -476,6 +479,10 @@ int main(int argc, char** argv) {
   if (!o.attention_wgmma) {
     cuda::set_attention_wgmma(false);
     std::printf("every row: prefill attention tiles by mma.sync (--attention-wgmma 0)\n");
+  }
+  if (o.down_block_n != 0) {
+    cuda::set_moe_block_down_block_n(o.down_block_n);
+    std::printf("every row: moe_block's 128-row down GEMM at BLOCK_N %d (--down-block-n)\n", o.down_block_n);
   }
   if (!o.attention_overlap_kv) {
     cuda::set_attention_wgmma_overlap_kv(false);

@@ -300,6 +300,20 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (const char* rounds = std::getenv("BENCH_DOWN_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
+    // Only moe_block's down at BLOCK_N 192 and 240 in turn, `rounds` times (rows of one section spread by
+    // 20–40 µs on an H100: an A/B needs them side by side), then the next T.
+    for (int r = 0; r < std::atoi(rounds); ++r) {
+      for (int down_n : {192, 240}) {
+        cuda::set_moe_block_down_block_n(down_n);
+        const std::string what = "block (no LoRA), down at BLOCK_N " + std::to_string(down_n);
+        print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
+                  gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+      }
+    }
+    cuda::set_moe_block_down_block_n(0);
+    return;
+  }
   if (block_m == cuda::kMoeGemmBlockMDecode && layers[0].gate_up_blocks.view.defined()) {
     // --mxfp4-experts: the decode GEMMs stream the MXFP4 copies (17 bytes per 32 values instead of 64)
     block(0, true, true);  // first call outside the graph (kernel attributes)
@@ -335,8 +349,10 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
               gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
     cuda::set_moe_gemm_stream_k(false);
   }
-  if (block_m == cuda::kMoeGemmBlockMLarge) {  // moe_block at other 128-row BLOCK_N (default: by width)
-    for (const auto& [gate_up_n, down_n] : {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}}) {
+  if (block_m == cuda::kMoeGemmBlockMLarge) {  // moe_block at other 128-row BLOCK_N (default: by width; down 240
+                                               // where its last round is fuller, down_block_n_for)
+    for (const auto& [gate_up_n, down_n] :
+         {std::pair{128, 256}, std::pair{128, 128}, std::pair{192, 192}, std::pair{192, 240}}) {
       cuda::set_moe_gemm_large_block_n(gate_up_n);
       cuda::set_moe_block_down_block_n(down_n);
       const std::string what = "block (no LoRA), gate_up at BLOCK_N " + std::to_string(gate_up_n) + ", down at " +
@@ -660,7 +676,9 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
 
 // Usage: bench_moe_gemm [MODEL [T ...]] — MODEL a prefix of a shape's name ("GPT", "Qwen"), T token counts:
 // only those rows (a profiler run, e.g. ncu on the T 4096 prefill GEMM, wants few launches). Environment:
-// BENCH_BLOCK_M=16|64|128 pins the component rows' tile height (the block rows keep moe_block's choice).
+// BENCH_BLOCK_M=16|64|128 pins the component rows' tile height (the block rows keep moe_block's choice);
+// BENCH_DOWN_AB=N prints, after each T's first block row, only the block with down at BLOCK_N 192 and 240 in
+// turn, N rounds (128-row tiles).
 int main(int argc, char** argv) {
   using namespace lmx;
   const std::string only_model = argc > 1 ? argv[1] : "";

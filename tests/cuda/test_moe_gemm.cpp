@@ -319,11 +319,14 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     // compact forms are bit-identical to it: same arithmetic per element).
     const OwnedTensor compact = run_block(c, b, true, stream_);
     // 128-row tiles at each BLOCK_N built (the default picks by width: 192 where n divides, else 128 for
-    // gate_up and 256 for down), gate_up and moe_block's down in turn
-    for (int block_n : {128, 192, 256}) {
-      cuda::set_moe_gemm_large_block_n(block_n);
-      EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "BLOCK_N " << block_n;
-      cuda::set_moe_gemm_large_block_n(0);
+    // gate_up and 256 for down; down without LoRA terms 240 where that divides too: the T 1600 case here),
+    // gate_up and moe_block's down in turn (240: down only)
+    for (int block_n : {128, 192, 240, 256}) {
+      if (block_n != 240) {
+        cuda::set_moe_gemm_large_block_n(block_n);
+        EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "BLOCK_N " << block_n;
+        cuda::set_moe_gemm_large_block_n(0);
+      }
       cuda::set_moe_block_down_block_n(block_n);
       EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "down at BLOCK_N " << block_n;
       cuda::set_moe_block_down_block_n(0);
@@ -413,6 +416,12 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
       EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "BLOCK_N " << block_n << " at BLOCK_M 128";
     }
     cuda::set_moe_gemm_large_block_n(0);
+    // down at 240 columns (forced on every width, partial last blocks included; with the LoRA by the expand
+    // kernels, since 240 is built without LoRA terms in the accumulators)
+    cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
+    cuda::set_moe_block_down_block_n(240);
+    EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "down at BLOCK_N 240";
+    cuda::set_moe_block_down_block_n(0);
     // The LoRA in the GEMMs' accumulators where moe_block can add it there (the decode GEMM at 16-row tiles
     // of the direct path, the persistent kernel at 64/128; others: the expand kernels).
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
@@ -1125,6 +1134,16 @@ TEST_F(CudaMoeGemm, BadInputNamesTheField) {
                                   .clear = cuda::empty(DType::F32, {6})},
                                  stream_),
                "moe_combine.*clear: expected F32, numel a multiple of 4");
+  // BLOCK_N 240 is built for down at 128-row tiles only.
+  EXPECT_DEATH(cuda::moe_gate_up({.x = d_x, .weight = d_gate_up, .top_k = top_k, .tiles = tiles.view, .a = a,
+                                  .block_n = 240},
+                                 stream_),
+               "moe_gate_up.*block_n = 240: built only for tiles.block_m 128");
+  EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = tiles.view, .d = cuda::empty(DType::BF16, {pairs, H}),
+                               .block_n = 240},
+                              stream_),
+               "moe_down.*block_n = 240: built only for tiles.block_m 128");
+  EXPECT_THROW(cuda::set_moe_gemm_large_block_n(240), std::invalid_argument);
   cuda::MoeExpertTiles wrong_block = tiles.view;
   wrong_block.block_m = 32;
   EXPECT_DEATH(cuda::moe_down({.a = a, .weight = d_down, .tiles = wrong_block, .d = h}, stream_),

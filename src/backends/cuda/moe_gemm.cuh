@@ -107,7 +107,9 @@ void set_moe_block_a_in_tile_order(bool on);
 // 128. Throws std::invalid_argument otherwise.
 void set_moe_gemm_large_block_n(int block_n);
 // moe_block's down GEMM where it runs 128-row tiles on the persistent kernel: 0 (the default: by width, 192
-// where it divides H, else 256), 128, 192 or 256. Throws std::invalid_argument otherwise.
+// where it divides H, else 256; 240 instead of 192 where it divides H too and the down GEMM carries no LoRA
+// terms or stream-K tail: GPT-OSS-20B's prefill −0.47 ms, perf-log run 187), 128, 192, 240 (192 where down
+// carries LoRA terms or the stream-K tail) or 256. Throws std::invalid_argument otherwise.
 void set_moe_block_down_block_n(int block_n);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
@@ -221,7 +223,9 @@ struct MoeGateUpParams {
                         // every column block (L2 reuse of x); 0 = column block slowest (tests, bench)
   int block_n = 0;      // output columns per CTA: 0 = the default for tiles.block_m; 64, 128 or 256 (tests,
                         // bench): BLOCK_M 16 has 64 and 128; 64/128 on the warp-specialized kernel 128 and 256;
-                        // on the ring kernels 64 and 128 (BLOCK_M 64) or 128 and 256 (BLOCK_M 128, wgmma)
+                        // on the ring kernels 64 and 128 (BLOCK_M 64) or 128 and 256 (BLOCK_M 128, wgmma);
+                        // 192 at BLOCK_M 128 on the warp-specialized kernel; 240 there for down only, on the
+                        // persistent form (A rows in tile order) without lora or stream_k
   int decode_stages = 0;  // BLOCK_M 16 × BLOCK_N 64 only: shared-memory stages 4, 5 or 6 (0 = the default);
                           // fewer stages fit more CTAs per SM (6: 3, 5: 4, 4: 5), the same bytes in flight
   // Programmatic dependent launch (BLOCK_M 16 and the mma.sync kernel; ignored by the wgmma kernels): the
