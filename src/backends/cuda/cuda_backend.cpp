@@ -219,7 +219,8 @@ void CudaBackend::attention(const ops::AttentionParams& p) {
 void CudaBackend::router_topk(const ops::RouterTopKParams& p) { cuda::router_topk(p, stream_); }
 
 void CudaBackend::route(const ops::RouteParams& p) {
-  if (fuse_route_ && linear_.route(p, stream_)) return;
+  const bool prompt = p.x.dim(0) > 16;  // LinearRunner::route's row blocks
+  if ((prompt ? fuse_prompt_route_ : fuse_route_) && linear_.route(p, stream_)) return;
   Backend::route(p);
 }
 

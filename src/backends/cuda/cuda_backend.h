@@ -100,6 +100,10 @@ class CudaBackend final : public ops::Backend {
     fuse_route_ = on;
     ++memory_epoch_;
   }
+  // true (default): route runs a prompt's (T > 16) router product and top-k as one kernel in row blocks of 16
+  // (LinearRunner::route) instead of cuBLASLt's split-K product, its reduce, the bias kernel and the top-k
+  // kernel; false: those four (the bench's before row).
+  void set_fuse_prompt_route(bool on) { fuse_prompt_route_ = on; }
   // LinearRunner::set_skinny_max_out (bench before/after); bumps memory_epoch() so graphs are recorded again.
   void set_skinny_max_out(int64_t out) {
     linear_.set_skinny_max_out(out);
@@ -140,6 +144,7 @@ class CudaBackend final : public ops::Backend {
   bool fuse_linear_lora_ = true;
   bool fork_product_first_ = true;
   bool fuse_route_ = false;
+  bool fuse_prompt_route_ = true;
   ops::KernelConfigs kernel_configs_;
   LinearRunner linear_;
   std::unique_ptr<MoeBlockState> moe_;

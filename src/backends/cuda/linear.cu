@@ -93,7 +93,7 @@ struct SkinnyKernelParams {
   void* y;                    // [T, out] bf16 or f32
   int tokens, in, out;
   // The router's top-k as the grid's tail (LinearRunner::route; y then holds the f32 logits): null unless.
-  int* done;              // counter of CTAs that stored their outputs; 0 between launches (the last resets it)
+  int* done;              // per row block (gridDim.z): CTAs that stored their outputs; 0 between launches
   int32_t* topk_ids;      // [T, K] i32
   float* topk_weights;    // [T, K] f32
   int top_k;
@@ -106,6 +106,8 @@ constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
 constexpr int kSkinnyUnroll = 4;  // 32-wide k chunks in flight per warp
 constexpr int kSkinnyOutPerCta = 8 * kSkinnyNTiles;
 constexpr int kSkinnySplit = 8;   // CTAs of a cluster splitting `in` for narrow products
+// LinearRunner::route's counters (one per 16-row block): routes of up to 16 · 4096 tokens take one kernel.
+constexpr int kRouteRowBlocks = 4096;
 
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                  uint32_t b0, uint32_t b1) {
@@ -126,13 +128,17 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 // cluster of kSplit CTAs along y splits `in`; each CTA reduces its warps in shared memory, then CTA 0 of
 // the cluster adds the peers' partials through distributed shared memory in rank order (deterministic),
 // adds the bias and stores.
+// Row blocks (gridDim.z, LinearRunner::route of a prompt): block z takes rows 16z .. 16z + 15 as a product of
+// its own (its weight prefetch only in block 0; the others read the weights from L2).
 // With p.done (the router, LinearRunner::route): each CTA that stored outputs (rank 0 of each cluster) counts
-// itself on p.done after a device-scope fence; the last one ranks every token's logits with
-// detail::router_topk_warp (a warp a token, logits read through L2), the same function as routing.cu's
-// kernel, so ids and weights match the two kernels one after the other bit for bit; then it resets p.done.
-// PRECOND: 1 <= T <= 16; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements; launched with cluster
-// dims (1, kSplit, 1) and gridDim.y == kSplit when kSplit > 1; with p.done: Out is float, *p.done == 0 and no
-// other grid uses p.done meanwhile (one counter per stream), 1 <= K <= min(out, kRouterMaxTopK).
+// itself on its row block's counter p.done[z] after a device-scope fence; the last one ranks the block's
+// tokens' logits with detail::router_topk_warp (a warp a token, logits read through L2), the same function as
+// routing.cu's kernel, so ids and weights match the two kernels one after the other bit for bit; then it
+// resets its counter.
+// PRECOND: 1 <= T <= 16 · gridDim.z; in % 8 == 0; x, w 16-byte aligned with rows of `in` elements; launched
+// with cluster dims (1, kSplit, 1) and gridDim.y == kSplit when kSplit > 1; with p.done: Out is float,
+// p.done[0 .. gridDim.z) == 0 and no other grid uses them meanwhile (one set per stream), 1 <= K <= min(out,
+// kRouterMaxTopK).
 // The launch bounds name 2 CTAs an SM: without a minimum ptxas held the kernel to 42 registers and issued
 // the loop's 16 loads in four groups of 4, each waiting for the MMAs of the one before (four round trips an
 // iteration instead of one: o_proj at 1.37 TB/s on the H100, perf-log run 157); at 2 it keeps all 16 in
@@ -140,7 +146,8 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 template <typename Out, int kSplit>
 __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
   const int n0 = blockIdx.x * kSkinnyOutPerCta;
-  {
+  const int r0 = int(blockIdx.z) * kSkinnyMaxRows, tokens = min(kSkinnyMaxRows, p.tokens - r0);  // this row block
+  if (blockIdx.z == 0) {
     const int rows = min(kSkinnyOutPerCta, p.out - n0);
     const char* first = reinterpret_cast<const char*>(p.w + int64_t(n0) * p.in);
     const int64_t bytes = int64_t(rows) * p.in * int64_t(sizeof(__nv_bfloat16));  // a multiple of 16
@@ -155,8 +162,8 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(con
   const int split_begin = split * chunks / kSplit, split_chunks = (split + 1) * chunks / kSplit - split_begin;
   const int c_begin = split_begin + warp * split_chunks / kSkinnyWarps;
   const int c_end = split_begin + (warp + 1) * split_chunks / kSkinnyWarps;
-  const __nv_bfloat16* x_lo = p.x + int64_t(min(g, p.tokens - 1)) * p.in;
-  const __nv_bfloat16* x_hi = p.x + int64_t(min(g + 8, p.tokens - 1)) * p.in;
+  const __nv_bfloat16* x_lo = p.x + int64_t(r0 + min(g, tokens - 1)) * p.in;
+  const __nv_bfloat16* x_hi = p.x + int64_t(r0 + min(g + 8, tokens - 1)) * p.in;
   const __nv_bfloat16* w_rows[kSkinnyNTiles];
 #pragma unroll
   for (int j = 0; j < kSkinnyNTiles; ++j) w_rows[j] = p.w + int64_t(min(n0 + 8 * j + g, p.out - 1)) * p.in;
@@ -210,9 +217,9 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(con
     cluster.sync();  // the peers' shared memory stays alive until rank 0 has read it
     if (cluster.block_rank() != 0) return;
   }
-  if (row < p.tokens && n < p.out) {
+  if (row < tokens && n < p.out) {
     if (p.bias != nullptr) sum += __bfloat162float(p.bias[n]);
-    static_cast<Out*>(p.y)[int64_t(row) * p.out + n] = Out(sum);
+    static_cast<Out*>(p.y)[int64_t(r0 + row) * p.out + n] = Out(sum);
   }
   if constexpr (std::is_same_v<Out, float>) {
     if (p.done == nullptr) return;
@@ -220,24 +227,24 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(con
     __syncthreads();  // every store of this CTA issued
     if (threadIdx.x == 0) {
       __threadfence();  // cumulative: the CTA's stores, ordered before by the barrier, are visible first
-      const int finished = atomicAdd(p.done, 1);
+      const int finished = atomicAdd(p.done + blockIdx.z, 1);
       __threadfence();  // acquire: the other CTAs' stores, fenced before their counts, are visible after
       last = finished == int(gridDim.x) - 1;
     }
     __syncthreads();
     if (!last) return;
-    for (int token = warp; token < p.tokens; token += kSkinnyWarps) {
+    for (int token = r0 + warp; token < r0 + tokens; token += kSkinnyWarps) {
       detail::router_topk_warp(static_cast<const float*>(p.y) + int64_t(token) * p.out, p.out, p.top_k,
                                p.softmax_first, p.renormalize, p.topk_ids + int64_t(token) * p.top_k,
                                p.topk_weights + int64_t(token) * p.top_k);
     }
-    if (threadIdx.x == 0) *p.done = 0;  // seen by the next launch: it waits for this grid (launch.cuh)
+    if (threadIdx.x == 0) p.done[blockIdx.z] = 0;  // seen by the next launch: it waits for this grid (launch.cuh)
   }
 }
 
 // Launch of skinny_kernel<Out, kSplit>: PDL as launch.cuh, plus the cluster dims when kSplit > 1.
 template <typename Out, int kSplit>
-void launch_skinny(const SkinnyKernelParams& params, unsigned column_blocks, cudaStream_t stream) {
+void launch_skinny(const SkinnyKernelParams& params, unsigned column_blocks, unsigned row_blocks, cudaStream_t stream) {
   cudaLaunchAttribute attributes[2] = {};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = 1;
@@ -246,7 +253,7 @@ void launch_skinny(const SkinnyKernelParams& params, unsigned column_blocks, cud
   attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(column_blocks, unsigned(kSplit));
+  config.gridDim = dim3(column_blocks, unsigned(kSplit), row_blocks);
   config.blockDim = dim3(32 * kSkinnyWarps);
   config.stream = stream;
   config.attrs = kSplit > 1 ? attributes : attributes + 1;
@@ -330,14 +337,14 @@ struct LinearRunner::State {
   void* padded = nullptr;  // a ragged product's rows padded to 16 bytes (see the top), grown outside captures
   size_t padded_bytes = 0;
   uint64_t epoch = 0;      // bumped when `padded` moves
-  int* route_done = nullptr;  // route()'s counter of finished CTAs (skinny_kernel), 0 between launches
+  int* route_done = nullptr;  // route()'s counters of finished CTAs, one per row block (skinny_kernel), 0 between
 };
 
 LinearRunner::LinearRunner() : state_(std::make_unique<State>()) {
   LMX_CUBLAS_CHECK(cublasLtCreate(&state_->handle));
   LMX_CUDA_CHECK(cudaMalloc(&state_->workspace, kWorkspaceBytes));
-  LMX_CUDA_CHECK(cudaMalloc(&state_->route_done, sizeof(int)));
-  LMX_CUDA_CHECK(cudaMemset(state_->route_done, 0, sizeof(int)));
+  LMX_CUDA_CHECK(cudaMalloc(&state_->route_done, kRouteRowBlocks * sizeof(int)));
+  LMX_CUDA_CHECK(cudaMemset(state_->route_done, 0, kRouteRowBlocks * sizeof(int)));
 }
 
 void LinearRunner::set_autotune(bool on) {
@@ -482,8 +489,9 @@ void require_cuda_linear(const ops::LinearParams& p) {
   }
 }
 
-// The skinny kernel for p (LinearRunner::takes_skinny(p) holds), with the router's top-k tail when `topk` has
-// its `done` counter set (its other fields are the tail's; f32 out).
+// The skinny kernel for p (LinearRunner::takes_skinny(p) holds, or route()'s rows form: T > 16 in row blocks
+// of 16), with the router's top-k tail when `topk` has its `done` counters set (its other fields are the
+// tail's; f32 out).
 void run_skinny(const ops::LinearParams& p, const SkinnyKernelParams& topk, cudaStream_t stream) {
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
   LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
@@ -496,15 +504,16 @@ void run_skinny(const ops::LinearParams& p, const SkinnyKernelParams& topk, cuda
   params.in = int(in);
   params.out = int(out);
   const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
-  // Fewer column blocks than a quarter of the SMs (the router: 2): split `in` over a cluster of 8 CTAs.
-  const bool split = blocks * 4 < 132 && in >= 32 * 8 * kSkinnySplit;
+  const unsigned row_blocks = detail::blocks_for(tokens, kSkinnyMaxRows);
+  // Fewer CTAs than a quarter of the SMs (the router at decode: 2): split `in` over a cluster of 8 CTAs.
+  const bool split = int64_t(blocks) * row_blocks * 4 < 132 && in >= 32 * 8 * kSkinnySplit;
   if (p.out.dtype == DType::F32) {
-    if (split) launch_skinny<float, kSkinnySplit>(params, blocks, stream);
-    else launch_skinny<float, 1>(params, blocks, stream);
+    if (split) launch_skinny<float, kSkinnySplit>(params, blocks, row_blocks, stream);
+    else launch_skinny<float, 1>(params, blocks, row_blocks, stream);
   } else {
     LMX_CHECK(params.done == nullptr);
-    if (split) launch_skinny<__nv_bfloat16, kSkinnySplit>(params, blocks, stream);
-    else launch_skinny<__nv_bfloat16, 1>(params, blocks, stream);
+    if (split) launch_skinny<__nv_bfloat16, kSkinnySplit>(params, blocks, row_blocks, stream);
+    else launch_skinny<__nv_bfloat16, 1>(params, blocks, row_blocks, stream);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }
@@ -580,7 +589,12 @@ bool LinearRunner::route(const ops::RouteParams& p, cudaStream_t stream) {
   const ops::LinearParams product = p.linear();
   require_cuda_linear(product);
   detail::require_cuda("route", {{"topk_ids", &p.topk_ids}, {"topk_weights", &p.topk_weights}});
-  if (p.x.dim(0) == 0 || !takes_skinny(product) || p.top_k > detail::kRouterMaxTopK) return false;
+  const int64_t tokens = p.x.dim(0), in = p.x.dim(1), experts = p.weight.dim(0);
+  // T > 16 (a prompt): row blocks of 16 (skinny_kernel), for router widths (at most 256 experts)
+  const bool rows = tokens > kSkinnyMaxRows;
+  const bool rows_fit = tokens <= int64_t(kSkinnyMaxRows) * kRouteRowBlocks && in % 8 == 0 && experts <= 256 &&
+                        detail::aligned16(p.x.data) && detail::aligned16(p.weight.data);
+  if (tokens == 0 || !(rows ? rows_fit : takes_skinny(product)) || p.top_k > detail::kRouterMaxTopK) return false;
   SkinnyKernelParams topk{};
   topk.done = state_->route_done;
   topk.topk_ids = static_cast<int32_t*>(p.topk_ids.data);

@@ -37,9 +37,11 @@ class LinearRunner {
   void run(const ops::LinearParams& p, cudaStream_t stream);
   // The router's product and top-k (ops::RouteParams) as one kernel where the product takes the skinny path
   // (T <= 16; K <= 32): the last CTA to store its logits ranks them (skinny_kernel). Logits, ids and weights
-  // are bit for bit those of run() then router_topk (routing.cuh). Returns false, enqueuing nothing, where
-  // it does not apply (the caller then runs the two). One route() at a time per runner: its counter is the
-  // runner's, so runners whose streams run side by side (a prefill lane's backend) each need their own.
+  // are bit for bit those of run() then router_topk (routing.cuh). A prompt (T > 16, up to 65536 tokens, at
+  // most 256 experts) runs as row blocks of 16, each ranked by its own last CTA: the logits then come from the
+  // skinny kernel's sums, not cuBLASLt's. Returns false, enqueuing nothing, where it does not apply (the
+  // caller then runs the two). One route() at a time per runner: its counters are the runner's, so runners
+  // whose streams run side by side (a prefill lane's backend) each need their own.
   bool route(const ops::RouteParams& p, cudaStream_t stream);
   void set_path(LinearPath path) { path_ = path; }
   // kAuto's skinny path takes T <= 16 products of at most this many outputs (a huge value puts q|k|v and

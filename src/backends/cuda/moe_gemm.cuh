@@ -250,8 +250,9 @@ struct MoeGateUpParams {
   bool early_trigger = false;
   // Scratch [capacity of tiles.sorted_pairs, H] bf16, optional: with the warp-specialized kernel (BLOCK_M
   // 64/128; kAuto picks it when this is given and the weight is one box) x's rows are first gathered here in
-  // tile order, so the A tile comes by TMA as one box per stage (zeros on padding rows); ignored by the other
-  // kernels. Undefined: the warp-specialized kernel gathers them by cp.async, kAuto runs the ring.
+  // tile order, so the A tile comes by TMA as one box per stage (padding rows left as they are: their outputs
+  // are never stored); ignored by the other kernels. Undefined: the warp-specialized kernel gathers them by
+  // cp.async, kAuto runs the ring.
   Tensor sorted_rows;
   // The persistent kernel's grid: at most this many SMs' worth of CTAs (0: every SM). The engine's prefill
   // lane leaves the other SMs to the decode kernels running beside it (a persistent grid holds its SMs to
