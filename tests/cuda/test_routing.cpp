@@ -5,6 +5,7 @@
 // (T <= 16), or against router_topk on its own logits (a prompt's row blocks).
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -63,143 +64,122 @@ TEST_F(CudaRouting, MatchesCpu) {
   }
 }
 
+// One router on the device for LinearRunner::route: x [T, H], W [E, H] (scaled 1/sqrt(H)), an optional bias.
+struct RouteCase {
+  int64_t tokens, hidden, experts;
+  int top_k;
+  ops::RoutingRule rule;
+  bool renormalize, bias;
+};
+struct RouteInputs {
+  RouteCase c;
+  OwnedTensor x, w, bias;
+  RouteInputs(Rng& rng, const RouteCase& route_case) : c(route_case) {
+    x = cuda::upload(random_bf16(rng, {c.tokens, c.hidden}));
+    w = cuda::upload(random_bf16(rng, {c.experts, c.hidden}, 1.0f / std::sqrt(float(c.hidden))));
+    if (c.bias) bias = cuda::upload(random_bf16(rng, {c.experts}, 0.1f));
+  }
+  std::string describe() const {
+    return "T " + std::to_string(c.tokens) + " H " + std::to_string(c.hidden) + " E " + std::to_string(c.experts) +
+           " K " + std::to_string(c.top_k);
+  }
+  // Poisoned logits, ids and weights.
+  std::tuple<OwnedTensor, OwnedTensor, OwnedTensor> outputs() const {
+    return {poisoned(DType::F32, {c.tokens, c.experts}), poisoned(DType::I32, {c.tokens, c.top_k}),
+            poisoned(DType::F32, {c.tokens, c.top_k})};
+  }
+  ops::RouteParams params(const Tensor& logits, const Tensor& ids, const Tensor& weights) const {
+    return {.x = x, .weight = w, .bias = c.bias ? bias.view : Tensor(), .logits = logits, .rule = c.rule,
+            .renormalize = c.renormalize, .top_k = c.top_k, .topk_ids = ids, .topk_weights = weights};
+  }
+};
+
+// route() three times back to back before one sync (each launch finds its counters reset), checking each
+// result with `check`, then once captured into a CUDA graph and replayed three times.
+template <typename Check>
+void route_and_replay(cuda::LinearRunner& runner, const RouteInputs& in, cudaStream_t stream, Check check) {
+  for (int launch = 0; launch < 3; ++launch) {
+    const auto [logits, ids, weights] = in.outputs();
+    EXPECT_TRUE(runner.route(in.params(logits, ids, weights), stream));
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    check(logits, ids, weights, "route");
+  }
+  const auto [logits, ids, weights] = in.outputs();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_TRUE(runner.route(in.params(logits, ids, weights), stream));
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3; ++replay) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  check(logits, ids, weights, "route in a graph, replayed");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+using R = ops::RoutingRule;
+
 // LinearRunner::route (the skinny product with the top-k as its grid's tail) against LinearRunner::run then
 // cuda::router_topk: logits, ids and weights bit for bit. Shapes: GPT-OSS's router (E 32, K 4, bias, H 2880:
 // a cluster of 8 CTAs splits `in`), Qwen3's (E 128, K 8), a narrow `in` (no cluster: every CTA counts), K 32,
-// T 1 and 16; three launches back to back before one sync (the counter resets itself), and one captured
-// into a CUDA graph and replayed. (T > 16: PromptRouteRanksItsOwnLogits.)
+// T 1 and 16. (T > 16: PromptRouteRanksItsOwnLogits.)
 TEST_F(CudaRouting, FusedRouteMatchesProductThenTopK) {
-  struct Case {
-    int64_t tokens, hidden, experts;
-    int top_k;
-    ops::RoutingRule rule;
-    bool renormalize, bias;
-  };
-  using R = ops::RoutingRule;
-  const std::vector<Case> cases = {{16, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
-                                   {1, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
-                                   {11, 2048, 128, 8, R::kSoftmaxThenTopK, true, false},
-                                   {16, 512, 64, 32, R::kSoftmaxThenTopK, false, true},
-                                   {5, 256, 8, 2, R::kSoftmaxThenTopK, true, false}};
+  const std::vector<RouteCase> cases = {{16, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
+                                        {1, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
+                                        {11, 2048, 128, 8, R::kSoftmaxThenTopK, true, false},
+                                        {16, 512, 64, 32, R::kSoftmaxThenTopK, false, true},
+                                        {5, 256, 8, 2, R::kSoftmaxThenTopK, true, false}};
   cuda::LinearRunner runner;
-  for (const Case& c : cases) {
-    SCOPED_TRACE("T " + std::to_string(c.tokens) + " H " + std::to_string(c.hidden) + " E " +
-                 std::to_string(c.experts) + " K " + std::to_string(c.top_k));
-    const OwnedTensor x = cuda::upload(random_bf16(rng(), {c.tokens, c.hidden}));
-    const OwnedTensor w = cuda::upload(random_bf16(rng(), {c.experts, c.hidden}, 1.0f / std::sqrt(float(c.hidden))));
-    const OwnedTensor bias = c.bias ? cuda::upload(random_bf16(rng(), {c.experts}, 0.1f)) : OwnedTensor();
-    auto outputs = [&] {
-      return std::tuple{poisoned(DType::F32, {c.tokens, c.experts}), poisoned(DType::I32, {c.tokens, c.top_k}),
-                        poisoned(DType::F32, {c.tokens, c.top_k})};
-    };
-    auto params = [&](const OwnedTensor& logits, const OwnedTensor& ids, const OwnedTensor& weights) {
-      return ops::RouteParams{.x = x, .weight = w, .bias = c.bias ? bias.view : Tensor(), .logits = logits,
-                              .rule = c.rule, .renormalize = c.renormalize, .top_k = c.top_k, .topk_ids = ids,
-                              .topk_weights = weights};
-    };
-    const auto [want_logits, want_ids, want_weights] = outputs();
-    const ops::RouteParams two = params(want_logits, want_ids, want_weights);
+  for (const RouteCase& c : cases) {
+    const RouteInputs in(rng(), c);
+    SCOPED_TRACE(in.describe());
+    const auto [want_logits, want_ids, want_weights] = in.outputs();
+    const ops::RouteParams two = in.params(want_logits, want_ids, want_weights);
     runner.run(two.linear(), stream_);
     cuda::router_topk(two.topk(), stream_);
     sync();
-    auto expect_same = [&](const OwnedTensor& logits, const OwnedTensor& ids, const OwnedTensor& weights,
-                           const char* what) {
+    route_and_replay(runner, in, stream_, [&](const OwnedTensor& logits, const OwnedTensor& ids,
+                                              const OwnedTensor& weights, const char* what) {
       EXPECT_TRUE(bitwise_equal(cuda::download(logits), cuda::download(want_logits))) << what << ": logits";
       EXPECT_TRUE(bitwise_equal(cuda::download(ids), cuda::download(want_ids))) << what << ": ids";
       EXPECT_TRUE(bitwise_equal(cuda::download(weights), cuda::download(want_weights))) << what << ": weights";
-    };
-
-    for (int launch = 0; launch < 3; ++launch) {  // back to back: each launch finds the counter reset
-      const auto [logits, ids, weights] = outputs();
-      EXPECT_TRUE(runner.route(params(logits, ids, weights), stream_));
-      sync();
-      expect_same(logits, ids, weights, "route");
-    }
-    const auto [logits, ids, weights] = outputs();
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    EXPECT_TRUE(runner.route(params(logits, ids, weights), stream_));
-    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 3; ++replay) ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
-    sync();
-    expect_same(logits, ids, weights, "route in a graph, replayed");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    });
   }
 }
 
 // A prompt's route (T > 16: row blocks of 16, each ranked by its own last CTA; LinearRunner::route): the ids
 // and weights are router_topk's on the kernel's own logits, bit for bit, and the logits are cuBLASLt's
 // product within 1e-4 (the same sums in another order). GPT-OSS's router at T 17 and 100 (a cluster of 8 CTAs
-// splits `in`) and 1600 (no split: 200 CTAs), Qwen3's E 128 K 8 at T 300, a narrow `in` with K 32 at T 40;
-// three launches back to back (every block's counter resets itself), and one captured and replayed.
+// splits `in`) and 1600 (no split: 200 CTAs), Qwen3's E 128 K 8 at T 300, a narrow `in` with K 32 at T 40.
 TEST_F(CudaRouting, PromptRouteRanksItsOwnLogits) {
-  struct Case {
-    int64_t tokens, hidden, experts;
-    int top_k;
-    ops::RoutingRule rule;
-    bool renormalize, bias;
-  };
-  using R = ops::RoutingRule;
-  const std::vector<Case> cases = {{17, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
-                                   {100, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
-                                   {1600, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
-                                   {300, 2048, 128, 8, R::kSoftmaxThenTopK, true, false},
-                                   {40, 512, 64, 32, R::kSoftmaxThenTopK, false, true}};
+  const std::vector<RouteCase> cases = {{17, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
+                                        {100, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
+                                        {1600, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
+                                        {300, 2048, 128, 8, R::kSoftmaxThenTopK, true, false},
+                                        {40, 512, 64, 32, R::kSoftmaxThenTopK, false, true}};
   cuda::LinearRunner runner;
-  for (const Case& c : cases) {
-    SCOPED_TRACE("T " + std::to_string(c.tokens) + " H " + std::to_string(c.hidden) + " E " +
-                 std::to_string(c.experts) + " K " + std::to_string(c.top_k));
-    const OwnedTensor x = cuda::upload(random_bf16(rng(), {c.tokens, c.hidden}));
-    const OwnedTensor w = cuda::upload(random_bf16(rng(), {c.experts, c.hidden}, 1.0f / std::sqrt(float(c.hidden))));
-    const OwnedTensor bias = c.bias ? cuda::upload(random_bf16(rng(), {c.experts}, 0.1f)) : OwnedTensor();
-    auto outputs = [&] {
-      return std::tuple{poisoned(DType::F32, {c.tokens, c.experts}), poisoned(DType::I32, {c.tokens, c.top_k}),
-                        poisoned(DType::F32, {c.tokens, c.top_k})};
-    };
-    auto params = [&](const OwnedTensor& logits, const OwnedTensor& ids, const OwnedTensor& weights) {
-      return ops::RouteParams{.x = x, .weight = w, .bias = c.bias ? bias.view : Tensor(), .logits = logits,
-                              .rule = c.rule, .renormalize = c.renormalize, .top_k = c.top_k, .topk_ids = ids,
-                              .topk_weights = weights};
-    };
+  for (const RouteCase& c : cases) {
+    const RouteInputs in(rng(), c);
+    SCOPED_TRACE(in.describe());
     const OwnedTensor product = poisoned(DType::F32, {c.tokens, c.experts});
-    runner.run(params(product, OwnedTensor(), OwnedTensor()).linear(), stream_);  // cuBLASLt + the bias kernel
+    runner.run(in.params(product, Tensor(), Tensor()).linear(), stream_);  // cuBLASLt + the bias kernel
     sync();
     const OwnedTensor want_logits = cuda::download(product);
-    auto expect_consistent = [&](const OwnedTensor& logits, const OwnedTensor& ids, const OwnedTensor& weights,
-                                 const char* what) {
+    route_and_replay(runner, in, stream_, [&](const OwnedTensor& logits, const OwnedTensor& ids,
+                                              const OwnedTensor& weights, const char* what) {
       const OwnedTensor got = cuda::download(logits);
       double worst = 0.0;
       for (int64_t i = 0; i < got.view.numel(); ++i) {
         worst = std::max(worst, double(std::abs(got.view.ptr<float>()[i] - want_logits.view.ptr<float>()[i])));
       }
       EXPECT_LE(worst, 1e-4) << what << ": logits against cuBLASLt's product";
-      const auto [unused, own_ids, own_weights] = outputs();
-      cuda::router_topk(params(logits, own_ids, own_weights).topk(), stream_);
+      const auto [unused, own_ids, own_weights] = in.outputs();
+      cuda::router_topk(in.params(logits, own_ids, own_weights).topk(), stream_);
       sync();
       EXPECT_TRUE(bitwise_equal(cuda::download(ids), cuda::download(own_ids))) << what << ": ids";
       EXPECT_TRUE(bitwise_equal(cuda::download(weights), cuda::download(own_weights))) << what << ": weights";
-    };
-    for (int launch = 0; launch < 3; ++launch) {
-      const auto [logits, ids, weights] = outputs();
-      EXPECT_TRUE(runner.route(params(logits, ids, weights), stream_));
-      sync();
-      expect_consistent(logits, ids, weights, "route");
-    }
-    const auto [logits, ids, weights] = outputs();
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    EXPECT_TRUE(runner.route(params(logits, ids, weights), stream_));
-    ASSERT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 3; ++replay) ASSERT_EQ(cudaGraphLaunch(exec, stream_), cudaSuccess);
-    sync();
-    expect_consistent(logits, ids, weights, "route in a graph, replayed");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    });
   }
 }
 
