@@ -62,6 +62,11 @@ class OpProfiler final : public ops::Backend {
   void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) override {
     timed("rope_kv_write", [&] { inner_.rope_kv_write(r, w); });
   }
+  void qkv_rope_kv_write(const ops::LinearLoraParams& p, const ops::RopeParams& r, const ops::KvWriteParams& w) override {
+    // the fused q|k|v projection with its split, rotation and cache write (one op: the backend may fuse them)
+    const char* kind = p.token_slot.defined() ? "q|k|v+lora, rope_kv_write" : "q|k|v, rope_kv_write";
+    timed(kind, [&] { inner_.qkv_rope_kv_write(p, r, w); });
+  }
   void attention(const ops::AttentionParams& p) override { timed("attention", [&] { inner_.attention(p); }); }
   void router_topk(const ops::RouterTopKParams& p) override { timed("router_topk", [&] { inner_.router_topk(p); }); }
   void route(const ops::RouteParams& p) override { timed("route", [&] { inner_.route(p); }); }

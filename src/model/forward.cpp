@@ -161,12 +161,24 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
   Tensor normed = normed_.view.rows(0, T);
   Tensor q = q_.view.rows(0, T), k = k_.view.rows(0, T), v = v_.view.rows(0, T);
 
+  Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
+  ops::RopeParams rope{.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,
+                       .attention_scaling = rope_attention_scaling_};
+  if (config_.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE (one kernel with the rotation on cuda)
+    rope.q_norm = w.q_norm;
+    rope.k_norm = w.k_norm;
+    rope.norm_eps = config_.rms_norm_eps;
+  }
+  const ops::KvWriteParams kv{.k = k3, .v = v3, .kv_write_index = batch.kv_write_index,
+                              .k_cache = cache.k[size_t(layer)], .v_cache = cache.v[size_t(layer)]};
   if (qkv_weight_.empty()) {
     linear_lora(normed, w.q, w.q_bias, layer, LoraTarget::kQ, batch, lora, q);
     linear_lora(normed, w.k, w.k_bias, layer, LoraTarget::kK, batch, lora, k);
     linear_lora(normed, w.v, w.v_bias, layer, LoraTarget::kV, batch, lora, v);
+    backend_.rope_kv_write(rope, kv);
   } else {
-    // One product for q|k|v, split into q, k and v with their LoRA (one group: one launch pair on cuda).
+    // One product for q|k|v, split into q, k and v with their LoRA (one group: one launch pair on cuda), then
+    // the rotation and the cache write (the split folded into the rotation where no adapter applies, on cuda).
     ops::LinearLoraParams p{.linear = {.x = normed, .weight = qkv_weight_[size_t(layer)], .bias = qkv_bias_[size_t(layer)],
                                        .out = qkv_.view.rows(0, T)},
                             .parts = {q, k, v}};
@@ -177,18 +189,8 @@ void Model::attention_block(int layer, const BatchView& batch, KvCache& cache, c
         set_runs(batch, &p);
       }
     }
-    backend_.linear_lora(p);
+    backend_.qkv_rope_kv_write(p, rope, kv);
   }
-  Tensor q3 = q.reshape({T, Hq, D}), k3 = k.reshape({T, Hkv, D}), v3 = v.reshape({T, Hkv, D});
-  ops::RopeParams rope{.q = q3, .k = k3, .positions = batch.positions, .inv_freq = inv_freq_,
-                       .attention_scaling = rope_attention_scaling_};
-  if (config_.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE (one kernel with the rotation on cuda)
-    rope.q_norm = w.q_norm;
-    rope.k_norm = w.k_norm;
-    rope.norm_eps = config_.rms_norm_eps;
-  }
-  backend_.rope_kv_write(rope, {.k = k3, .v = v3, .kv_write_index = batch.kv_write_index,
-                                .k_cache = cache.k[size_t(layer)], .v_cache = cache.v[size_t(layer)]});
   dump("q", layer, q);
   dump("k", layer, k);
   const bool sliding = config_.sliding_window > 0 && config_.layer_sliding[size_t(layer)];

@@ -80,6 +80,14 @@ class Backend {
   // LinearLoraParams: the projection, its split and its LoRA. Default: linear, split_columns, then lora /
   // lora_group over the outputs with a stack (when token_slot is defined).
   virtual void linear_lora(const LinearLoraParams& p);
+  // The attention block's fused q|k|v: linear_lora(p) (one product split into p.parts = q, k, v, and their LoRA),
+  // then rope_kv_write(r, w). Backends may skip the split where no adapter touches the projection, reading q,
+  // k and v (with the bias) straight from the product in the rotation (cuda: one pass and one launch fewer).
+  // PRECOND: check(p), p.parts[0..2] are r.q, r.k and w.v as [T, H·D] views of the same memory, w.k is r.k.
+  virtual void qkv_rope_kv_write(const LinearLoraParams& p, const RopeParams& r, const KvWriteParams& w) {
+    linear_lora(p);
+    rope_kv_write(r, w);
+  }
   // linear_lora's last step: lora (one output with a stack) or lora_group (several) on linear.x.
   // PRECOND: check(p) holds and p.token_slot is defined.
   void lora_outputs(const LinearLoraParams& p);

@@ -1,11 +1,15 @@
 // Parity of the CUDA RoPE kernel (backends/cuda/rope.cuh) with the CPU oracle: GPT-OSS and Qwen3 head
 // shapes (16-byte path), odd half-dims and a misaligned view (scalar path), positions up to 128k (angles
-// far outside the fast sincos range), YaRN's attention scaling and a real YaRN table from make_rope_table.
+// far outside the fast sincos range), YaRN's attention scaling and a real YaRN table from make_rope_table;
+// rope_kv_write, and rope_kv_write_from_qkv (the q|k|v split folded in), against the ops they fuse.
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/attention.cuh"
+#include "backends/cuda/basic.cuh"
 #include "backends/cuda/rope.cuh"
 #include "cuda_test_util.h"
 #include "ops/rope.h"
@@ -98,6 +102,75 @@ TEST_F(CudaRope, RopeKvWriteMatchesTheTwoOps) {
     const char* names[] = {"q", "k", "k_cache", "v_cache"};
     for (int i = 0; i < 4; ++i) {
       EXPECT_TRUE(bitwise_equal(cuda::download(fused[size_t(i)]), cuda::download(separate[size_t(i)]))) << names[i];
+    }
+  }
+}
+
+// rope_kv_write_from_qkv (q|k|v's split and its bias folded into the rotation) against split_columns with the
+// bias then rope_kv_write, bitwise: q, k, v and both caches (rows of index -1 not written; everything starts
+// poisoned). GPT-OSS's heads with a bias, Qwen3's with the QK-norm and without a bias, the scalar path (odd
+// half-dim) with a bias; a QK-norm the rotation cannot fuse (D 96) is declined, enqueuing nothing.
+TEST_F(CudaRope, RopeKvWriteFromQkvMatchesSplitThenRopeKvWrite) {
+  struct Case { int64_t tokens, q_heads, kv_heads, head_dim; bool bias, qk_norm, fused; };
+  for (const Case& c : {Case{16, 64, 8, 64, true, false, true}, Case{37, 32, 4, 128, false, true, true},
+                        Case{300, 64, 8, 64, true, false, true}, Case{5, 4, 2, 6, true, false, true},
+                        Case{3, 4, 2, 96, true, true, false}}) {
+    SCOPED_TRACE("T " + std::to_string(c.tokens) + " Hq " + std::to_string(c.q_heads) + " Hkv " +
+                 std::to_string(c.kv_heads) + " D " + std::to_string(c.head_dim) + (c.bias ? " bias" : "") +
+                 (c.qk_norm ? " qk-norm" : ""));
+    const int64_t rows = 4 * c.tokens, width = (c.q_heads + 2 * c.kv_heads) * c.head_dim;
+    OwnedTensor inv_freq = OwnedTensor::host(DType::F32, {c.head_dim / 2});
+    for (int64_t i = 0; i < c.head_dim / 2; ++i) inv_freq.view.ptr<float>()[i] = std::pow(10000.0f, -2.0f * i / c.head_dim);
+    OwnedTensor index = OwnedTensor::host(DType::I32, {c.tokens});
+    for (int64_t t = 0; t < c.tokens; ++t) index.view.ptr<int32_t>()[t] = t % 5 == 3 ? -1 : int32_t(4 * t + t % 4);
+    const OwnedTensor d_positions = cuda::upload(random_ids(rng(), c.tokens, 0, 4096));
+    const OwnedTensor d_inv_freq = cuda::upload(inv_freq), d_index = cuda::upload(index);
+    const OwnedTensor d_qkv = cuda::upload(random_bf16(rng(), {c.tokens, width}, 2.0f));
+    const OwnedTensor d_bias = cuda::upload(random_bf16(rng(), {width}, 0.5f));
+    const OwnedTensor d_q_norm = cuda::upload(random_bf16(rng(), {c.head_dim}));
+    const OwnedTensor d_k_norm = cuda::upload(random_bf16(rng(), {c.head_dim}));
+    const Tensor bias = c.bias ? d_bias.view : Tensor();
+    auto run = [&](bool from_qkv) {
+      std::vector<OwnedTensor> out;
+      out.push_back(poisoned(DType::BF16, {c.tokens, c.q_heads, c.head_dim}));
+      out.push_back(poisoned(DType::BF16, {c.tokens, c.kv_heads, c.head_dim}));
+      out.push_back(poisoned(DType::BF16, {c.tokens, c.kv_heads, c.head_dim}));
+      out.push_back(poisoned(DType::BF16, {rows, 1, c.kv_heads, c.head_dim}));
+      out.push_back(poisoned(DType::BF16, {rows, 1, c.kv_heads, c.head_dim}));
+      ops::RopeParams r{.q = out[0], .k = out[1], .positions = d_positions, .inv_freq = d_inv_freq};
+      if (c.qk_norm) {
+        r.q_norm = d_q_norm;
+        r.k_norm = d_k_norm;
+      }
+      const ops::KvWriteParams w{.k = out[1], .v = out[2], .kv_write_index = d_index, .k_cache = out[3], .v_cache = out[4]};
+      bool fused = false;
+      if (from_qkv) {
+        fused = cuda::rope_kv_write_from_qkv(r, w, d_qkv, bias, stream_);
+      } else {
+        const std::array<Tensor, 3> parts = {out[0].view.reshape({c.tokens, c.q_heads * c.head_dim}),
+                                             out[1].view.reshape({c.tokens, c.kv_heads * c.head_dim}),
+                                             out[2].view.reshape({c.tokens, c.kv_heads * c.head_dim})};
+        cuda::split_columns({.x = d_qkv, .parts = parts}, stream_, bias);
+        cuda::rope_kv_write(r, w, stream_);
+      }
+      sync();
+      return std::pair{fused, std::move(out)};
+    };
+    const auto [fused, from_qkv] = run(true);
+    EXPECT_EQ(fused, c.fused);
+    if (!fused) {  // declined: nothing written
+      EXPECT_TRUE(bitwise_equal(cuda::download(from_qkv[0]),
+                                cuda::download(poisoned(DType::BF16, {c.tokens, c.q_heads, c.head_dim}))))
+          << "q after a declined call";
+      EXPECT_TRUE(bitwise_equal(cuda::download(from_qkv[2]),
+                                cuda::download(poisoned(DType::BF16, {c.tokens, c.kv_heads, c.head_dim}))))
+          << "v after a declined call";
+      continue;
+    }
+    const auto [unused, split] = run(false);
+    const char* names[] = {"q", "k", "v", "k_cache", "v_cache"};
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_TRUE(bitwise_equal(cuda::download(from_qkv[size_t(i)]), cuda::download(split[size_t(i)]))) << names[i];
     }
   }
 }

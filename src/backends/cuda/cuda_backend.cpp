@@ -200,6 +200,35 @@ void CudaBackend::rope_kv_write(const ops::RopeParams& r, const ops::KvWritePara
   }
   cuda::rope_kv_write(r, w, stream_);
 }
+// Where no adapter touches q|k|v (and the fused forms are on): the product as linear_lora runs it (its bias
+// left for the split where the product would have added it in a kernel of its own), then the split, its bias,
+// the rotation and the cache write as one kernel (rope_kv_write_from_qkv) — the same bits as linear_lora then
+// rope_kv_write, one pass over q|k|v and one launch fewer. Otherwise, or where that kernel declines: the two.
+void CudaBackend::qkv_rope_kv_write(const ops::LinearLoraParams& p, const ops::RopeParams& r,
+                                    const ops::KvWriteParams& w) {
+  bool adapter = false;
+  if (p.token_slot.defined()) {
+    for (const ops::LoraStack& stack : p.lora) adapter = adapter || stack.defined();
+  }
+  const bool parts_are_outputs = p.parts[0].data == r.q.data && p.parts[1].data == r.k.data &&
+                                 p.parts[2].data == w.v.data && p.parts[0].defined() && p.parts[1].defined() &&
+                                 p.parts[2].defined();
+  if (!fuse_qkv_rope_ || !fuse_linear_lora_ || !fuse_rope_kv_write_ || adapter || !parts_are_outputs ||
+      p.linear.out.dtype != DType::BF16) {
+    ops::Backend::qkv_rope_kv_write(p, r, w);
+    return;
+  }
+  ops::require(ops::check(p), "cuda::qkv_rope_kv_write");
+  // linear_lora's rule: the bias leaves the product only where the product would add it in a kernel of its own
+  const bool bias_later = p.linear.bias.defined() && !linear_.takes_skinny(p.linear);
+  ops::LinearParams product = p.linear;
+  if (bias_later) product.bias = Tensor{};
+  linear_.run(product, stream_);
+  if (!cuda::rope_kv_write_from_qkv(r, w, p.linear.out, bias_later ? p.linear.bias : Tensor{}, stream_)) {
+    cuda::split_columns({.x = p.linear.out, .parts = p.parts}, stream_, bias_later ? p.linear.bias : Tensor{});
+    cuda::rope_kv_write(r, w, stream_);
+  }
+}
 // The split-KV workspace grows to the largest (tokens, heads, dim) seen; past 64 tokens its size stops
 // growing (attention_workspace_bytes), so the first decode and prefill batches fix it in practice.
 void CudaBackend::attention(const ops::AttentionParams& p) {

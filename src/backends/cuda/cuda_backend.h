@@ -48,6 +48,7 @@ class CudaBackend final : public ops::Backend {
   void rope(const ops::RopeParams& p) override;
   void kv_write(const ops::KvWriteParams& p) override;
   void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w) override;
+  void qkv_rope_kv_write(const ops::LinearLoraParams& p, const ops::RopeParams& r, const ops::KvWriteParams& w) override;
   void attention(const ops::AttentionParams& p) override;
   void router_topk(const ops::RouterTopKParams& p) override;
   void route(const ops::RouteParams& p) override;
@@ -75,6 +76,12 @@ class CudaBackend final : public ops::Backend {
   // false: the kernels that can start in the previous kernel's tail (launch.cuh, the MoE GEMMs) go out as
   // plain launches (bench before/after). Process-wide; bumps memory_epoch() so recorded graphs are made again.
   void set_programmatic_launches(bool on);
+  // true (default): qkv_rope_kv_write folds the q|k|v split (and its bias) into the rotation where no adapter
+  // touches the projection; false: linear_lora then rope_kv_write (the bench's before row). Bumps memory_epoch().
+  void set_fuse_qkv_rope(bool on) {
+    fuse_qkv_rope_ = on;
+    ++memory_epoch_;
+  }
   // false: rope_kv_write runs rms_norm for a QK-norm, rope, then kv_write (bench before/after); bumps memory_epoch().
   void set_fuse_rope_kv_write(bool on) {
     fuse_rope_kv_write_ = on;
@@ -160,6 +167,7 @@ class CudaBackend final : public ops::Backend {
   OwnedTensor attention_workspace_;  // [bytes] U8: split-KV partials (attention.cuh)
   bool attention_split_kv_ = true;
   bool fuse_rope_kv_write_ = true;
+  bool fuse_qkv_rope_ = true;
   uint64_t memory_epoch_ = 0;        // bumped when a workspace above is replaced
   std::vector<cudaGraphExec_t> graphs_;  // by id; released ones are null
   cudaEvent_t marks_[2] = {nullptr, nullptr};  // time_mark's events, made on first use

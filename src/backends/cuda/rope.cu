@@ -42,7 +42,17 @@ struct RopeKernelParams {
   const __nv_bfloat16* q_norm;
   const __nv_bfloat16* k_norm;
   float norm_eps;
+  // rope_kv_write_from_qkv (else null): q, k and v read from the fused product's rows [T, (Hq + 2·Hkv)·D]
+  // (heads in that order), with qkv_bias [(Hq + 2·Hkv)·D] (or null) added and rounded as split_columns adds
+  // it; q and k written rotated, v written to v_out (and the cache): what split_columns then rope_kv_write
+  // leave, bit for bit.
+  const __nv_bfloat16* qkv;
+  const __nv_bfloat16* qkv_bias;
+  __nv_bfloat16* v_out;  // [T, Hkv, D] bf16
 };
+
+// The split's bias add: x + b in fp32, rounded to bf16 (split_columns_kernel's arithmetic).
+__device__ __forceinline__ float add_bias_bf16(float x, float b) { return __bfloat162float(__float2bfloat16_rn(x + b)); }
 
 // For each head and i < D/2, with a = position * inv_freq[i] (one fp32 product, as transformers computes it):
 //   x[i]       = x[i] * cos(a) - x[i + D/2] * sin(a)
@@ -71,16 +81,47 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
   const int64_t dim = 2 * int64_t(p.half_dim);
   // With the cache write, Hkv more "heads" after q and k: v's rows, copied to the cache unrotated.
   const int64_t cache_row = p.kv_write_index != nullptr ? p.kv_write_index[token] : -1;
-  const int heads = p.q_heads + p.kv_heads + (p.kv_write_index != nullptr ? p.kv_heads : 0);
+  const int heads = p.q_heads + p.kv_heads + (p.kv_write_index != nullptr || p.qkv != nullptr ? p.kv_heads : 0);
   const int items = heads * groups;
+  // qkv: the fused product's row of this token (head h's D values at h·D, q's heads, then k's, then v's)
+  const __nv_bfloat16* qkv_row = p.qkv != nullptr ? p.qkv + token * (p.q_heads + 2 * p.kv_heads) * dim : nullptr;
   for (int item = threadIdx.x; item < items; item += blockDim.x) {
     const int head = item / groups;
     const int first = (item % groups) * kWidth;
-    if (head >= p.q_heads + p.kv_heads) {  // v → cache
-      if (cache_row < 0) continue;
+    if (head >= p.q_heads + p.kv_heads) {  // v → cache (and with qkv, v's own rows too)
+      if (cache_row < 0 && qkv_row == nullptr) continue;
       const int kv_head = head - p.q_heads - p.kv_heads;
+      __nv_bfloat16* dst = cache_row >= 0 ? p.v_cache + (cache_row * p.kv_heads + kv_head) * dim : nullptr;
+      if (qkv_row != nullptr) {  // the split's v rows, biased, into v_out and the cache
+        __nv_bfloat16* v_row = p.v_out + (token * p.kv_heads + kv_head) * dim;
+        if constexpr (kWidth == kBf16PerVector) {
+          float lo[8], hi[8];
+          detail::load8(qkv_row + head * dim + first, lo);
+          detail::load8(qkv_row + head * dim + p.half_dim + first, hi);
+          if (p.qkv_bias != nullptr) {
+            float b_lo[8], b_hi[8];
+            detail::load8(p.qkv_bias + head * dim + first, b_lo);
+            detail::load8(p.qkv_bias + head * dim + p.half_dim + first, b_hi);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) lo[j] = add_bias_bf16(lo[j], b_lo[j]), hi[j] = add_bias_bf16(hi[j], b_hi[j]);
+          }
+          detail::store8(v_row + first, lo);
+          detail::store8(v_row + p.half_dim + first, hi);
+          if (dst != nullptr) {
+            detail::store8(dst + first, lo);
+            detail::store8(dst + p.half_dim + first, hi);
+          }
+        } else {
+          for (const int at : {first, p.half_dim + first}) {
+            float value = __bfloat162float(qkv_row[head * dim + at]);
+            if (p.qkv_bias != nullptr) value = add_bias_bf16(value, __bfloat162float(p.qkv_bias[head * dim + at]));
+            v_row[at] = __float2bfloat16_rn(value);
+            if (dst != nullptr) dst[at] = __float2bfloat16_rn(value);
+          }
+        }
+        continue;
+      }
       const __nv_bfloat16* src = p.v + (token * p.kv_heads + kv_head) * dim;
-      __nv_bfloat16* dst = p.v_cache + (cache_row * p.kv_heads + kv_head) * dim;
       if constexpr (kWidth == kBf16PerVector) {  // 16-byte copies (the launcher checked the alignment)
         *reinterpret_cast<uint4*>(dst + first) = *reinterpret_cast<const uint4*>(src + first);
         *reinterpret_cast<uint4*>(dst + p.half_dim + first) = *reinterpret_cast<const uint4*>(src + p.half_dim + first);
@@ -93,13 +134,23 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
     const bool is_k = head >= p.q_heads;
     __nv_bfloat16* x = !is_k ? p.q + (token * p.q_heads + head) * dim
                              : p.k + (token * p.kv_heads + (head - p.q_heads)) * dim;
+    // where the head's values come from: x itself (in place), or the fused product's row (qkv)
+    const __nv_bfloat16* in = qkv_row != nullptr ? qkv_row + head * dim : x;
+    const __nv_bfloat16* in_bias = qkv_row != nullptr && p.qkv_bias != nullptr ? p.qkv_bias + head * dim : nullptr;
     // the rotated k row's cache copy, or null
     __nv_bfloat16* cached = is_k && cache_row >= 0 ? p.k_cache + (cache_row * p.kv_heads + (head - p.q_heads)) * dim
                                                    : nullptr;
     if constexpr (kWidth == kBf16PerVector) {
       float lo[8], hi[8], new_lo[8], new_hi[8];
-      detail::load8(x + first, lo);
-      detail::load8(x + p.half_dim + first, hi);
+      detail::load8(in + first, lo);
+      detail::load8(in + p.half_dim + first, hi);
+      if (in_bias != nullptr) {
+        float b_lo[8], b_hi[8];
+        detail::load8(in_bias + first, b_lo);
+        detail::load8(in_bias + p.half_dim + first, b_hi);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) lo[j] = add_bias_bf16(lo[j], b_lo[j]), hi[j] = add_bias_bf16(hi[j], b_hi[j]);
+      }
       if (p.q_norm != nullptr) {
         // The head's `groups` threads are consecutive lanes of one warp (groups a power of two <= 32, the
         // block a multiple of 32 threads, every head's items consecutive), and all of them take this branch.
@@ -133,7 +184,11 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
         detail::store8(cached + p.half_dim + first, new_hi);
       }
     } else {
-      const float lo = __bfloat162float(x[first]), hi = __bfloat162float(x[first + p.half_dim]);
+      float lo = __bfloat162float(in[first]), hi = __bfloat162float(in[first + p.half_dim]);
+      if (in_bias != nullptr) {
+        lo = add_bias_bf16(lo, __bfloat162float(in_bias[first]));
+        hi = add_bias_bf16(hi, __bfloat162float(in_bias[first + p.half_dim]));
+      }
       const float c = cos_table[first], s = sin_table[first];
       const __nv_bfloat16 new_lo = __float2bfloat16_rn(lo * c - hi * s), new_hi = __float2bfloat16_rn(hi * c + lo * s);
       x[first] = new_lo;
@@ -150,32 +205,43 @@ __global__ static void rope_kernel(const __grid_constant__ RopeKernelParams p) {
 
 constexpr int kMaxRopeThreads = 512;
 
+// rope_kv_write_from_qkv's source: the fused product and its bias (undefined: none).
+struct QkvSource {
+  Tensor qkv;
+  Tensor bias;
+};
+
 // rope, and with `w` (rope_kv_write) the cache write in the same kernel; the QK-norm fused where it can be.
-void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStream_t stream) {
+// With `src` (and w) q, k and v come from the fused product (RopeKernelParams::qkv); returns false, enqueuing
+// nothing, where a QK-norm cannot be fused then (its rms_norm-first fallback needs q and k split already).
+bool launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, const QkvSource* src, cudaStream_t stream) {
   const int64_t tokens = p.q.dim(0), q_heads = p.q.dim(1), kv_heads = p.k.dim(1), half_dim = p.q.dim(2) / 2;
-  if (tokens == 0 || half_dim == 0 || q_heads + kv_heads == 0) return;
+  if (tokens == 0 || half_dim == 0 || q_heads + kv_heads == 0) return true;
   LMX_CHECK(tokens <= 0x7fffffff && q_heads + 2 * kv_heads <= 0x7fffffff / half_dim);
   bool vector = half_dim % kBf16PerVector == 0 && detail::aligned16(p.q.data) && detail::aligned16(p.k.data);
   if (w != nullptr) {
     vector = vector && detail::aligned16(w->v.data) && detail::aligned16(w->k_cache.data) &&
              detail::aligned16(w->v_cache.data);
   }
+  if (src != nullptr) {
+    vector = vector && detail::aligned16(src->qkv.data) && (!src->bias.defined() || detail::aligned16(src->bias.data));
+  }
   if (p.has_qk_norm()) {
     const int64_t groups = half_dim / kBf16PerVector;
     const bool fuse = vector && groups <= 32 && (groups & (groups - 1)) == 0 && detail::aligned16(p.q_norm.data) &&
                       detail::aligned16(p.k_norm.data);
     if (!fuse) {  // rms_norm on the [T·H, D] views first, then the rotation alone
+      if (src != nullptr) return false;
       for (const auto& [x, weight] : {std::pair{p.q, p.q_norm}, std::pair{p.k, p.k_norm}}) {
         const Tensor rows = x.reshape({x.dim(0) * x.dim(1), x.dim(2)});
         rms_norm({.x = rows, .weight = weight, .eps = p.norm_eps, .out = rows}, stream);
       }
-      launch_rope(ops::without_qk_norm(p), w, stream);
-      return;
+      return launch_rope(ops::without_qk_norm(p), w, nullptr, stream);
     }
   }
   const int width = vector ? kBf16PerVector : 1;
   // GPT-OSS (Hq 64, Hkv 8, D 64): 72 heads * 4 groups = 288 threads, one group each (80 with the cache write).
-  const int64_t items = (q_heads + kv_heads + (w != nullptr ? kv_heads : 0)) * (half_dim / width);
+  const int64_t items = (q_heads + kv_heads + (w != nullptr || src != nullptr ? kv_heads : 0)) * (half_dim / width);
   const int threads = int(std::clamp<int64_t>((items + 31) / 32 * 32, 32, kMaxRopeThreads));
   const size_t smem = 2 * size_t(half_dim) * sizeof(float);
   LMX_CHECK(smem <= 48 * 1024);  // D <= 12288: far above any model's head dim
@@ -194,13 +260,19 @@ void launch_rope(const ops::RopeParams& p, const ops::KvWriteParams* w, cudaStre
                                 .v_cache = w != nullptr ? static_cast<__nv_bfloat16*>(w->v_cache.data) : nullptr,
                                 .q_norm = p.has_qk_norm() ? static_cast<const __nv_bfloat16*>(p.q_norm.data) : nullptr,
                                 .k_norm = p.has_qk_norm() ? static_cast<const __nv_bfloat16*>(p.k_norm.data) : nullptr,
-                                .norm_eps = p.norm_eps};
+                                .norm_eps = p.norm_eps,
+                                .qkv = src != nullptr ? static_cast<const __nv_bfloat16*>(src->qkv.data) : nullptr,
+                                .qkv_bias = src != nullptr && src->bias.defined()
+                                                ? static_cast<const __nv_bfloat16*>(src->bias.data)
+                                                : nullptr,
+                                .v_out = src != nullptr ? static_cast<__nv_bfloat16*>(w->v.data) : nullptr};
   if (vector) {
     detail::launch(rope_kernel<kBf16PerVector>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   } else {
     detail::launch(rope_kernel<1>, dim3(unsigned(tokens)), dim3(threads), smem, stream, params);
   }
   LMX_CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 }  // namespace
@@ -210,7 +282,7 @@ void rope(const ops::RopeParams& p, cudaStream_t stream) {
   detail::require_cuda("rope", {{"q", &p.q}, {"k", &p.k}, {"positions", &p.positions}, {"inv_freq", &p.inv_freq}});
   if (p.has_qk_norm()) detail::require_cuda("rope", {{"q_norm", &p.q_norm}, {"k_norm", &p.k_norm}});
   detail::require_bf16_activation("rope", "q", p.q);
-  launch_rope(p, nullptr, stream);
+  launch_rope(p, nullptr, nullptr, stream);
 }
 
 void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w, cudaStream_t stream) {
@@ -225,7 +297,34 @@ void rope_kv_write(const ops::RopeParams& r, const ops::KvWriteParams& w, cudaSt
   if (w.k.data != r.k.data || w.k.shape_str() != r.k.shape_str()) {
     detail::contract_failure("rope_kv_write", "w.k", w.k, ("the rope's k, " + r.k.shape_str()).c_str());
   }
-  launch_rope(r, &w, stream);
+  launch_rope(r, &w, nullptr, stream);
+}
+
+bool rope_kv_write_from_qkv(const ops::RopeParams& r, const ops::KvWriteParams& w, const Tensor& qkv, const Tensor& bias,
+                            cudaStream_t stream) {
+  const char* op = "rope_kv_write_from_qkv";
+  ops::require(ops::check(r), op);
+  ops::require(ops::check(w), op);
+  detail::require_cuda(op, {{"q", &r.q}, {"k", &r.k}, {"positions", &r.positions}, {"inv_freq", &r.inv_freq},
+                            {"v", &w.v}, {"kv_write_index", &w.kv_write_index}, {"k_cache", &w.k_cache},
+                            {"v_cache", &w.v_cache}, {"qkv", &qkv}});
+  if (r.has_qk_norm()) detail::require_cuda(op, {{"q_norm", &r.q_norm}, {"k_norm", &r.k_norm}});
+  detail::require_bf16_activation(op, "q", r.q);
+  detail::require_bf16_activation(op, "k_cache", w.k_cache);
+  if (w.k.data != r.k.data || w.k.shape_str() != r.k.shape_str()) {
+    detail::contract_failure(op, "w.k", w.k, ("the rope's k, " + r.k.shape_str()).c_str());
+  }
+  const int64_t tokens = r.q.dim(0), width = (r.q.dim(1) + 2 * r.k.dim(1)) * r.q.dim(2);
+  if (qkv.dtype != DType::BF16 || qkv.ndim != 2 || qkv.dim(0) != tokens || qkv.dim(1) != width) {
+    detail::contract_failure(op, "qkv", qkv,
+                             ("[" + std::to_string(tokens) + ", " + std::to_string(width) + "] BF16 (q|k|v rows)").c_str());
+  }
+  if (bias.defined() && (bias.dtype != DType::BF16 || bias.ndim != 1 || bias.dim(0) != width ||
+                         bias.device != Device::kCuda)) {
+    detail::contract_failure(op, "bias", bias, ("[" + std::to_string(width) + "] BF16 on cuda, or undefined").c_str());
+  }
+  const QkvSource src{.qkv = qkv, .bias = bias};
+  return launch_rope(r, &w, &src, stream);
 }
 
 }  // namespace lmx::cuda
