@@ -79,6 +79,16 @@ TEST_F(CudaLinear, MatchesCpu) {
       // fp32 accumulation in another order: far below the bf16 rounding of the output; for f32 out, 1e-4.
       if (c.out_dtype == DType::F32) EXPECT_TRUE(all_close_f32(got, want, 1e-4));
       else EXPECT_TRUE(all_close(got, want, kTolBf16Out));
+      // bf16 with a bias or a padded copy after cuBLASLt: 16-byte chunks (the default where widths allow) and
+      // the scalar kernel store the same bits
+      if (c.out_dtype == DType::BF16 && (c.bias || ragged)) {
+        runner.set_finish_by_chunks(false);
+        OwnedTensor d_scalar = poisoned(c.out_dtype, {c.tokens, c.out});
+        runner.run({.x = d_x, .weight = d_w, .bias = c.bias ? d_b.view : Tensor{}, .out = d_scalar}, stream_);
+        sync();
+        EXPECT_TRUE(bitwise_equal(cuda::download(d_scalar), got)) << "finish by chunks vs scalar";
+        runner.set_finish_by_chunks(true);
+      }
     }
     runner.set_split_ragged_rows(true);
     runner.set_split_row_align(64);

@@ -141,6 +141,11 @@ class CudaBackend final : public ops::Backend {
     linear_.set_split_row_align(rows);
     ++memory_epoch_;
   }
+  // LinearRunner::set_finish_by_chunks (bench before/after); graphs are recorded again.
+  void set_finish_by_chunks(bool on) {
+    linear_.set_finish_by_chunks(on);
+    ++memory_epoch_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

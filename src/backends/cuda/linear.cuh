@@ -70,6 +70,10 @@ class LinearRunner {
   // 45 · 64) runs as one product instead of 2816 + 64 rows: decode 11.75 -> 11.35 ms (perf-log run 96), the
   // LM head's time the same. Throws std::invalid_argument otherwise.
   void set_split_row_align(int rows);
+  // The bias after cuBLASLt (and a padded product's copy) on bf16 outputs in 16-byte chunks, 8 outputs a thread
+  // (on, the default, where widths and addresses allow), or by the scalar kernel (the bench's before row, the
+  // tests' second pass): the same bits.
+  void set_finish_by_chunks(bool on) { finish_by_chunks_ = on; }
   // out += x·W[:, :k]ᵀ in one rounding (cuBLASLt with beta 1): x [T, k] bf16, weight [n, >= k] bf16 whose rows
   // are weight_ld elements apart, out [T, n] bf16, all on cuda. The dense LoRA's expand of a long run of one
   // adapter (CudaBackend::linear_lora): W is B[slot] [out, R] and k the slot's true rank. Not timed on its
@@ -84,6 +88,7 @@ class LinearRunner {
   int64_t row_align_ = 64;  // set_split_row_align
   int64_t skinny_max_out_ = 1024;
   bool skinny_narrowing_ = true;
+  bool finish_by_chunks_ = true;
   // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t);
   // lda: W's row stride (0: in); accumulate: c += instead of c =.
   void cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows, int64_t ldc,
