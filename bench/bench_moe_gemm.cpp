@@ -538,7 +538,9 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     OwnedTensor z_host = OwnedTensor::host(DType::F32, {pairs, kRank});
     for (int64_t i = 0; i < z_host.view.numel(); ++i) z_host.view.ptr<float>()[i] = rng.normal();
     const OwnedTensor lora_z = cuda::upload(z_host);
+    // (not for the halves layout: its gate_up never carries LoRA terms in the GEMM, moe_gate_up refuses them)
     for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters"}}) {
+      if (m.layout == ops::GateUpLayout::kHalves) break;
       auto gate_up_lora = [&](int layer) {
         cuda::MoeGateUpParams p = gate_up_gathered(layer, 0, 8);
         p.lora = {.z = lora_z, .b = lora_b_gate_up, .rank = lora_rank, .token_slot = *slots};
@@ -677,6 +679,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
 // Usage: bench_moe_gemm [MODEL [T ...]] — MODEL a prefix of a shape's name ("GPT", "Qwen"), T token counts:
 // only those rows (a profiler run, e.g. ncu on the T 4096 prefill GEMM, wants few launches). Environment:
 // BENCH_BLOCK_M=16|64|128 pins the component rows' tile height (the block rows keep moe_block's choice);
+// BENCH_HALVES_BY_TMA=0: the halves layout's fused gate_up on the ring kernel (set_moe_gemm_halves_by_tma).
 // BENCH_DOWN_AB=N prints, after each T's first block row, only the block with down at BLOCK_N 192 and 240 in
 // turn, N rounds (128-row tiles).
 int main(int argc, char** argv) {
@@ -685,6 +688,10 @@ int main(int argc, char** argv) {
   std::vector<int64_t> token_counts;
   for (int i = 2; i < argc; ++i) token_counts.push_back(std::atoll(argv[i]));
   if (token_counts.empty()) token_counts = {1, 16, 64, 256, 1600, 4096};
+  if (const char* v = std::getenv("BENCH_HALVES_BY_TMA"); v != nullptr && std::atoi(v) == 0) {
+    cuda::set_moe_gemm_halves_by_tma(false);
+    std::printf("every row: the halves-layout gate_up on the ring kernel (BENCH_HALVES_BY_TMA=0)\n");
+  }
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   Rng rng(20261203);

@@ -299,7 +299,8 @@ constexpr GateUpLayout kHalves = GateUpLayout::kHalves, kInterleaved = GateUpLay
 TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
   const std::vector<BlockCase> cases = {{640, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // BLOCK_M 64
                                         {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},  // 128
-                                        {4096, 16, 4, 2880, 1024, kSilu, kHalves, true, 8, 32, 32}};  // 128
+                                        {4096, 16, 4, 2880, 1024, kSilu, kHalves, true, 8, 32, 32},  // 128
+                                        {4096, 128, 8, 2048, 768, kSilu, kHalves, false}};  // Qwen3-30B-A3B, 128
   for (const BlockCase& c : cases) {
     SCOPED_TRACE(describe(c));
     const BlockData b = make_block_data(rng(), c);
@@ -330,6 +331,13 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
       cuda::set_moe_block_down_block_n(block_n);
       EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(mma), 1.0 / 64.0)) << "down at BLOCK_N " << block_n;
       cuda::set_moe_block_down_block_n(0);
+    }
+    // The fused halves layout (no LoRA) by the 4-D tensor map on the persistent kernel (the default) and by the
+    // ring's row-by-row loads
+    if (c.layout == kHalves && c.slots == 0) {
+      cuda::set_moe_gemm_halves_by_tma(false);
+      EXPECT_TRUE(all_close(run_block(c, b, true, stream_), widen(compact), 1.0 / 64.0)) << "halves on the ring";
+      cuda::set_moe_gemm_halves_by_tma(true);
     }
     cuda::set_moe_gemm_compact_epilogue(false);
     EXPECT_TRUE(bitwise_equal(run_block(c, b, true, stream_), compact)) << "general epilogue vs compact";

@@ -241,7 +241,9 @@ __device__ __forceinline__ void store_columns(const GemmKernelParams& p, int exp
 enum class Epilogue { kGeneral, kFused, kFusedDelta, kStore };
 __device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int first_column, int block_n,
                                                   bool delta_form) {
-  if (first_column + block_n > p.n || p.halves) return Epilogue::kGeneral;
+  // halves: the tile's columns are logical (gate, up) pairs as in the interleaved layout; only the bias and the
+  // delta are indexed by weight row
+  if (first_column + block_n > p.n || (p.halves && (p.bias != nullptr || p.lora_h != nullptr))) return Epilogue::kGeneral;
   if (p.lora_h != nullptr) return p.fuse_activation && delta_form ? Epilogue::kFusedDelta : Epilogue::kGeneral;
   if (p.fuse_activation) return Epilogue::kFused;
   return p.n % 2 == 0 ? Epilogue::kStore : Epilogue::kGeneral;
@@ -1242,6 +1244,15 @@ __device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map
       "r"(shared_address(bar))
       : "memory");
 }
+// The box at coordinates (c0, c1, c2, c3), innermost first, of a 4-D tensor map (tensor_map_halves).
+__device__ __forceinline__ void tma_load_4d(void* shared, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+          "r"(shared_address(shared)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(shared_address(bar))
+      : "memory");
+}
 // tma_load_2d into the same shared offset of every CTA in `cta_mask` (a thread-block cluster), each CTA's
 // barrier at `bar`'s offset counting the bytes that land in it.
 __device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtensorMap* map, int inner, int outer,
@@ -1708,7 +1719,11 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           } else {
             tma_load_2d(a_dst, &p.a_map, kt * kBlockK, work.x * kBlockM, &full[stage]);
           }
-          tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
+          if (p.halves) {  // rows i of both halves, interleaved by the map's box: logical columns 2i, 2i + 1
+            tma_load_4d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, 0, work.y / 2, expert, &full[stage]);
+          } else {
+            tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
+          }
         }
         // lora_wgmma: the main slot's B slice of this whole unit, issued once its k-tiles are (the consumers
         // are then about kStages k-tiles from needing it; they released the previous unit's long before)
@@ -2174,14 +2189,19 @@ int down_block_n_for(int64_t n, bool plain) {
 bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
 bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
+bool halves_by_tma = true;                         // set_moe_gemm_halves_by_tma
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
 // fused halves layout) — and the ring otherwise. GPT-OSS-20B T 4096 block 2659 → 2360 µs, prefill 38.9 →
 // 35.7 ms (perf-log run 30).
+// The fused halves layout (Qwen3, Mixtral: gate rows, then up rows) comes by TMA too at 128-row tiles with
+// halves_by_tma (the default; tensor_map_halves). Not at 64: Qwen3-30B-A3B's T 1600 (BLOCK_M 64) gate_up took
+// ~490 µs a layer on the one-consumer persistent kernel against the ring's 380 (perf-log run 202).
+bool halves_on_tma(int block_m) { return halves_by_tma && block_m == kMoeGemmBlockMLarge; }
 MoeGemmKernel kernel_for(int block_m, bool gathered, bool halves) {
   if (gemm_kernel != MoeGemmKernel::kAuto || block_m == kMoeGemmBlockMDecode) return gemm_kernel;
-  return gathered && !halves ? MoeGemmKernel::kWgmmaWarpSpecialized : MoeGemmKernel::kWgmma;
+  return gathered && (!halves || halves_on_tma(block_m)) ? MoeGemmKernel::kWgmmaWarpSpecialized : MoeGemmKernel::kWgmma;
 }
 
 // Optional scratch for the gathered A rows: [capacity of the tiles, in] BF16 on cuda, 16-byte aligned.
@@ -2198,7 +2218,7 @@ void check_sorted_rows(const char* op, const Tensor& sorted_rows, const MoeExper
 // Whether launch_gemm runs the persistent kernel: BLOCK_M 64/128, the A rows gathered (or given) in tile order,
 // the weight one TMA box (not the fused halves layout), and kAuto or the warp-specialized kernel.
 bool runs_persistent(int block_m, bool gathered, bool halves) {
-  return block_m != kMoeGemmBlockMDecode && gathered && !halves &&
+  return block_m != kMoeGemmBlockMDecode && gathered && (!halves || halves_on_tma(block_m)) &&
          kernel_for(block_m, gathered, halves) == MoeGemmKernel::kWgmmaWarpSpecialized;
 }
 
@@ -2402,7 +2422,7 @@ PreparedKernel prepared_wgmma_kernel(bool even_k) {
 // weight [E, n, in] as [E·n, in] (boxes of BLOCK_N rows), the gathered A rows (boxes of BLOCK_M rows).
 // Encoded per launch on the host (a pure function of the pointer and shape; no device work), so graphs
 // capture it as a kernel parameter.
-CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, int box_rows, const char* what) {
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -2410,6 +2430,11 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
     LMX_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr);
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, int box_rows, const char* what) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(in), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(in) * sizeof(__nv_bfloat16)};
@@ -2422,6 +2447,30 @@ CUtensorMap tensor_map_2d(const __nv_bfloat16* data, int64_t rows, int64_t in, i
   if (status != CUDA_SUCCESS) {
     fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for " + what + " [" +
                          std::to_string(rows) + ", " + std::to_string(in) + "]");
+  }
+  return map;
+}
+
+// The fused halves layout's weight [E, 2I, in] as 4 dimensions, innermost first: k (in), half (gate 0 / up 1, a
+// stride of I rows), i (I rows), expert (2I rows). A box {64, 2, box_rows / 2, 1} lands in shared memory as
+// box_rows rows ordered (i, half): gate row i, up row i, gate row i + 1, ... — the interleaved layout's
+// logical columns 2i, 2i + 1, with the same 128-byte swizzle per 64-element row as tensor_map_2d's box. Rows
+// of i past I are zero-filled (a partial last column block never reads the next expert's rows).
+CUtensorMap tensor_map_halves(const __nv_bfloat16* data, int64_t experts, int64_t inter, int64_t in, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  CUtensorMap map{};
+  const cuuint64_t row = cuuint64_t(in) * sizeof(__nv_bfloat16);
+  const cuuint64_t dims[4] = {cuuint64_t(in), 2, cuuint64_t(inter), cuuint64_t(experts)};
+  const cuuint64_t strides[3] = {row * cuuint64_t(inter), row, row * 2 * cuuint64_t(inter)};
+  const cuuint32_t box[4] = {cuuint32_t(kBlockK), 2, cuuint32_t(box_rows / 2), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(data), dims,
+                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    fail("moe_gemm", "cuTensorMapEncodeTiled failed (" + std::to_string(int(status)) + ") for the halves weight [" +
+                         std::to_string(experts) + ", 2 x " + std::to_string(inter) + ", " + std::to_string(in) + "]");
   }
   return map;
 }
@@ -2499,11 +2548,18 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
   }
   if (kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode) {
     GemmKernelParams with_maps = params;
-    with_maps.weight_by_tma = !params.halves;  // the halves layout is not one box: cp.async
-    if (with_maps.weight_by_tma) {
+    with_maps.a_by_tma = sorted_rows.defined();
+    // The fused halves layout by TMA: the persistent kernel only (A gathered too), without LoRA terms (their B
+    // slices are in the weight's layout); otherwise its rows come one by one by cp.async.
+    const bool halves_map = params.halves && halves_on_tma(block_m) && with_maps.a_by_tma &&
+                            params.lora_z == nullptr && block_n % 16 == 0;
+    with_maps.weight_by_tma = !params.halves || halves_map;
+    if (halves_map) {
+      with_maps.weight_map = tensor_map_halves(params.weight, params.weight_rows / params.n, params.n / 2, params.in,
+                                               block_n);
+    } else if (with_maps.weight_by_tma) {
       with_maps.weight_map = tensor_map_2d(params.weight, params.weight_rows, params.in, block_n, "the weight");
     }
-    with_maps.a_by_tma = sorted_rows.defined();
     CUtensorMap half_tile_map{};  // the gathered rows in boxes of 64: the multicast kernel's A halves
     if (with_maps.a_by_tma) {  // the tiles' rows gathered into tile order first, then one box per stage
       auto* sorted = static_cast<__nv_bfloat16*>(sorted_rows.data);
@@ -2677,6 +2733,7 @@ int moe_gemm_multicast_clusters() { return prepared_cluster_kernel().clusters; }
 void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
 void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
+void set_moe_gemm_halves_by_tma(bool on) { halves_by_tma = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
   // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):
@@ -3356,13 +3413,14 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   const bool fold_lora = lora_gu && !small && lora_in_epilogue && !gemm_lora_gu;
   const bool fused = !lora_gu || fold_lora || gemm_lora_gu || decode_gemm_lora;
   const bool fused_halves = fused && p.layout == ops::GateUpLayout::kHalves;
-  if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves)) {
+  if (gather_rows && (gemm_kernel != MoeGemmKernel::kAuto || !fused_halves || halves_on_tma(block_m))) {
     gate_up.sorted_rows = view(l.sorted_x, DType::BF16, {l.expert_capacity, hidden});
   }
   // Where gate_up's fused output runs on the persistent kernel it writes a straight into down's A rows in tile
   // order (MoeGateUpParams::pair_rows), so down needs no gather of a; the down MoE-LoRA's shrink then reads a
   // through pair_rows. Not with the direct per-pair LoRA path, which reads a by pair.
-  const bool a_by_row = a_in_tile_order && fused && !fused_halves && gate_up.sorted_rows.defined() && !small;
+  const bool a_by_row =
+      a_in_tile_order && fused && (!fused_halves || halves_on_tma(block_m)) && gate_up.sorted_rows.defined() && !small;
   const Tensor a_rows = a_by_row ? view(l.sorted_a, DType::BF16, {l.expert_capacity, inter}) : a;
   const Tensor pair_rows = a_by_row ? view(l.pair_rows, DType::I32, {pairs}) : Tensor();
   if (a_by_row) gate_up.pair_rows = pair_rows;

@@ -115,6 +115,11 @@ void set_moe_block_down_block_n(int block_n);
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
 void set_moe_lora_in_epilogue(bool on);
+// The fused gate_up of the halves layout (gate rows, then up rows: Qwen3, Mixtral) at 128-row tiles on the
+// persistent TMA kernel, its weight tiles through a 4-D tensor map that interleaves the two halves' rows (on, the
+// default), or on the ring kernel with the rows loaded one by one (the bench's before row). 64-row tiles keep the
+// ring (perf-log run 202).
+void set_moe_gemm_halves_by_tma(bool on);
 // moe_block's tiled MoE-LoRA (gate_up with the interleaved layout, and down) added in the GEMMs' fp32
 // accumulators (MoeGemmLora: the shrink writes z, the persistent GEMM adds z·Bᵀ before its epilogue, no
 // expand, no pre-activation h, no moe_activation), where moe_block runs the persistent kernel. Each warp
