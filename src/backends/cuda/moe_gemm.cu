@@ -2197,7 +2197,7 @@ bool halves_by_tma = true;                         // set_moe_gemm_halves_by_tma
 // 35.7 ms (perf-log run 30).
 // The fused halves layout (Qwen3, Mixtral: gate rows, then up rows) comes by TMA too at 128-row tiles with
 // halves_by_tma (the default; tensor_map_halves). Not at 64: Qwen3-30B-A3B's T 1600 (BLOCK_M 64) gate_up took
-// ~490 µs a layer on the one-consumer persistent kernel against the ring's 380 (perf-log run 202).
+// ~490 µs a layer on the one-consumer persistent kernel against the ring's 380 (perf-log run 201).
 bool halves_on_tma(int block_m) { return halves_by_tma && block_m == kMoeGemmBlockMLarge; }
 MoeGemmKernel kernel_for(int block_m, bool gathered, bool halves) {
   if (gemm_kernel != MoeGemmKernel::kAuto || block_m == kMoeGemmBlockMDecode) return gemm_kernel;

@@ -118,7 +118,7 @@ void set_moe_lora_in_epilogue(bool on);
 // The fused gate_up of the halves layout (gate rows, then up rows: Qwen3, Mixtral) at 128-row tiles on the
 // persistent TMA kernel, its weight tiles through a 4-D tensor map that interleaves the two halves' rows (on, the
 // default), or on the ring kernel with the rows loaded one by one (the bench's before row). 64-row tiles keep the
-// ring (perf-log run 202).
+// ring (perf-log run 201).
 void set_moe_gemm_halves_by_tma(bool on);
 // moe_block's tiled MoE-LoRA (gate_up with the interleaved layout, and down) added in the GEMMs' fp32
 // accumulators (MoeGemmLora: the shrink writes z, the persistent GEMM adds z·Bᵀ before its epilogue, no
