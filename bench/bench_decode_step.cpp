@@ -37,6 +37,8 @@
 // --down-block-n N: moe_block's 128-row down GEMM at BLOCK_N N (128, 192, 240, 256; default: its rule).
 // --fuse-prompt-route 0: a prompt's router as cuBLASLt's product, bias and top-k kernels (the before run).
 // --fuse-qkv-rope 0: q|k|v's split (and its bias) as its own kernel before the rotation (the before run).
+// --moe-block-m N: the MoE GEMMs' BLOCK_M at 64 or 128 wherever experts average 32 pairs or more (default:
+// the rule, moe_gemm_block_m).
 // --halves-by-tma 0: the fused gate_up of the halves layout (Qwen3) on the ring kernel (the before run).
 // --finish-by-chunks 0: the bias after cuBLASLt (o_proj) by the scalar kernel (the before run).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
@@ -106,6 +108,7 @@ struct Options {
   int down_block_n = 0;               // moe_block's 128-row down BLOCK_N (set_moe_block_down_block_n; 0: its rule)
   int fuse_prompt_route = 1;          // 0: a prompt's router as product + reduce + bias + top-k (set_fuse_prompt_route)
   int fuse_qkv_rope = 1;              // 0: q|k|v's split as its own kernel before the rotation (set_fuse_qkv_rope)
+  int moe_block_m = 0;                // 64 or 128: set_moe_gemm_block_m_override (0: the rule)
   int halves_by_tma = 1;              // 0: halves-layout gate_up on the ring kernel (set_moe_gemm_halves_by_tma)
   int finish_by_chunks = 1;           // 0: the bias after cuBLASLt by the scalar kernel (set_finish_by_chunks)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
@@ -149,6 +152,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--down-block-n") o.down_block_n = std::atoi(value.c_str());
     else if (key == "--fuse-prompt-route") o.fuse_prompt_route = std::atoi(value.c_str());
     else if (key == "--fuse-qkv-rope") o.fuse_qkv_rope = std::atoi(value.c_str());
+    else if (key == "--moe-block-m") o.moe_block_m = std::atoi(value.c_str());
     else if (key == "--halves-by-tma") o.halves_by_tma = std::atoi(value.c_str());
     else if (key == "--finish-by-chunks") o.finish_by_chunks = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
@@ -526,6 +530,15 @@ int main(int argc, char** argv) {
     }
     std::printf("every row: the MXFP4 decode GEMM at %d columns x %d stages%s\n", o.mxfp4_block_n, o.mxfp4_stages,
                 o.mxfp4_ctas ? (", " + std::to_string(o.mxfp4_ctas) + " CTAs an SM").c_str() : "");
+  }
+  if (o.moe_block_m != 0) {
+    try {
+      cuda::set_moe_gemm_block_m_override(o.moe_block_m);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "bench_decode_step: --moe-block-m: %s\n", e.what());
+      return 2;
+    }
+    std::printf("every row: the MoE GEMMs at BLOCK_M %d (--moe-block-m)\n", o.moe_block_m);
   }
   if (!o.halves_by_tma) {
     cuda::set_moe_gemm_halves_by_tma(false);

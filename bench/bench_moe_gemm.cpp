@@ -206,7 +206,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   // BENCH_BLOCK_M (16, 64 or 128) overrides the tile height of the component rows (gate_up, down: a
   // threshold check); the "block" rows keep moe_block's own choice.
   const char* forced_block_m = std::getenv("BENCH_BLOCK_M");
-  const int block_m = forced_block_m != nullptr ? std::atoi(forced_block_m) : cuda::moe_gemm_block_m(pairs, E, std::min(H, I));
+  const int block_m = forced_block_m != nullptr ? std::atoi(forced_block_m) : cuda::moe_gemm_block_m(pairs, E);
   const int64_t capacity = cuda::moe_align_capacity(pairs, E, block_m);
   OwnedTensor sorted = cuda::empty(DType::I32, {capacity}), tile_group = cuda::empty(DType::I32, {capacity / block_m});
   OwnedTensor offsets = cuda::empty(DType::I32, {E + 1}), num_tiles = cuda::empty(DType::I32, {1});

@@ -2757,17 +2757,26 @@ bool moe_lora_warp_groups_for(MoeLoraInGemm mode, int64_t tokens, int64_t scatte
          scattered < tokens / 2;
 }
 
-int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction) {
+int block_m_override = 0;  // set_moe_gemm_block_m_override
+void set_moe_gemm_block_m_override(int block_m) {
+  if (block_m != 0 && block_m != kMoeGemmBlockMPrefill && block_m != kMoeGemmBlockMLarge) {
+    throw std::invalid_argument("set_moe_gemm_block_m_override: block_m = " + std::to_string(block_m) +
+                                ", expected 0 (the rule), 64 or 128");
+  }
+  block_m_override = block_m;
+}
+int moe_gemm_block_m(int64_t pairs, int64_t experts) {
   // 16-row tiles until the mean expert holds 32 pairs: below that the 64-row tile is mostly padding and
   // the GEMM streams weights anyway; above it, 64 rows per weight tile cut the L2 -> SM weight traffic 4×;
-  // 128-row tiles (one CTA per SM, run in CTA groups by moe_block) from 256 pairs per expert, and from 96
-  // when both reductions are long (≥ 2048: GPT-OSS-20B, Mixtral): GPT-OSS-20B T 800 (100 per expert)
-  // gate_up 488 → 437 µs, down 253 → 226; T 1600 916 → 782, 447 → 392; prefill 42.0 → 40.4 ms (perf-log
-  // run 27). Qwen3-30B-A3B (I 768: 12 k-tiles per down tile, mostly prologue and epilogue, which a lone
-  // CTA per SM does not overlap) measured 50.8 → 53.0 ms with 128-row tiles at T 1600, so short
-  // reductions keep 64-row tiles up to 256 per expert.
+  // 128-row tiles (one CTA per SM, run in CTA groups by moe_block) from 96 pairs per expert: GPT-OSS-20B T 800
+  // (100 per expert) gate_up 488 → 437 µs, down 253 → 226; T 1600 916 → 782, 447 → 392; prefill 42.0 → 40.4
+  // ms (perf-log run 27). Qwen3-30B-A3B (I 768) had measured 50.8 → 53.0 ms with 128-row tiles at T 1600 on
+  // the ring kernels then, so reductions shorter than 2048 kept 64-row tiles up to 256 per expert; on the
+  // persistent kernels, with the halves layout's gate_up by TMA, its prefill of 1600 tokens went 44.4 → 39.0
+  // ms at 128 (perf-log run 206, H100), and that condition is gone.
   const int64_t per_expert = pairs / std::max<int64_t>(experts, 1);
-  if (per_expert >= 256 || (per_expert >= 96 && min_reduction >= 2048)) return kMoeGemmBlockMLarge;
+  if (block_m_override != 0 && per_expert >= 32) return block_m_override;
+  if (per_expert >= 96) return kMoeGemmBlockMLarge;
   return per_expert >= 32 ? kMoeGemmBlockMPrefill : kMoeGemmBlockMDecode;
 }
 
@@ -3253,7 +3262,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                  std::to_string(s.max_rank) + ")");
   }
   if (tokens == 0) return;
-  const int block_m = moe_gemm_block_m(pairs, experts, std::min(hidden, inter));
+  const int block_m = moe_gemm_block_m(pairs, experts);
   const WorkspaceLayout l = layout_for(s, tokens, block_m);
   if (workspace.memory.nbytes() < l.total) {
     detail::contract_failure(op, "workspace.memory", workspace.memory,

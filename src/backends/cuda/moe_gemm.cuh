@@ -156,9 +156,11 @@ constexpr int kMoeLoraWarpRows = 16;
 // hold a warp with two or three adapters, which makes a pass for each over every column block.
 bool moe_lora_warp_groups_for(MoeLoraInGemm mode, int64_t tokens, int64_t scattered, int block_m);
 
-// The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E, and the shorter reduction of the
-// two GEMMs, min(H, I) (host numbers, no sync).
-int moe_gemm_block_m(int64_t pairs, int64_t experts, int64_t min_reduction);
+// The one place BLOCK_M is chosen: by the mean pairs per expert, T*K / E (host numbers, no sync).
+int moe_gemm_block_m(int64_t pairs, int64_t experts);
+// moe_gemm_block_m's answer wherever the mean expert holds at least 32 pairs: 0 (the rule, the default), 64 or
+// 128 (the bench's comparison rows). Throws std::invalid_argument otherwise.
+void set_moe_gemm_block_m_override(int block_m);
 
 // Tiles of one expert grouping (moe_align with slots = 0, block_m = BLOCK_M).
 struct MoeExpertTiles {
