@@ -234,6 +234,15 @@ double prefill_flops(const model::ModelConfig& c, int tokens) {
   return flops + 2.0 * H * c.vocab_size;  // one sampled row through the LM head
 }
 
+// Bytes one prefill of `tokens` must read at least: the weights it touches (attention, the experts its
+// tokens route to under uniform routing, the router, the LM head), as decode_floor counts them for a batch of
+// `tokens`. The prefill rows keep the FLOP floor (issue 5); this says where the weights' bytes come close to
+// it (Qwen3-30B-A3B at 1600 tokens: 128 experts of 9.4 MB in each of 48 layers).
+double prefill_weight_bytes(const model::ModelConfig& c, int tokens) {
+  const DecodeFloor f = decode_floor(c, tokens, 0, 0, 0);
+  return f.attention + f.experts + f.router + f.lm_head;
+}
+
 struct Run {
   std::unique_ptr<engine::Engine> engine;
 };
@@ -263,7 +272,8 @@ int print_floors(const Options& o) {
     std::printf("decode floor, %s experts: %.3f ms = %.0f OTPS with the adapters, %.3f ms = %.0f OTPS without\n",
                 mxfp4 ? "MXFP4" : "bf16", with_lora * 1e3, 1.0 / with_lora, base * 1e3, 1.0 / base);
   }
-  std::printf("prefill floor, %d tokens: %.3f ms\n", o.prefill, prefill_flops(c, o.prefill) / kFlopsPerSecond * 1e3);
+  std::printf("prefill floor, %d tokens: %.3f ms of FLOPs; the weights' bytes alone %.3f ms\n", o.prefill,
+              prefill_flops(c, o.prefill) / kFlopsPerSecond * 1e3, prefill_weight_bytes(c, o.prefill) / kBytesPerSecond * 1e3);
   return 0;
 }
 
@@ -648,6 +658,11 @@ int main(int argc, char** argv) {
   std::printf("  decode floor bytes (GB): attention %.2f, experts %.2f, router %.3f, LM head %.2f, KV %.2f, adapters %.2f\n",
               with_lora.attention * 1e-9, with_lora.experts * 1e-9, with_lora.router * 1e-9, with_lora.lm_head * 1e-9,
               with_lora.kv * 1e-9, with_lora.adapters * 1e-9);
+  if (o.prefill > 0) {
+    std::printf("  prefill of %d tokens: the rows' floor is its FLOPs, %.3f ms; its weights' bytes alone take %.3f ms\n",
+                o.prefill, prefill_flops(c, o.prefill) / kFlopsPerSecond * 1e3,
+                prefill_weight_bytes(c, o.prefill) / kBytesPerSecond * 1e3);
+  }
   auto row = [&](const char* what, double seconds, double floor_seconds) {
     std::printf("%-52s %10.3f ms  floor %8.3f ms  %5.1f%% of floor  (%.2fx)\n", what, seconds * 1e3, floor_seconds * 1e3,
                 100.0 * floor_seconds / seconds, seconds / floor_seconds);
