@@ -157,6 +157,8 @@ TEST_F(CudaRouting, PromptRouteRanksItsOwnLogits) {
                                         {100, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
                                         {1600, 2880, 32, 4, R::kTopKThenSoftmax, true, true},
                                         {300, 2048, 128, 8, R::kSoftmaxThenTopK, true, false},
+                                        {1600, 2048, 128, 8, R::kSoftmaxThenTopK, true, false},
+                                        {33, 2880, 200, 6, R::kTopKThenSoftmax, false, true},
                                         {40, 512, 64, 32, R::kSoftmaxThenTopK, false, true}};
   cuda::LinearRunner runner;
   for (const RouteCase& c : cases) {
@@ -180,6 +182,20 @@ TEST_F(CudaRouting, PromptRouteRanksItsOwnLogits) {
       EXPECT_TRUE(bitwise_equal(cuda::download(ids), cuda::download(own_ids))) << what << ": ids";
       EXPECT_TRUE(bitwise_equal(cuda::download(weights), cuda::download(own_weights))) << what << ": weights";
     });
+    // Over more than 32 experts a prompt's route runs 64 outputs a CTA (set_wide_route, the default) or 16:
+    // the same logits, ids and weights bit for bit.
+    if (c.experts > 32) {
+      const auto [wide_logits, wide_ids, wide_weights] = in.outputs();
+      EXPECT_TRUE(runner.route(in.params(wide_logits, wide_ids, wide_weights), stream_));
+      runner.set_wide_route(false);
+      const auto [narrow_logits, narrow_ids, narrow_weights] = in.outputs();
+      EXPECT_TRUE(runner.route(in.params(narrow_logits, narrow_ids, narrow_weights), stream_));
+      runner.set_wide_route(true);
+      sync();
+      EXPECT_TRUE(bitwise_equal(cuda::download(wide_logits), cuda::download(narrow_logits))) << "wide vs narrow: logits";
+      EXPECT_TRUE(bitwise_equal(cuda::download(wide_ids), cuda::download(narrow_ids))) << "wide vs narrow: ids";
+      EXPECT_TRUE(bitwise_equal(cuda::download(wide_weights), cuda::download(narrow_weights))) << "wide vs narrow: weights";
+    }
   }
 }
 

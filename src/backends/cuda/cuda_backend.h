@@ -146,6 +146,11 @@ class CudaBackend final : public ops::Backend {
     linear_.set_finish_by_chunks(on);
     ++memory_epoch_;
   }
+  // LinearRunner::set_wide_route (bench before/after); graphs are recorded again.
+  void set_wide_route(bool on) {
+    linear_.set_wide_route(on);
+    ++memory_epoch_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

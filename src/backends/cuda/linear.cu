@@ -130,6 +130,10 @@ constexpr int kSkinnyNTiles = 2;  // n8 tiles per warp: 16 outputs per CTA
 constexpr int kSkinnyUnroll = 4;  // 32-wide k chunks in flight per warp
 constexpr int kSkinnyOutPerCta = 8 * kSkinnyNTiles;
 constexpr int kSkinnySplit = 8;   // CTAs of a cluster splitting `in` for narrow products
+// A prompt's route over more than 32 experts (LinearRunner::route, set_wide_route): 64 outputs a CTA (8 n8
+// tiles a warp, one 32-wide k chunk in flight a warp), so each 16-row block's x is read by E / 64 CTAs
+// instead of E / 16 (Qwen3-30B-A3B's E 128: 200 CTAs at T 1600 instead of 800, 32.4 µs a layer, perf-log run 200).
+constexpr int kRouteWideNTiles = 8, kRouteWideUnroll = 1;
 // LinearRunner::route's counters (one per 16-row block): routes of up to 16 · 4096 tokens take one kernel.
 constexpr int kRouteRowBlocks = 4096;
 
@@ -167,12 +171,15 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
 // the loop's 16 loads in four groups of 4, each waiting for the MMAs of the one before (four round trips an
 // iteration instead of one: o_proj at 1.37 TB/s on the H100, perf-log run 157); at 2 it keeps all 16 in
 // flight (98 registers; 2 · 256 · 98 fit the 64K registers).
-template <typename Out, int kSplit>
+// kNTiles / kUnroll: n8 tiles a warp (outputs a CTA: 8 · kNTiles) and k chunks in flight; a warp's sum over
+// its k chunks runs in the same order whatever they are, so every form gives the same bits.
+template <typename Out, int kSplit, int kNTiles = kSkinnyNTiles, int kUnroll = kSkinnyUnroll>
 __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(const __grid_constant__ SkinnyKernelParams p) {
-  const int n0 = blockIdx.x * kSkinnyOutPerCta;
+  constexpr int kOutPerCta = 8 * kNTiles;
+  const int n0 = blockIdx.x * kOutPerCta;
   const int r0 = int(blockIdx.z) * kSkinnyMaxRows, tokens = min(kSkinnyMaxRows, p.tokens - r0);  // this row block
   if (blockIdx.z == 0) {
-    const int rows = min(kSkinnyOutPerCta, p.out - n0);
+    const int rows = min(kOutPerCta, p.out - n0);
     const char* first = reinterpret_cast<const char*>(p.w + int64_t(n0) * p.in);
     const int64_t bytes = int64_t(rows) * p.in * int64_t(sizeof(__nv_bfloat16));  // a multiple of 16
     const int64_t share = kSplit > 1 ? int64_t(blockIdx.y) : 0;
@@ -188,62 +195,75 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(con
   const int c_end = split_begin + (warp + 1) * split_chunks / kSkinnyWarps;
   const __nv_bfloat16* x_lo = p.x + int64_t(r0 + min(g, tokens - 1)) * p.in;
   const __nv_bfloat16* x_hi = p.x + int64_t(r0 + min(g + 8, tokens - 1)) * p.in;
-  const __nv_bfloat16* w_rows[kSkinnyNTiles];
+  const __nv_bfloat16* w_rows[kNTiles];
 #pragma unroll
-  for (int j = 0; j < kSkinnyNTiles; ++j) w_rows[j] = p.w + int64_t(min(n0 + 8 * j + g, p.out - 1)) * p.in;
+  for (int j = 0; j < kNTiles; ++j) w_rows[j] = p.w + int64_t(min(n0 + 8 * j + g, p.out - 1)) * p.in;
 
-  float acc[kSkinnyNTiles][4] = {};
-  for (int c = c_begin; c < c_end; c += kSkinnyUnroll) {
-    uint4 xa[kSkinnyUnroll], xb[kSkinnyUnroll], wv[kSkinnyUnroll][kSkinnyNTiles];
+  float acc[kNTiles][4] = {};
+  for (int c = c_begin; c < c_end; c += kUnroll) {
+    uint4 xa[kUnroll], xb[kUnroll], wv[kUnroll][kNTiles];
 #pragma unroll
-    for (int u = 0; u < kSkinnyUnroll; ++u) {  // every load unconditional (clamped), then masked by value
+    for (int u = 0; u < kUnroll; ++u) {  // every load unconditional (clamped), then masked by value
       const int k = (c + u) * 32 + 8 * q;
       const int kk = min(k, p.in - 8);
       xa[u] = *reinterpret_cast<const uint4*>(x_lo + kk);
       xb[u] = *reinterpret_cast<const uint4*>(x_hi + kk);
 #pragma unroll
-      for (int j = 0; j < kSkinnyNTiles; ++j) wv[u][j] = *reinterpret_cast<const uint4*>(w_rows[j] + kk);
+      for (int j = 0; j < kNTiles; ++j) wv[u][j] = *reinterpret_cast<const uint4*>(w_rows[j] + kk);
       if (c + u >= c_end || k >= p.in) xa[u] = xb[u] = make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kSkinnyUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int j = 0; j < kSkinnyNTiles; ++j) {
+      for (int j = 0; j < kNTiles; ++j) {
         mma_bf16_16x8x16(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
         mma_bf16_16x8x16(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
       }
     }
   }
   // C fragment: acc[j][0..1] = (row g, cols 8j + 2q, +1), acc[j][2..3] = (row g + 8, same cols).
-  __shared__ float partial[kSkinnyWarps][kSkinnyMaxRows][kSkinnyOutPerCta];
+  __shared__ float partial[kSkinnyWarps][kSkinnyMaxRows][kOutPerCta];
 #pragma unroll
-  for (int j = 0; j < kSkinnyNTiles; ++j) {
+  for (int j = 0; j < kNTiles; ++j) {
     partial[warp][g][8 * j + 2 * q] = acc[j][0];
     partial[warp][g][8 * j + 2 * q + 1] = acc[j][1];
     partial[warp][g + 8][8 * j + 2 * q] = acc[j][2];
     partial[warp][g + 8][8 * j + 2 * q + 1] = acc[j][3];
   }
   __syncthreads();
-  static_assert(32 * kSkinnyWarps == kSkinnyMaxRows * kSkinnyOutPerCta, "one thread per output of the CTA");
-  const int row = threadIdx.x / kSkinnyOutPerCta, col = threadIdx.x % kSkinnyOutPerCta, n = n0 + col;
-  float sum = 0.0f;
+  // Each thread then owns kPerThread outputs of the CTA: output o = threadIdx.x + 256 i, (row, col) = (o / kOutPerCta,
+  // o % kOutPerCta); the warps' partials summed in warp order.
+  constexpr int kOutputs = kSkinnyMaxRows * kOutPerCta, kPerThread = kOutputs / (32 * kSkinnyWarps);
+  static_assert(kOutputs % (32 * kSkinnyWarps) == 0, "whole outputs a thread");
+  static_assert(kSplit == 1 || kPerThread == 1, "the cluster split reduces one output a thread");
+  float sums[kPerThread];
 #pragma unroll
-  for (int w = 0; w < kSkinnyWarps; ++w) sum += partial[w][row][col];
+  for (int i = 0; i < kPerThread; ++i) {
+    const int o = int(threadIdx.x) + 32 * kSkinnyWarps * i;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSkinnyWarps; ++w) sum += partial[w][o / kOutPerCta][o % kOutPerCta];
+    sums[i] = sum;
+  }
   if constexpr (kSplit > 1) {
-    __shared__ float cta_sum[kSkinnyMaxRows * kSkinnyOutPerCta];  // this CTA's share, read by cluster rank 0
-    cta_sum[threadIdx.x] = sum;
+    __shared__ float cta_sum[kOutputs];  // this CTA's share, read by cluster rank 0
+    cta_sum[threadIdx.x] = sums[0];
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every CTA's share written (release / acquire at cluster scope)
     if (cluster.block_rank() == 0) {
-      sum = 0.0f;
-      for (int r = 0; r < kSplit; ++r) sum += cluster.map_shared_rank(cta_sum, r)[threadIdx.x];
+      sums[0] = 0.0f;
+      for (int r = 0; r < kSplit; ++r) sums[0] += cluster.map_shared_rank(cta_sum, r)[threadIdx.x];
     }
     cluster.sync();  // the peers' shared memory stays alive until rank 0 has read it
     if (cluster.block_rank() != 0) return;
   }
-  if (row < tokens && n < p.out) {
-    if (p.bias != nullptr) sum += __bfloat162float(p.bias[n]);
-    static_cast<Out*>(p.y)[int64_t(r0 + row) * p.out + n] = Out(sum);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int o = int(threadIdx.x) + 32 * kSkinnyWarps * i, row = o / kOutPerCta, n = n0 + o % kOutPerCta;
+    if (row < tokens && n < p.out) {
+      const float sum = p.bias != nullptr ? sums[i] + __bfloat162float(p.bias[n]) : sums[i];
+      static_cast<Out*>(p.y)[int64_t(r0 + row) * p.out + n] = Out(sum);
+    }
   }
   if constexpr (std::is_same_v<Out, float>) {
     if (p.done == nullptr) return;
@@ -267,7 +287,7 @@ __global__ static void __launch_bounds__(32 * kSkinnyWarps, 2) skinny_kernel(con
 }
 
 // Launch of skinny_kernel<Out, kSplit>: PDL as launch.cuh, plus the cluster dims when kSplit > 1.
-template <typename Out, int kSplit>
+template <typename Out, int kSplit, int kNTiles = kSkinnyNTiles, int kUnroll = kSkinnyUnroll>
 void launch_skinny(const SkinnyKernelParams& params, unsigned column_blocks, unsigned row_blocks, cudaStream_t stream) {
   cudaLaunchAttribute attributes[2] = {};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
@@ -282,7 +302,7 @@ void launch_skinny(const SkinnyKernelParams& params, unsigned column_blocks, uns
   config.stream = stream;
   config.attrs = kSplit > 1 ? attributes : attributes + 1;
   config.numAttrs = (kSplit > 1 ? 1 : 0) + (programmatic_launches() ? 1 : 0);
-  LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_kernel<Out, kSplit>, params));
+  LMX_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_kernel<Out, kSplit, kNTiles, kUnroll>, params));
 }
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommendation for Hopper is 32 MiB
@@ -516,7 +536,7 @@ void require_cuda_linear(const ops::LinearParams& p) {
 // The skinny kernel for p (LinearRunner::takes_skinny(p) holds, or route()'s rows form: T > 16 in row blocks
 // of 16), with the router's top-k tail when `topk` has its `done` counters set (its other fields are the
 // tail's; f32 out).
-void run_skinny(const ops::LinearParams& p, const SkinnyKernelParams& topk, cudaStream_t stream) {
+void run_skinny(const ops::LinearParams& p, const SkinnyKernelParams& topk, cudaStream_t stream, bool wide = false) {
   const int64_t tokens = p.x.dim(0), in = p.x.dim(1), out = p.weight.dim(0);
   LMX_CHECK(in < 0x7fffffff && out < 0x7fffffff);
   SkinnyKernelParams params = topk;
@@ -527,8 +547,15 @@ void run_skinny(const ops::LinearParams& p, const SkinnyKernelParams& topk, cuda
   params.tokens = int(tokens);
   params.in = int(in);
   params.out = int(out);
-  const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
   const unsigned row_blocks = detail::blocks_for(tokens, kSkinnyMaxRows);
+  if (wide) {  // a prompt's route over many experts (LinearRunner::route): 64 outputs a CTA, no cluster split
+    LMX_CHECK(p.out.dtype == DType::F32 && row_blocks > 1);
+    launch_skinny<float, 1, kRouteWideNTiles, kRouteWideUnroll>(params, detail::blocks_for(out, 8 * kRouteWideNTiles),
+                                                               row_blocks, stream);
+    LMX_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned blocks = detail::blocks_for(out, kSkinnyOutPerCta);
   // Fewer CTAs than a quarter of the SMs (the router at decode: 2): split `in` over a cluster of 8 CTAs.
   const bool split = int64_t(blocks) * row_blocks * 4 < 132 && in >= 32 * 8 * kSkinnySplit;
   if (p.out.dtype == DType::F32) {
@@ -637,7 +664,7 @@ bool LinearRunner::route(const ops::RouteParams& p, cudaStream_t stream) {
   topk.top_k = p.top_k;
   topk.softmax_first = p.rule == ops::RoutingRule::kSoftmaxThenTopK;
   topk.renormalize = p.renormalize;
-  run_skinny(product, topk, stream);
+  run_skinny(product, topk, stream, rows && wide_route_ && experts > 32);
   return true;
 }
 

@@ -74,6 +74,9 @@ class LinearRunner {
   // (on, the default, where widths and addresses allow), or by the scalar kernel (the bench's before row, the
   // tests' second pass): the same bits.
   void set_finish_by_chunks(bool on) { finish_by_chunks_ = on; }
+  // route() of a prompt (T > 16) over more than 32 experts: 64 outputs a CTA (on, the default) or 16 like every
+  // skinny product (the bench's before row, the tests' second pass): the same bits.
+  void set_wide_route(bool on) { wide_route_ = on; }
   // out += x·W[:, :k]ᵀ in one rounding (cuBLASLt with beta 1): x [T, k] bf16, weight [n, >= k] bf16 whose rows
   // are weight_ld elements apart, out [T, n] bf16, all on cuda. The dense LoRA's expand of a long run of one
   // adapter (CudaBackend::linear_lora): W is B[slot] [out, R] and k the slot's true rank. Not timed on its
@@ -89,6 +92,7 @@ class LinearRunner {
   int64_t skinny_max_out_ = 1024;
   bool skinny_narrowing_ = true;
   bool finish_by_chunks_ = true;
+  bool wide_route_ = true;
   // One cuBLASLt product of `rows` rows of W into c with rows ldc apart (out_type: a cudaDataType_t);
   // lda: W's row stride (0: in); accumulate: c += instead of c =.
   void cublas_product(const void* w, const void* x, void* c, int64_t tokens, int64_t in, int64_t rows, int64_t ldc,
