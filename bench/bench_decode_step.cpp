@@ -14,6 +14,7 @@
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
 //                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always] [--down-decode-stages 6]
+//                     [--gate-up-decode-block-n 64|128] [--down-decode-block-n 64|128]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -101,6 +102,8 @@ struct Options {
   int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
   std::string moe_lora_in_gemm;       // --moe-lora-in-gemm MODE: set_moe_lora_in_gemm for every row (empty: the default)
   int down_decode_stages = -1;        // --down-decode-stages N: set_moe_block_down_decode_stages for every row
+  int gate_up_decode_block_n = 0;     // --gate-up-decode-block-n / --down-decode-block-n 64|128:
+  int down_decode_block_n = 0;        //   set_moe_block_decode_block_n for every row (0: the default, 64)
   int mxfp4_block_n = 0, mxfp4_stages = 0, mxfp4_ctas = 0;  // --mxfp4-shape NxS[xC]: set_moe_gemm_mxfp4_shape
   int mxfp4_experts = 0;              // 1: GPT-OSS experts generated as MXFP4, the decode GEMMs on them (--mxfp4-experts)
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
@@ -164,6 +167,8 @@ Options parse(int argc, char** argv) {
     else if (key == "--skinny-max-out") o.skinny_max_out = std::atoll(value.c_str());
     else if (key == "--moe-lora-in-gemm") o.moe_lora_in_gemm = value;
     else if (key == "--down-decode-stages") o.down_decode_stages = std::atoi(value.c_str());
+    else if (key == "--gate-up-decode-block-n") o.gate_up_decode_block_n = std::atoi(value.c_str());
+    else if (key == "--down-decode-block-n") o.down_decode_block_n = std::atoi(value.c_str());
     else if (key == "--mxfp4-shape") {
       if (std::sscanf(value.c_str(), "%dx%dx%d", &o.mxfp4_block_n, &o.mxfp4_stages, &o.mxfp4_ctas) < 2) {
         std::fprintf(stderr, "bench_decode_step: --mxfp4-shape: expected COLUMNSxSTAGES[xCTAS] (e.g. 128x6, 128x4x8), got '%s'\n",
@@ -440,20 +445,33 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
   r.prompt_ids = random_prompt(rng, o.prefill, vocab);
   r.sampling.max_tokens = 1;
   r.sampling.ignore_eos = true;
-  std::vector<double> seconds;
+  std::vector<double> seconds, device, launch;  // device / launch: summed over the prompt's steps
   const int reps = o.step_reps;
   for (int rep = 0; rep < reps; ++rep) {
     r.prompt_ids[0] = int32_t(rep);  // a new prompt each time: no prefix-cache hit
     if (!engine.add_request(r).ok()) std::exit(1);
     if (profiler && rep == reps - 1) profiler->reset();
+    double device_sum = 0, launch_sum = 0;
     const auto t0 = std::chrono::steady_clock::now();
     nvtxRangePushA(kTimedRange);
-    while (engine.has_work()) engine.step();
+    while (engine.has_work()) {
+      const engine::Engine::StepReport report = engine.step();
+      device_sum += std::max(report.device_seconds, 0.0);
+      launch_sum += report.launch_seconds;
+    }
     nvtxRangePop();
     seconds.push_back(seconds_since(t0));
+    device.push_back(device_sum);
+    launch.push_back(launch_sum);
   }
   if (profiler) profiler->print(1, seconds.back());
   std::sort(seconds.begin(), seconds.end());
+  std::sort(device.begin(), device.end());
+  std::sort(launch.begin(), launch.end());
+  // Wall time against device time (enqueued inputs to sampled tokens) says what the host adds around the
+  // forward; the host launch time says whether the GPU could have waited for the launches inside it.
+  std::printf("  (prefill of %d tokens: wall median %.3f ms, device median %.3f ms, host launch median %.3f ms)\n",
+              o.prefill, seconds[size_t(reps / 2)] * 1e3, device[size_t(reps / 2)] * 1e3, launch[size_t(reps / 2)] * 1e3);
   return seconds[size_t(reps / 2)];
 }
 
@@ -580,6 +598,11 @@ int main(int argc, char** argv) {
   if (o.down_decode_stages >= 0) {
     cuda::set_moe_block_down_decode_stages(o.down_decode_stages);  // throws with the accepted values
     std::printf("every row: the bf16 decode down GEMM at %d stages (--down-decode-stages)\n", o.down_decode_stages);
+  }
+  if (o.gate_up_decode_block_n != 0 || o.down_decode_block_n != 0) {
+    cuda::set_moe_block_decode_block_n(o.gate_up_decode_block_n, o.down_decode_block_n);  // throws if not built
+    std::printf("every row: the bf16 decode GEMMs at BLOCK_N %d (gate_up) and %d (down) (0: 64)\n",
+                o.gate_up_decode_block_n, o.down_decode_block_n);
   }
   if (!o.moe_lora_in_gemm.empty()) {
     const std::string& m = o.moe_lora_in_gemm;

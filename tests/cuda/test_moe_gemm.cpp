@@ -603,6 +603,35 @@ TEST_F(CudaMoeGemm, DownDecodeStagesGiveTheSameBits) {
   cuda::set_moe_block_down_decode_stages(0);
 }
 
+// moe_block's bf16 decode GEMMs at BLOCK_N 128 (set_moe_block_decode_block_n): each output column's k-loop is
+// the same at either width, so the bits match the default 64's, with and without the MoE-LoRA.
+TEST_F(CudaMoeGemm, DecodeBlockNGivesTheSameBits) {
+  for (const BlockCase& c : {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 16},
+                             BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false, 3, 8, 8},
+                             BlockCase{16, 32, 8, 512, 768, kSilu, kHalves, false, 2, 16, 16}}) {
+    SCOPED_TRACE(describe(c));
+    ASSERT_LT(c.tokens * c.top_k / c.experts, 32) << "not a BLOCK_M 16 case";
+    const BlockData b = make_block_data(rng(), c);
+    for (const bool with_lora : {false, true}) {
+      SCOPED_TRACE(with_lora ? "with the MoE-LoRA" : "without LoRA");
+      cuda::set_moe_block_decode_block_n(0, 0);
+      const OwnedTensor base = run_block(c, b, with_lora, stream_);  // the default
+      BlockCase oracle_case = c;
+      if (!with_lora) oracle_case.slots = 0;
+      const int64_t stride = c.hidden >= 2048 ? 4 : 1;
+      EXPECT_TRUE(close_to_oracle(every_nth_row(base, stride), cpu_block(cpu_, oracle_case, b, stride)));
+      for (const auto& [gate_up, down] : {std::pair{128, 0}, std::pair{0, 128}, std::pair{128, 128}}) {
+        cuda::set_moe_block_decode_block_n(gate_up, down);
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base))
+            << "gate_up BLOCK_N " << gate_up << ", down " << down;
+      }
+    }
+  }
+  cuda::set_moe_block_decode_block_n(0, 0);
+  EXPECT_THROW(cuda::set_moe_block_decode_block_n(256, 0), std::invalid_argument);
+  EXPECT_THROW(cuda::set_moe_block_decode_block_n(0, 32), std::invalid_argument);
+}
+
 TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   using cuda::MoeLoraInGemm;
   constexpr int kLarge = cuda::kMoeGemmBlockMLarge, kPrefill = cuda::kMoeGemmBlockMPrefill;

@@ -2168,6 +2168,7 @@ int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
 int block_down_block_n = 0;                         // set_moe_block_down_block_n
 int block_down_decode_stages = 0;                   // set_moe_block_down_decode_stages (perf-log runs 175-179)
+int block_decode_block_n[2] = {0, 0};               // set_moe_block_decode_block_n: gate_up, down (0: 64)
 
 // BLOCK_N of 128-row tiles on the warp-specialized kernels by the output width n: 192 where n is a multiple
 // of it (GPT-OSS-20B's 5760 and 2880: 1.2× the FLOPs per staged byte of 128 with no partial column block;
@@ -2720,6 +2721,16 @@ void set_moe_block_down_decode_stages(int stages) {
                                 ", expected 0 (the kernel's 6), 4, 5 or 6");
   }
   block_down_decode_stages = stages;
+}
+void set_moe_block_decode_block_n(int gate_up, int down) {
+  for (const int block_n : {gate_up, down}) {
+    if (block_n != 0 && block_n != 64 && block_n != 128) {
+      throw std::invalid_argument("set_moe_block_decode_block_n: block_n = " + std::to_string(block_n) +
+                                  ", expected 0 (the default, 64), 64 or 128");
+    }
+  }
+  block_decode_block_n[0] = gate_up;
+  block_decode_block_n[1] = down;
 }
 void set_moe_gemm_large_block_n(int block_n) {
   if (block_n != 0 && block_n != 128 && block_n != 192 && block_n != 256) {
@@ -3378,6 +3389,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                           .swiglu_limit = p.swiglu_limit, .cta_group = cta_group,
                           .pdl = config.gemm_pdl && programmatic_launches()};
   gate_up.max_sms = config.max_sms;
+  if (block_m == kMoeGemmBlockMDecode) gate_up.block_n = block_decode_block_n[0];  // MXFP4 keeps its own shape
   // --mxfp4-experts: the decode GEMMs (BLOCK_M 16) stream the experts' MXFP4 copies (interleaved gate/up only)
   const bool mxfp4 = block_m == kMoeGemmBlockMDecode && gemm_mxfp4;
   if (mxfp4 && p.layout == ops::GateUpLayout::kInterleaved && p.gate_up_mxfp4.defined()) {
@@ -3527,7 +3539,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                                          ? 192  // 240 is built without LoRA terms or the stream-K tail
                                          : block_down_block_n)
                                   : down_block_n_for(p.down.dim(1), !down_lora.defined() && !stream_k.defined()))
-                           : 0,
+                       : block_m == kMoeGemmBlockMDecode ? block_decode_block_n[1]
+                                                         : 0,
             .cta_group = cta_group,
             .decode_stages = block_m == kMoeGemmBlockMDecode ? block_down_decode_stages : 0,
             .pdl = config.gemm_pdl && programmatic_launches(), .routing_before_wait = true,

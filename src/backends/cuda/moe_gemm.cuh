@@ -66,6 +66,12 @@ void set_moe_gemm_mxfp4_shape(int block_n, int stages, int ctas_per_sm = 0);
 // decode step 4 stages were level to slower on an H100 (run 178) and slower on an H200 (run 179: +0.07 ms).
 // Throws std::invalid_argument for other values. Graphs must be recorded again.
 void set_moe_block_down_decode_stages(int stages);
+// moe_block's decode GEMMs on bf16 experts (BLOCK_M 16): BLOCK_N of gate_up and of down, 64 (0: the default) or
+// 128 (4 stages). Wider column blocks halve the CTAs and double each one's weight stream, for short reductions
+// (Qwen3-30B-A3B's down: K 768 is 12 k-tiles, half of them the 6-stage ring's prologue). Only the column
+// split changes, so the bits do not. MXFP4 experts keep set_moe_gemm_mxfp4_shape's. Throws
+// std::invalid_argument for other values. Graphs must be recorded again.
+void set_moe_block_decode_block_n(int gate_up, int down);
 // true: the decode MoE-LoRA goes into the MXFP4 decode GEMMs' accumulators as into the bf16 ones; false (the
 // default, perf-log run 118): where the decode GEMMs read MXFP4 experts, the LoRA runs as shrink + expand
 // kernels around them (the before/after row; tests compare each path with its bf16 twin).
