@@ -14,7 +14,7 @@
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
 //                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always] [--down-decode-stages 6]
-//                     [--gate-up-decode-block-n 64|128] [--down-decode-block-n 64|128]
+//                     [--gate-up-decode-block-n 64|128] [--down-decode-block-n 64|128] [--pdl 0]
 // --gpu-memory-utilization / --max-num-batched-tokens size the KV pool (default: for the batch only) and the
 // token budget as loramux serve does. --decode-warmup N: full-batch decode steps before the timed ones (the
 // serve run's steps are hundreds of tokens into each generation); each decode row prints how many distinct
@@ -102,6 +102,7 @@ struct Options {
   int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
   std::string moe_lora_in_gemm;       // --moe-lora-in-gemm MODE: set_moe_lora_in_gemm for every row (empty: the default)
   int down_decode_stages = -1;        // --down-decode-stages N: set_moe_block_down_decode_stages for every row
+  int pdl = 1;                        // 0: plain launches for every kernel (set_programmatic_launches; with --only)
   int gate_up_decode_block_n = 0;     // --gate-up-decode-block-n / --down-decode-block-n 64|128:
   int down_decode_block_n = 0;        //   set_moe_block_decode_block_n for every row (0: the default, 64)
   int mxfp4_block_n = 0, mxfp4_stages = 0, mxfp4_ctas = 0;  // --mxfp4-shape NxS[xC]: set_moe_gemm_mxfp4_shape
@@ -167,6 +168,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--skinny-max-out") o.skinny_max_out = std::atoll(value.c_str());
     else if (key == "--moe-lora-in-gemm") o.moe_lora_in_gemm = value;
     else if (key == "--down-decode-stages") o.down_decode_stages = std::atoi(value.c_str());
+    else if (key == "--pdl") o.pdl = std::atoi(value.c_str());
     else if (key == "--gate-up-decode-block-n") o.gate_up_decode_block_n = std::atoi(value.c_str());
     else if (key == "--down-decode-block-n") o.down_decode_block_n = std::atoi(value.c_str());
     else if (key == "--mxfp4-shape") {
@@ -574,6 +576,10 @@ int main(int argc, char** argv) {
   if (!o.halves_by_tma) {
     cuda::set_moe_gemm_halves_by_tma(false);
     std::printf("every row: the halves-layout gate_up on the ring kernel (--halves-by-tma 0)\n");
+  }
+  if (!o.pdl) {  // the full run's "same, plain launches" row and its knob rows set it back on: use with --only
+    cuda_backend.set_programmatic_launches(false);
+    std::printf("every row: plain launches, no PDL chain (--pdl 0)\n");
   }
   if (!o.wide_route) {
     cuda_backend.set_wide_route(false);
