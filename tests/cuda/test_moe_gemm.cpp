@@ -632,6 +632,37 @@ TEST_F(CudaMoeGemm, DecodeBlockNGivesTheSameBits) {
   EXPECT_THROW(cuda::set_moe_block_decode_block_n(0, 32), std::invalid_argument);
 }
 
+// moe_block's bf16 decode GEMMs with their weight tiles by TMA (set_moe_decode_weight_by_tma): the same stages
+// land in the same swizzled places, so the bits match the cp.async copies' — both layouts (the halves through
+// the 4-D map), k not a multiple of 64 (the box's zero fill), a partial last column block (rows of the next
+// expert, never stored), every stage count, with and without the MoE-LoRA (the PDL wait modes).
+TEST_F(CudaMoeGemm, DecodeWeightByTmaGivesTheSameBits) {
+  for (const BlockCase& c : {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 16},
+                             BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false, 3, 8, 8},
+                             BlockCase{7, 8, 2, 200, 136, kGptOss, kInterleaved, true, 2, 8, 8},
+                             BlockCase{16, 32, 8, 512, 768, kSilu, kHalves, false, 2, 16, 16}}) {
+    SCOPED_TRACE(describe(c));
+    ASSERT_LT(c.tokens * c.top_k / c.experts, 32) << "not a BLOCK_M 16 case";
+    const BlockData b = make_block_data(rng(), c);
+    for (const bool with_lora : {false, true}) {
+      SCOPED_TRACE(with_lora ? "with the MoE-LoRA" : "without LoRA");
+      cuda::set_moe_decode_weight_by_tma(false);
+      cuda::set_moe_block_down_decode_stages(0);
+      const OwnedTensor copies = run_block(c, b, with_lora, stream_);
+      BlockCase oracle_case = c;
+      if (!with_lora) oracle_case.slots = 0;
+      EXPECT_TRUE(close_to_oracle(copies, cpu_block(cpu_, oracle_case, b)));
+      cuda::set_moe_decode_weight_by_tma(true);
+      for (int stages : {0, 4, 5}) {
+        cuda::set_moe_block_down_decode_stages(stages);
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), copies)) << "by TMA, down at stages " << stages;
+      }
+    }
+  }
+  cuda::set_moe_decode_weight_by_tma(false);
+  cuda::set_moe_block_down_decode_stages(0);
+}
+
 TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
   using cuda::MoeLoraInGemm;
   constexpr int kLarge = cuda::kMoeGemmBlockMLarge, kPrefill = cuda::kMoeGemmBlockMPrefill;

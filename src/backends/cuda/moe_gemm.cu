@@ -574,6 +574,51 @@ __device__ __forceinline__ void mma_tile_epilogue(const GemmKernelParams& p, int
   }
 }
 
+// ---- mbarriers and TMA (the decode kernel's weight by TMA, the warp-specialized and persistent kernels) ----
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+// Blocks until the barrier's phase with this parity has completed (a fresh barrier counts parity 1 done).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase can complete.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+// The box at (column `inner`, row `outer`) of a 2-D tensor map into shared memory; its bytes count down the
+// barrier's expected transaction count when they land.
+__device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map, int inner, int outer, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(shared_address(shared)), "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer),
+      "r"(shared_address(bar))
+      : "memory");
+}
+// The box at coordinates (c0, c1, c2, c3), innermost first, of a 4-D tensor map (tensor_map_halves).
+__device__ __forceinline__ void tma_load_4d(void* shared, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+          "r"(shared_address(shared)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(shared_address(bar))
+      : "memory");
+}
 // The start of the mma.sync tile kernels (grouped_gemm_kernel, grouped_gemm_mxfp4_kernel): the PDL wait mode
 // the launch asked for and the wait where that mode puts it first; then the CTA's tile (blockIdx.x): its pairs
 // into tile_pairs (visible to the whole CTA) and its expert — or -1 past the tile count, where the CTA has
@@ -614,7 +659,12 @@ __device__ __forceinline__ DecodeTileStart decode_tile_start(const GemmKernelPar
 // wait, so the kernel just before (the LoRA shrink writing z) runs alongside it; only z is read and out written
 // after it. PRECOND: the kernel just before writes none of tiles, x, weights, bias and reads nothing of out,
 // and waits in every CTA before it triggers (so tiles and x, written two launches back or earlier, are complete).
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
+// kWeightByTma (BLOCK_M 16 only; set_moe_decode_weight_by_tma): each stage's weight tile is one TMA box through
+// p.weight_map (tensor_map_2d, or tensor_map_halves for the halves layout; box kBlockN rows × 64, 128-byte
+// swizzle = `swizzled`), issued by thread 0 where the cp.async copies would go and awaited on the stage's
+// mbarrier; A stays on cp.async. Dynamic shared memory + 1024 (the stages 1024-byte aligned for the swizzle).
+// Same k-loop, same bits.
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK, bool kWeightByTma = false>
 __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarpsN == 8 ? 2 : 3)
     grouped_gemm_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -630,12 +680,40 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
   const bool late_wait = start.late_wait, weights_first = start.weights_first;
   const int expert = start.expert, n0 = blockIdx.y * kBlockN;
   extern __shared__ uint4 dynamic_shared[];
-  auto* stages = reinterpret_cast<__nv_bfloat16*>(dynamic_shared);  // [kStages][kBlockM + kBlockN][kBlockK]
+  // [kStages][kBlockM + kBlockN][kBlockK]; with kWeightByTma at the first 1024-byte boundary
+  auto* stages = reinterpret_cast<__nv_bfloat16*>(
+      kWeightByTma ? (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023)
+                   : reinterpret_cast<uintptr_t>(dynamic_shared));
+  static_assert(!kWeightByTma || (kBlockM * kBlockK * 2) % 1024 == 0);  // each B tile 1024-byte aligned too
+  __shared__ uint64_t weight_full[kWeightByTma ? kStages : 1];  // the stages' weight boxes landed
+  if constexpr (kWeightByTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) mbarrier_init(&weight_full[s], 1);
+    }
+    __syncthreads();
+  }
 
   const TileLoader<kBlockM, kBlockN, kThreads, kEvenK> loader(p, tile_pairs, expert, n0);
+  // The stage's weight tile: kBlockN rows × 64 k (k past `in` and rows past the map zero-filled; rows of the
+  // next expert are columns past n, never stored).
+  auto load_b = [&](int stage, int k0) {
+    __nv_bfloat16* b_dst = stages + stage * kStageElems + kBlockM * kBlockK;
+    if constexpr (kWeightByTma) {
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(&weight_full[stage], kBlockN * kBlockK * sizeof(__nv_bfloat16));
+        if (p.halves) {  // rows i of both halves, interleaved by the map's box: logical columns 2i, 2i + 1
+          tma_load_4d(b_dst, &p.weight_map, k0, 0, n0 / 2, expert, &weight_full[stage]);
+        } else {
+          tma_load_2d(b_dst, &p.weight_map, k0, expert * p.n + n0, &weight_full[stage]);
+        }
+      }
+    } else {
+      loader.load_b(b_dst, k0);
+    }
+  };
   auto load_stage = [&](int stage, int k0) {
-    __nv_bfloat16* a_dst = stages + stage * kStageElems;
-    loader.load(a_dst, a_dst + kBlockM * kBlockK, k0);
+    loader.load_a(stages + stage * kStageElems, k0);
+    load_b(stage, k0);
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -647,7 +725,7 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
     // group s still covers stage s (groups after the first are subsets of what they would be).
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) loader.load_b(stages + s * kStageElems + kBlockM * kBlockK, s * kBlockK);
+      if (s < k_tiles) load_b(s, s * kBlockK);
     }
     wait_then_allow_dependents();
 #pragma unroll
@@ -668,6 +746,7 @@ __global__ static void __launch_bounds__(32 * kWarpsM * kWarpsN, kWarpsM * kWarp
     const int next = kt + kStages - 1;
     if (next < k_tiles) load_stage(next % kStages, next * kBlockK);
     cp_async_commit();
+    if constexpr (kWeightByTma) mbarrier_wait(&weight_full[kt % kStages], (kt / kStages) & 1);
     const __nv_bfloat16* a_tile = stages + (kt % kStages) * kStageElems;  // [kBlockM][kBlockK] swizzled
     const __nv_bfloat16* b_tile = a_tile + kBlockM * kBlockK;            // [kBlockN][kBlockK] swizzled
 #pragma unroll
@@ -1210,49 +1289,6 @@ __global__ static void __launch_bounds__(128 * kWarpgroups, kWarpgroups == 1 && 
 // tiles' x (or a) rows into tile order, and one BLOCK_M-row box per stage reads them (one box per gathered
 // row instead was correct but 2.6–5× slower: run 25). Both by TMA: one thread issues every copy.
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-// Blocks until the barrier's phase with this parity has completed (a fresh barrier counts parity 1 done).
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
-}
-// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase can complete.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
-// The box at (column `inner`, row `outer`) of a 2-D tensor map into shared memory; its bytes count down the
-// barrier's expected transaction count when they land.
-__device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map, int inner, int outer, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(shared_address(shared)), "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer),
-      "r"(shared_address(bar))
-      : "memory");
-}
-// The box at coordinates (c0, c1, c2, c3), innermost first, of a 4-D tensor map (tensor_map_halves).
-__device__ __forceinline__ void tma_load_4d(void* shared, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
-          "r"(shared_address(shared)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-      "r"(shared_address(bar))
-      : "memory");
-}
 // tma_load_2d into the same shared offset of every CTA in `cta_mask` (a thread-block cluster), each CTA's
 // barrier at `bar`'s offset counting the bytes that land in it.
 __device__ __forceinline__ void tma_load_2d_multicast(void* shared, const CUtensorMap* map, int inner, int outer,
@@ -2191,6 +2227,7 @@ bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
 bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
 bool halves_by_tma = true;                         // set_moe_gemm_halves_by_tma
+bool decode_weight_by_tma = false;                  // set_moe_decode_weight_by_tma
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -2261,10 +2298,11 @@ struct PreparedKernel {
   size_t shared_bytes;
 };
 
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK>
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEvenK, bool kWeightByTma = false>
 PreparedKernel prepared_kernel() {
-  const size_t shared_bytes = size_t(kStages) * (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16);
-  GemmKernel kernel = grouped_gemm_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, kEvenK>;
+  const size_t shared_bytes =
+      size_t(kStages) * (kBlockM + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + (kWeightByTma ? 1024 : 0);
+  GemmKernel kernel = grouped_gemm_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, kEvenK, kWeightByTma>;
   // Once per instantiation and process (before any graph capture: the first launch is never captured
   // in our callers, who warm up first).
   static const bool attribute_set = [&] {
@@ -2304,10 +2342,17 @@ PreparedKernel prepared_mxfp4_kernel(int block_n, int stages, int ctas_per_sm) {
   return prepared_mxfp4_kernel<128, 8, 4>();
 }
 
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages>
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kWeightByTma = false>
 PreparedKernel prepared_kernel(bool even_k) {
-  return even_k ? prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, true>()
-                : prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, false>();
+  return even_k ? prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, true, kWeightByTma>()
+                : prepared_kernel<kBlockM, kBlockN, kWarpsM, kWarpsN, kStages, false, kWeightByTma>();
+}
+// The bf16 decode GEMM (BLOCK_M 16 × BLOCK_N 64) at 4, 5 or 6 stages, its weight by cp.async or by TMA.
+template <bool kWeightByTma>
+PreparedKernel prepared_decode_kernel(int decode_stages, bool even_k) {
+  if (decode_stages == 4) return prepared_kernel<16, 64, 1, 4, 4, kWeightByTma>(even_k);
+  if (decode_stages == 5) return prepared_kernel<16, 64, 1, 4, 5, kWeightByTma>(even_k);
+  return prepared_kernel<16, 64, 1, 4, 6, kWeightByTma>(even_k);
 }
 
 template <int kWarpgroups, int kBlockN, int kStages, bool kEvenK>
@@ -2497,8 +2542,9 @@ CUtensorMap tensor_map_halves(const __nv_bfloat16* data, int64_t experts, int64_
 // sorted_rows: the A rows in tile order for the warp-specialized kernel, gathered here first unless
 // `rows_ready` (moe_gate_up wrote them so: MoeDownParams::a_in_tile_order); pair_rows (or null): the gather
 // records each pair's tile row there (MoeGateUpParams::pair_rows).
-void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int decode_stages, int64_t max_tiles,
+void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int decode_stages, int64_t max_tiles,
                  const Tensor& sorted_rows, bool rows_ready, int32_t* pair_rows, int max_sms, cudaStream_t stream) {
+  GemmKernelParams params = given;  // + the weight's tensor map where the decode kernel takes it by TMA
   const MoeGemmKernel kernel = kernel_for(block_m, sorted_rows.defined(), params.halves);
   const bool mxfp4 = params.fp4_blocks != nullptr;  // host-checked: BLOCK_M 16
   if (mxfp4) block_n = gemm_mxfp4_block_n;
@@ -2524,10 +2570,17 @@ void launch_gemm(const GemmKernelParams& params, int block_m, int block_n, int d
     LMX_CHECK(block_m == kMoeGemmBlockMDecode && even_k);
     k = prepared_mxfp4_kernel(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas);
   } else if (block_m == kMoeGemmBlockMDecode) {
-    if (block_n == 128) k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
-    else if (decode_stages == 4) k = prepared_kernel<16, 64, 1, 4, 4>(even_k);
-    else if (decode_stages == 5) k = prepared_kernel<16, 64, 1, 4, 5>(even_k);
-    else k = prepared_kernel<16, 64, 1, 4, 6>(even_k);
+    if (block_n == 128) {
+      k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
+    } else if (decode_weight_by_tma) {
+      params.weight_by_tma = true;
+      params.weight_map = params.halves ? tensor_map_halves(params.weight, params.weight_rows / params.n, params.n / 2,
+                                                            params.in, block_n)
+                                        : tensor_map_2d(params.weight, params.weight_rows, params.in, block_n, "the weight");
+      k = prepared_decode_kernel<true>(decode_stages, even_k);
+    } else {
+      k = prepared_decode_kernel<false>(decode_stages, even_k);
+    }
   } else if (kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
     if (block_m == kMoeGemmBlockMPrefill) {
       k = block_n == 256 ? prepared_ws_kernel<1, 256, 5>(even_k) : prepared_ws_kernel<1, 128, 4>(even_k);
@@ -2745,6 +2798,7 @@ void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
 void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
 void set_moe_gemm_halves_by_tma(bool on) { halves_by_tma = on; }
+void set_moe_decode_weight_by_tma(bool on) { decode_weight_by_tma = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
   // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):

@@ -126,6 +126,10 @@ void set_moe_lora_in_epilogue(bool on);
 // default), or on the ring kernel with the rows loaded one by one (the bench's before row). 64-row tiles keep the
 // ring (perf-log run 201).
 void set_moe_gemm_halves_by_tma(bool on);
+// The bf16 decode GEMM's weight tiles (BLOCK_M 16 × BLOCK_N 64, every caller) by one TMA box a stage, issued by
+// one thread and awaited on a per-stage mbarrier, instead of 16-byte cp.async copies from every thread (off, the
+// default, until the device A/B decides; BLOCK_N 128 and MXFP4 keep their copies). Same bits either way.
+void set_moe_decode_weight_by_tma(bool on);
 // moe_block's tiled MoE-LoRA (gate_up with the interleaved layout, and down) added in the GEMMs' fp32
 // accumulators (MoeGemmLora: the shrink writes z, the persistent GEMM adds z·Bᵀ before its epilogue, no
 // expand, no pre-activation h, no moe_activation), where moe_block runs the persistent kernel. Each warp
