@@ -41,7 +41,9 @@
 // --moe-block-m N: the MoE GEMMs' BLOCK_M at 64 or 128 wherever experts average 32 pairs or more (default:
 // the rule, moe_gemm_block_m).
 // --halves-by-tma 0: the fused gate_up of the halves layout (Qwen3) on the ring kernel (the before run).
-// --decode-weight-tma 1: the bf16 decode GEMMs' weight tiles by TMA (set_moe_decode_weight_by_tma; every row).
+// --decode-weight-tma 0: the bf16 decode GEMMs' weight tiles by cp.async copies (set_moe_decode_weight_by_tma;
+// every row; the before run). --mxfp4-weight-bulk 1: the MXFP4 decode GEMMs' weight spans by bulk copies
+// (set_moe_mxfp4_weight_by_bulk; every row).
 // --wide-route 0: a prompt's route over more than 32 experts at 16 outputs a CTA (the before run).
 // --finish-by-chunks 0: the bias after cuBLASLt (o_proj) by the scalar kernel (the before run).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
@@ -116,7 +118,8 @@ struct Options {
   int fuse_qkv_rope = 1;              // 0: q|k|v's split as its own kernel before the rotation (set_fuse_qkv_rope)
   int moe_block_m = 0;                // 64 or 128: set_moe_gemm_block_m_override (0: the rule)
   int halves_by_tma = 1;              // 0: halves-layout gate_up on the ring kernel (set_moe_gemm_halves_by_tma)
-  int decode_weight_tma = 0;          // 1: the decode GEMMs' weight by TMA (set_moe_decode_weight_by_tma)
+  int decode_weight_tma = 1;          // 0: the decode GEMMs' weight by copies (set_moe_decode_weight_by_tma)
+  int mxfp4_weight_bulk = 0;          // 1: the MXFP4 decode GEMMs' weight by bulk copies
   int wide_route = 1;                 // 0: set_wide_route(false)
   int finish_by_chunks = 1;           // 0: the bias after cuBLASLt by the scalar kernel (set_finish_by_chunks)
   int prefill_lane = 0;               // 1: the engine's prefill lane (EngineConfig::prefill_lane)
@@ -163,6 +166,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--moe-block-m") o.moe_block_m = std::atoi(value.c_str());
     else if (key == "--halves-by-tma") o.halves_by_tma = std::atoi(value.c_str());
     else if (key == "--decode-weight-tma") o.decode_weight_tma = std::atoi(value.c_str());
+    else if (key == "--mxfp4-weight-bulk") o.mxfp4_weight_bulk = std::atoi(value.c_str());
     else if (key == "--wide-route") o.wide_route = std::atoi(value.c_str());
     else if (key == "--finish-by-chunks") o.finish_by_chunks = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
@@ -580,9 +584,13 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_halves_by_tma(false);
     std::printf("every row: the halves-layout gate_up on the ring kernel (--halves-by-tma 0)\n");
   }
-  if (o.decode_weight_tma) {
-    cuda::set_moe_decode_weight_by_tma(true);
-    std::printf("every row: the bf16 decode GEMMs' weight tiles by TMA (--decode-weight-tma 1)\n");
+  if (!o.decode_weight_tma) {
+    cuda::set_moe_decode_weight_by_tma(false);
+    std::printf("every row: the bf16 decode GEMMs' weight tiles by cp.async copies (--decode-weight-tma 0)\n");
+  }
+  if (o.mxfp4_weight_bulk) {
+    cuda::set_moe_mxfp4_weight_by_bulk(true);
+    std::printf("every row: the MXFP4 decode GEMMs' weight spans by bulk copies (--mxfp4-weight-bulk 1)\n");
   }
   if (!o.pdl) {  // the full run's "same, plain launches" row and its knob rows set it back on: use with --only
     cuda_backend.set_programmatic_launches(false);

@@ -680,7 +680,8 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
 // only those rows (a profiler run, e.g. ncu on the T 4096 prefill GEMM, wants few launches). Environment:
 // BENCH_BLOCK_M=16|64|128 pins the component rows' tile height (the block rows keep moe_block's choice);
 // BENCH_HALVES_BY_TMA=0: the halves layout's fused gate_up on the ring kernel (set_moe_gemm_halves_by_tma).
-// BENCH_DECODE_WEIGHT_TMA=1: the bf16 decode GEMMs' weight tiles by TMA (set_moe_decode_weight_by_tma).
+// BENCH_DECODE_WEIGHT_TMA=0: the bf16 decode GEMMs' weight tiles by cp.async copies (set_moe_decode_weight_by_tma).
+// BENCH_MXFP4_WEIGHT_BULK=1: the MXFP4 decode GEMMs' weight spans by bulk copies (set_moe_mxfp4_weight_by_bulk).
 // BENCH_DOWN_AB=N prints, after each T's first block row, only the block with down at BLOCK_N 192 and 240 in
 // turn, N rounds (128-row tiles).
 int main(int argc, char** argv) {
@@ -693,9 +694,13 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_halves_by_tma(false);
     std::printf("every row: the halves-layout gate_up on the ring kernel (BENCH_HALVES_BY_TMA=0)\n");
   }
-  if (const char* v = std::getenv("BENCH_DECODE_WEIGHT_TMA"); v != nullptr && std::atoi(v) != 0) {
-    cuda::set_moe_decode_weight_by_tma(true);
-    std::printf("every row: the bf16 decode GEMMs' weight tiles by TMA (BENCH_DECODE_WEIGHT_TMA=1)\n");
+  if (const char* v = std::getenv("BENCH_DECODE_WEIGHT_TMA"); v != nullptr && std::atoi(v) == 0) {
+    cuda::set_moe_decode_weight_by_tma(false);
+    std::printf("every row: the bf16 decode GEMMs' weight tiles by cp.async copies (BENCH_DECODE_WEIGHT_TMA=0)\n");
+  }
+  if (const char* v = std::getenv("BENCH_MXFP4_WEIGHT_BULK"); v != nullptr && std::atoi(v) != 0) {
+    cuda::set_moe_mxfp4_weight_by_bulk(true);
+    std::printf("every row: the MXFP4 decode GEMMs' weight spans by bulk copies (BENCH_MXFP4_WEIGHT_BULK=1)\n");
   }
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));

@@ -527,6 +527,25 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
         cuda::set_moe_lora_in_mxfp4_gemm(false);
         EXPECT_TRUE(same_as_bf16(shaped)) << block_n << " columns x " << stages << " stages @ " << ctas;
       }
+      // The weight spans by bulk copies (set_moe_mxfp4_weight_by_bulk): the copies' bits, with the LoRA in the
+      // GEMM (so the bf16 path's) and by the expands (the default on MXFP4).
+      for (const auto& [block_n, stages, ctas] : {std::tuple{64, 8, 6}, std::tuple{128, 4, 6}, std::tuple{64, 12, 4}}) {
+        cuda::set_moe_gemm_mxfp4_shape(block_n, stages, ctas);
+        for (const bool in_gemm : {true, false}) {
+          cuda::set_moe_lora_in_mxfp4_gemm(in_gemm);
+          const OwnedTensor by_copies = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
+          cuda::set_moe_mxfp4_weight_by_bulk(true);
+          const OwnedTensor bulk = run_block(c, nan_weights, with_lora, stream_, -1, {}, &copies);
+          cuda::set_moe_mxfp4_weight_by_bulk(false);
+          const std::string what = std::to_string(block_n) + " columns x " + std::to_string(stages) +
+                                   " stages, LoRA " + (in_gemm ? "in the GEMM" : "by the expands");
+          EXPECT_TRUE(bitwise_equal(bulk, by_copies)) << "bulk copies, " << what;
+          if (in_gemm) {
+            EXPECT_TRUE(same_as_bf16(bulk)) << "bulk copies, " << what;
+          }
+        }
+      }
+      cuda::set_moe_lora_in_mxfp4_gemm(false);
       cuda::set_moe_gemm_mxfp4_shape(64, 8);
       if (with_lora) {  // the default on MXFP4: the LoRA by the expand kernels, h unfused; so on both paths
         cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kOff);
@@ -659,7 +678,7 @@ TEST_F(CudaMoeGemm, DecodeWeightByTmaGivesTheSameBits) {
       }
     }
   }
-  cuda::set_moe_decode_weight_by_tma(false);
+  cuda::set_moe_decode_weight_by_tma(true);  // the default
   cuda::set_moe_block_down_decode_stages(0);
 }
 

@@ -619,6 +619,14 @@ __device__ __forceinline__ void tma_load_4d(void* shared, const CUtensorMap* map
       "r"(shared_address(bar))
       : "memory");
 }
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to the shared address `shared`
+// by one bulk copy, counted down on the barrier's expected transaction count when they land.
+__device__ __forceinline__ void bulk_copy(uint32_t shared, const void* global, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(shared),
+               "l"(global), "r"(bytes), "r"(shared_address(bar))
+               : "memory");
+}
+
 // The start of the mma.sync tile kernels (grouped_gemm_kernel, grouped_gemm_mxfp4_kernel): the PDL wait mode
 // the launch asked for and the wait where that mode puts it first; then the CTA's tile (blockIdx.x): its pairs
 // into tile_pairs (visible to the whole CTA) and its expert — or -1 past the tile count, where the CTA has
@@ -795,7 +803,10 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-template <int kBlockN, int kStages, int kMinBlocks>
+// kWeightByBulk (set_moe_mxfp4_weight_by_bulk): each stage's codes and exponents come by two bulk copies
+// (cp.async.bulk, the span's rows up to n), issued by thread 0 and awaited on the stage's mbarrier, instead of
+// every thread's 16-byte cp.async; rows past n keep stale bytes (their columns are never stored).
+template <int kBlockN, int kStages, int kMinBlocks, bool kWeightByBulk = false>
 __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 16, kThreads = 128, kWarpN = kBlockN / 4, kNi = kWarpN / 8;
   constexpr int kStageBytes = kMxfp4StageBytes<kBlockN>;
@@ -809,6 +820,13 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
   const DecodeTileStart start = decode_tile_start(p, tile_pairs);
   if (start.expert < 0) return;
   const int expert = start.expert, n0 = blockIdx.y * kBlockN;
+  __shared__ uint64_t weight_full[kWeightByBulk ? kStages : 1];  // the stages' bulk copies landed
+  if constexpr (kWeightByBulk) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) mbarrier_init(&weight_full[s], 1);
+    }
+    __syncthreads();
+  }
 
   // The copies. Every source is loop-carried: it starts at k-tile 0 and each issued stage adds a fixed span,
   // so the k-loop spends no instructions on address arithmetic (perf-log run 132: it had ~80 a k-tile, a
@@ -861,14 +879,31 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
     copy16(a_dst, offset, a_next, a_valid);
     a_next += kBlockK;
   };
+  // kWeightByBulk: thread 0's two spans a stage (rows up to n: a multiple of 8, so both sizes are of 16 bytes)
+  const int bulk_rows = min(kBlockN, rows_left);
+  const unsigned code_bytes = unsigned(bulk_rows) * ops::mxfp4::kTileBytes, scale_bytes = unsigned(bulk_rows) * 2;
+  const uint8_t* code_span_next = p.fp4_blocks + first_row * ops::mxfp4::kTileBytes;
+  const uint8_t* scale_span_next = p.fp4_scales + first_row * 2;
   auto load_b = [&](auto offset) {
+    if constexpr (kWeightByBulk) {
+      if (threadIdx.x == 0) {
+        uint64_t* full = &weight_full[decltype(offset)::value / kStageBytes];
+        const uint32_t code_stage = stage0 + kBlockM * kBlockK * 2 + decltype(offset)::value;
+        mbarrier_arrive_expect_tx(full, code_bytes + scale_bytes);
+        bulk_copy(code_stage, code_span_next, code_bytes, full);
+        bulk_copy(code_stage + kRawBytes, scale_span_next, scale_bytes, full);
+      }
+      code_span_next += code_span;
+      scale_span_next += scale_span;
+    } else {
 #pragma unroll
-    for (int j = 0; j < kRawLoads; ++j) {
-      copy16(code_dst + kThreads * 16 * j, offset, code_next[j], code_ok[j]);
-      code_next[j] += code_span;
+      for (int j = 0; j < kRawLoads; ++j) {
+        copy16(code_dst + kThreads * 16 * j, offset, code_next[j], code_ok[j]);
+        code_next[j] += code_span;
+      }
+      copy16_if(scale_dst, offset, scale_next, scale_ok, scale_loader);
+      scale_next += scale_span;
     }
-    copy16_if(scale_dst, offset, scale_next, scale_ok, scale_loader);
-    scale_next += scale_span;
   };
   // Stage s's byte offset, as a type (an "n" operand of the copies).
   auto stage_offset = [](auto s) { return std::integral_constant<int, decltype(s)::value * kStageBytes>{}; };
@@ -919,6 +954,7 @@ __global__ static void __launch_bounds__(128, kMinBlocks) grouped_gemm_mxfp4_ker
       load_b(refill);
     }
     cp_async_commit();
+    if constexpr (kWeightByBulk) mbarrier_wait(&weight_full[kS], (kt / kStages) & 1);
     uint32_t b[kNi][8];
 #pragma unroll
     for (int j = 0; j < kNi; ++j) {
@@ -2227,7 +2263,8 @@ bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
 bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
 bool halves_by_tma = true;                         // set_moe_gemm_halves_by_tma
-bool decode_weight_by_tma = false;                  // set_moe_decode_weight_by_tma
+bool decode_weight_by_tma = true;                   // set_moe_decode_weight_by_tma (perf-log run 215)
+bool mxfp4_weight_by_bulk = false;                  // set_moe_mxfp4_weight_by_bulk
 
 // The kernel one launch runs (BLOCK_M 64/128): kAuto takes the persistent warp-specialized kernel when both
 // operands can come by TMA — the A rows gathered (sorted_rows given) and a weight tile of one box (not the
@@ -2319,10 +2356,10 @@ PreparedKernel prepared_kernel() {
 // 123) and 128 × 5 at 6 CTAs (80 registers), 128 × 4 and 128 × 3 at 8 (64 registers, a 4-byte spill: slower,
 // run 125). Since the cheaper decode (run 132) 64 columns × 8 stages at 6 CTAs is the default (twice the CTAs,
 // half the B registers a lane); 64 × 12 at 4 CTAs and 64 × 6 at 8 are its neighbours for the sweep.
-template <int kBlockN, int kStages, int kMinBlocks>
+template <int kBlockN, int kStages, int kMinBlocks, bool kWeightByBulk>
 PreparedKernel prepared_mxfp4_kernel() {
   const size_t shared_bytes = size_t(kStages) * kMxfp4StageBytes<kBlockN>;
-  GemmKernel kernel = grouped_gemm_mxfp4_kernel<kBlockN, kStages, kMinBlocks>;
+  GemmKernel kernel = grouped_gemm_mxfp4_kernel<kBlockN, kStages, kMinBlocks, kWeightByBulk>;
   static const bool attribute_set = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     return true;
@@ -2330,16 +2367,20 @@ PreparedKernel prepared_mxfp4_kernel() {
   (void)attribute_set;
   return {kernel, 128, shared_bytes};
 }
+template <bool kWeightByBulk>
 PreparedKernel prepared_mxfp4_kernel(int block_n, int stages, int ctas_per_sm) {
   if (block_n == 64) {
-    if (stages == 12) return prepared_mxfp4_kernel<64, 12, 4>();
-    return stages == 6 ? prepared_mxfp4_kernel<64, 6, 8>() : prepared_mxfp4_kernel<64, 8, 6>();
+    if (stages == 12) return prepared_mxfp4_kernel<64, 12, 4, kWeightByBulk>();
+    return stages == 6 ? prepared_mxfp4_kernel<64, 6, 8, kWeightByBulk>() : prepared_mxfp4_kernel<64, 8, 6, kWeightByBulk>();
   }
-  if (stages == 3) return prepared_mxfp4_kernel<128, 3, 8>();
-  if (stages == 5) return prepared_mxfp4_kernel<128, 5, 6>();
-  if (stages == 4) return ctas_per_sm == 8 ? prepared_mxfp4_kernel<128, 4, 8>() : prepared_mxfp4_kernel<128, 4, 6>();
-  if (stages == 6) return prepared_mxfp4_kernel<128, 6, 5>();
-  return prepared_mxfp4_kernel<128, 8, 4>();
+  if (stages == 3) return prepared_mxfp4_kernel<128, 3, 8, kWeightByBulk>();
+  if (stages == 5) return prepared_mxfp4_kernel<128, 5, 6, kWeightByBulk>();
+  if (stages == 4) {
+    return ctas_per_sm == 8 ? prepared_mxfp4_kernel<128, 4, 8, kWeightByBulk>()
+                            : prepared_mxfp4_kernel<128, 4, 6, kWeightByBulk>();
+  }
+  if (stages == 6) return prepared_mxfp4_kernel<128, 6, 5, kWeightByBulk>();
+  return prepared_mxfp4_kernel<128, 8, 4, kWeightByBulk>();
 }
 
 template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kWeightByTma = false>
@@ -2568,7 +2609,8 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
   const bool pdl_kernel = block_m == kMoeGemmBlockMDecode || kernel == MoeGemmKernel::kMmaSync;
   if (mxfp4) {
     LMX_CHECK(block_m == kMoeGemmBlockMDecode && even_k);
-    k = prepared_mxfp4_kernel(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas);
+    k = mxfp4_weight_by_bulk ? prepared_mxfp4_kernel<true>(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas)
+                             : prepared_mxfp4_kernel<false>(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas);
   } else if (block_m == kMoeGemmBlockMDecode) {
     if (block_n == 128) {
       k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
@@ -2799,6 +2841,7 @@ void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
 void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
 void set_moe_gemm_halves_by_tma(bool on) { halves_by_tma = on; }
 void set_moe_decode_weight_by_tma(bool on) { decode_weight_by_tma = on; }
+void set_moe_mxfp4_weight_by_bulk(bool on) { mxfp4_weight_by_bulk = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
   if (mode == MoeLoraInGemm::kAlways) return true;
   // kLongRuns, GPT-OSS-20B, 8 adapters of rank 32 (perf-log runs 64–66, 106):
