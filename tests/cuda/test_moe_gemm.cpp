@@ -622,31 +622,46 @@ TEST_F(CudaMoeGemm, DownDecodeStagesGiveTheSameBits) {
   cuda::set_moe_block_down_decode_stages(0);
 }
 
-// moe_block's bf16 decode GEMMs at BLOCK_N 128 (set_moe_block_decode_block_n): each output column's k-loop is
-// the same at either width, so the bits match the default 64's, with and without the MoE-LoRA.
-TEST_F(CudaMoeGemm, DecodeBlockNGivesTheSameBits) {
-  for (const BlockCase& c : {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 16},
-                             BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false, 3, 8, 8},
-                             BlockCase{16, 32, 8, 512, 768, kSilu, kHalves, false, 2, 16, 16}}) {
+// The decode GEMM variants' cases (BLOCK_M 16 tiles): `body(c, b, with_lora, base)` for each case with and
+// without its MoE-LoRA, where base is moe_block's result with the default settings (checked against the CPU
+// oracle here); `defaults` puts the variant's knobs back first.
+template <typename Defaults, typename Body>
+void for_decode_cases(Rng& rng, cudaStream_t stream, cpu::CpuBackend& cpu, std::initializer_list<BlockCase> cases,
+                      Defaults defaults, Body body) {
+  for (const BlockCase& c : cases) {
     SCOPED_TRACE(describe(c));
     ASSERT_LT(c.tokens * c.top_k / c.experts, 32) << "not a BLOCK_M 16 case";
-    const BlockData b = make_block_data(rng(), c);
+    const BlockData b = make_block_data(rng, c);
     for (const bool with_lora : {false, true}) {
       SCOPED_TRACE(with_lora ? "with the MoE-LoRA" : "without LoRA");
-      cuda::set_moe_block_decode_block_n(0, 0);
-      const OwnedTensor base = run_block(c, b, with_lora, stream_);  // the default
+      defaults();
+      const OwnedTensor base = run_block(c, b, with_lora, stream);
       BlockCase oracle_case = c;
       if (!with_lora) oracle_case.slots = 0;
       const int64_t stride = c.hidden >= 2048 ? 4 : 1;
-      EXPECT_TRUE(close_to_oracle(every_nth_row(base, stride), cpu_block(cpu_, oracle_case, b, stride)));
-      for (const auto& [gate_up, down] : {std::pair{128, 0}, std::pair{0, 128}, std::pair{128, 128}}) {
-        cuda::set_moe_block_decode_block_n(gate_up, down);
-        EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base))
-            << "gate_up BLOCK_N " << gate_up << ", down " << down;
-      }
+      EXPECT_TRUE(close_to_oracle(every_nth_row(base, stride), cpu_block(cpu, oracle_case, b, stride)));
+      body(c, b, with_lora, base);
     }
   }
-  cuda::set_moe_block_decode_block_n(0, 0);
+  defaults();
+}
+
+// moe_block's bf16 decode GEMMs at BLOCK_N 128 (set_moe_block_decode_block_n): each output column's k-loop is
+// the same at either width, so the bits match the default 64's, with and without the MoE-LoRA.
+TEST_F(CudaMoeGemm, DecodeBlockNGivesTheSameBits) {
+  for_decode_cases(
+      rng(), stream_, cpu_,
+      {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 16},
+       BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false, 3, 8, 8},
+       BlockCase{16, 32, 8, 512, 768, kSilu, kHalves, false, 2, 16, 16}},
+      [] { cuda::set_moe_block_decode_block_n(0, 0); },
+      [&](const BlockCase& c, const BlockData& b, bool with_lora, const OwnedTensor& base) {
+        for (const auto& [gate_up, down] : {std::pair{128, 0}, std::pair{0, 128}, std::pair{128, 128}}) {
+          cuda::set_moe_block_decode_block_n(gate_up, down);
+          EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base))
+              << "gate_up BLOCK_N " << gate_up << ", down " << down;
+        }
+      });
   EXPECT_THROW(cuda::set_moe_block_decode_block_n(256, 0), std::invalid_argument);
   EXPECT_THROW(cuda::set_moe_block_decode_block_n(0, 32), std::invalid_argument);
 }
@@ -656,30 +671,26 @@ TEST_F(CudaMoeGemm, DecodeBlockNGivesTheSameBits) {
 // the 4-D map), k not a multiple of 64 (the box's zero fill), a partial last column block (rows of the next
 // expert, never stored), every stage count, with and without the MoE-LoRA (the PDL wait modes).
 TEST_F(CudaMoeGemm, DecodeWeightByTmaGivesTheSameBits) {
-  for (const BlockCase& c : {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 16},
-                             BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false, 3, 8, 8},
-                             BlockCase{7, 8, 2, 200, 136, kGptOss, kInterleaved, true, 2, 8, 8},
-                             BlockCase{16, 32, 8, 512, 768, kSilu, kHalves, false, 2, 16, 16}}) {
-    SCOPED_TRACE(describe(c));
-    ASSERT_LT(c.tokens * c.top_k / c.experts, 32) << "not a BLOCK_M 16 case";
-    const BlockData b = make_block_data(rng(), c);
-    for (const bool with_lora : {false, true}) {
-      SCOPED_TRACE(with_lora ? "with the MoE-LoRA" : "without LoRA");
-      cuda::set_moe_decode_weight_by_tma(false);
-      cuda::set_moe_block_down_decode_stages(0);
-      const OwnedTensor copies = run_block(c, b, with_lora, stream_);
-      BlockCase oracle_case = c;
-      if (!with_lora) oracle_case.slots = 0;
-      EXPECT_TRUE(close_to_oracle(copies, cpu_block(cpu_, oracle_case, b)));
-      cuda::set_moe_decode_weight_by_tma(true);
-      for (int stages : {0, 4, 5}) {
-        cuda::set_moe_block_down_decode_stages(stages);
-        EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), copies)) << "by TMA, down at stages " << stages;
-      }
-    }
-  }
-  cuda::set_moe_decode_weight_by_tma(true);  // the default
-  cuda::set_moe_block_down_decode_stages(0);
+  // base: the weight by TMA (the default) at down's default stages
+  for_decode_cases(
+      rng(), stream_, cpu_,
+      {BlockCase{16, 32, 4, 256, 192, kGptOss, kInterleaved, true, 4, 16, 16},
+       BlockCase{5, 8, 2, 200, 136, kSilu, kHalves, false, 3, 8, 8},
+       BlockCase{7, 8, 2, 200, 136, kGptOss, kInterleaved, true, 2, 8, 8},
+       BlockCase{16, 32, 8, 512, 768, kSilu, kHalves, false, 2, 16, 16}},
+      [] {
+        cuda::set_moe_decode_weight_by_tma(true);
+        cuda::set_moe_block_down_decode_stages(0);
+      },
+      [&](const BlockCase& c, const BlockData& b, bool with_lora, const OwnedTensor& base) {
+        for (int stages : {4, 5}) {
+          cuda::set_moe_block_down_decode_stages(stages);
+          EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base)) << "by TMA, down at stages " << stages;
+        }
+        cuda::set_moe_block_down_decode_stages(0);
+        cuda::set_moe_decode_weight_by_tma(false);
+        EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base)) << "by copies";
+      });
 }
 
 TEST(CudaMoeLoraInGemm, ModeAndHintPickThePath) {
