@@ -2612,16 +2612,14 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
     k = mxfp4_weight_by_bulk ? prepared_mxfp4_kernel<true>(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas)
                              : prepared_mxfp4_kernel<false>(gemm_mxfp4_block_n, gemm_mxfp4_stages, gemm_mxfp4_ctas);
   } else if (block_m == kMoeGemmBlockMDecode) {
-    if (block_n == 128) {
-      k = prepared_kernel<16, 128, 1, 4, 4>(even_k);
-    } else if (decode_weight_by_tma) {
+    if (decode_weight_by_tma) {
       params.weight_by_tma = true;
       params.weight_map = params.halves ? tensor_map_halves(params.weight, params.weight_rows / params.n, params.n / 2,
                                                             params.in, block_n)
                                         : tensor_map_2d(params.weight, params.weight_rows, params.in, block_n, "the weight");
-      k = prepared_decode_kernel<true>(decode_stages, even_k);
+      k = block_n == 128 ? prepared_kernel<16, 128, 1, 4, 4, true>(even_k) : prepared_decode_kernel<true>(decode_stages, even_k);
     } else {
-      k = prepared_decode_kernel<false>(decode_stages, even_k);
+      k = block_n == 128 ? prepared_kernel<16, 128, 1, 4, 4>(even_k) : prepared_decode_kernel<false>(decode_stages, even_k);
     }
   } else if (kernel == MoeGemmKernel::kWgmmaWarpSpecialized) {
     if (block_m == kMoeGemmBlockMPrefill) {

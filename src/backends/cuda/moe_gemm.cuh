@@ -130,7 +130,7 @@ void set_moe_gemm_halves_by_tma(bool on);
 // one thread and awaited on a per-stage mbarrier (on, the default), or by 16-byte cp.async copies from every
 // thread (the before row). Same bits either way. On an H100 (perf-log run 215) the GEMMs stream ~6% faster
 // by TMA: GPT-OSS-20B T 16 gate_up 352.7 → 332.0 µs, down 182.0 → 172.4; the bf16 decode step 14.65 → 13.95
-// ms. BLOCK_N 128 keeps its copies.
+// ms. BLOCK_N 128 (set_moe_block_decode_block_n) takes its weight the same way, in boxes of 128 rows.
 void set_moe_decode_weight_by_tma(bool on);
 // The MXFP4 decode GEMM's weight spans (codes and exponents of each stage) by two bulk copies from one thread,
 // awaited on a per-stage mbarrier, instead of every thread's 16-byte cp.async (off, the default, until the
