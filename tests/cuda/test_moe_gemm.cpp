@@ -539,7 +539,9 @@ TEST_F(CudaMoeGemm, Mxfp4DecodeMatchesBf16Bitwise) {
           cuda::set_moe_mxfp4_weight_by_bulk(false);
           const std::string what = std::to_string(block_n) + " columns x " + std::to_string(stages) +
                                    " stages, LoRA " + (in_gemm ? "in the GEMM" : "by the expands");
-          EXPECT_TRUE(bitwise_equal(bulk, by_copies)) << "bulk copies, " << what;
+          // (not exact: the expand path's shrink adds 3+ pieces into z by atomics, in any order)
+          EXPECT_TRUE(exact ? bitwise_equal(bulk, by_copies) : all_close(bulk, widen(by_copies), 1.0 / 64.0))
+              << "bulk copies, " << what;
           if (in_gemm) {
             EXPECT_TRUE(same_as_bf16(bulk)) << "bulk copies, " << what;
           }
@@ -625,6 +627,13 @@ TEST_F(CudaMoeGemm, DownDecodeStagesGiveTheSameBits) {
 // The decode GEMM variants' cases (BLOCK_M 16 tiles): `body(c, b, with_lora, base)` for each case with and
 // without its MoE-LoRA, where base is moe_block's result with the default settings (checked against the CPU
 // oracle here); `defaults` puts the variant's knobs back first.
+// same_bits(c, with_lora, got, base): bit for bit, except where the MoE-LoRA's direct shrink splits a row's
+// reduction into pieces (in > 256, 256 values a piece at the least) whose atomic adds into z land in any order
+// (from 3 pieces on, that changes the last bits from run to run, perf-log run 216); there within 1/64 of base.
+::testing::AssertionResult same_bits(const BlockCase& c, bool with_lora, const Tensor& got, const OwnedTensor& base) {
+  if (!with_lora || std::max(c.hidden, c.inter) <= 256) return bitwise_equal(got, base);
+  return all_close(got, widen(base), 1.0 / 64.0);
+}
 template <typename Defaults, typename Body>
 void for_decode_cases(Rng& rng, cudaStream_t stream, cpu::CpuBackend& cpu, std::initializer_list<BlockCase> cases,
                       Defaults defaults, Body body) {
@@ -658,7 +667,7 @@ TEST_F(CudaMoeGemm, DecodeBlockNGivesTheSameBits) {
       [&](const BlockCase& c, const BlockData& b, bool with_lora, const OwnedTensor& base) {
         for (const auto& [gate_up, down] : {std::pair{128, 0}, std::pair{0, 128}, std::pair{128, 128}}) {
           cuda::set_moe_block_decode_block_n(gate_up, down);
-          EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base))
+          EXPECT_TRUE(same_bits(c, with_lora, run_block(c, b, with_lora, stream_), base))
               << "gate_up BLOCK_N " << gate_up << ", down " << down;
         }
       });
@@ -685,11 +694,12 @@ TEST_F(CudaMoeGemm, DecodeWeightByTmaGivesTheSameBits) {
       [&](const BlockCase& c, const BlockData& b, bool with_lora, const OwnedTensor& base) {
         for (int stages : {4, 5}) {
           cuda::set_moe_block_down_decode_stages(stages);
-          EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base)) << "by TMA, down at stages " << stages;
+          EXPECT_TRUE(same_bits(c, with_lora, run_block(c, b, with_lora, stream_), base))
+              << "by TMA, down at stages " << stages;
         }
         cuda::set_moe_block_down_decode_stages(0);
         cuda::set_moe_decode_weight_by_tma(false);
-        EXPECT_TRUE(bitwise_equal(run_block(c, b, with_lora, stream_), base)) << "by copies";
+        EXPECT_TRUE(same_bits(c, with_lora, run_block(c, b, with_lora, stream_), base)) << "by copies";
       });
 }
 
