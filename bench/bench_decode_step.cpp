@@ -44,6 +44,8 @@
 // --decode-weight-tma 0: the bf16 decode GEMMs' weight tiles by cp.async copies (set_moe_decode_weight_by_tma;
 // every row; the before run). --mxfp4-weight-bulk 1: the MXFP4 decode GEMMs' weight spans by bulk copies
 // (set_moe_mxfp4_weight_by_bulk; every row).
+// --timeline 1: the last timed step of each row (prefill: its last rep) through CUPTI's kernel records
+// (KernelTimeline): span, busy and idle GPU time, where the idle stretches fall, in-situ kernel times.
 // --wide-route 0: a prompt's route over more than 32 experts at 16 outputs a CTA (the before run).
 // --finish-by-chunks 0: the bias after cuBLASLt (o_proj) by the scalar kernel (the before run).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
@@ -75,6 +77,7 @@
 #include "lora/adapter.h"
 #include "model/presets.h"
 #include "ops/kernel_configs.h"
+#include "kernel_timeline.h"
 #include "op_profiler.h"
 
 namespace lmx {
@@ -118,6 +121,7 @@ struct Options {
   int fuse_qkv_rope = 1;              // 0: q|k|v's split as its own kernel before the rotation (set_fuse_qkv_rope)
   int moe_block_m = 0;                // 64 or 128: set_moe_gemm_block_m_override (0: the rule)
   int halves_by_tma = 1;              // 0: halves-layout gate_up on the ring kernel (set_moe_gemm_halves_by_tma)
+  int timeline = 0;                   // 1: the last timed step of each row through KernelTimeline (CUPTI)
   int decode_weight_tma = 1;          // 0: the decode GEMMs' weight by copies (set_moe_decode_weight_by_tma)
   int mxfp4_weight_bulk = 0;          // 1: the MXFP4 decode GEMMs' weight by bulk copies
   int wide_route = 1;                 // 0: set_wide_route(false)
@@ -165,6 +169,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--fuse-qkv-rope") o.fuse_qkv_rope = std::atoi(value.c_str());
     else if (key == "--moe-block-m") o.moe_block_m = std::atoi(value.c_str());
     else if (key == "--halves-by-tma") o.halves_by_tma = std::atoi(value.c_str());
+    else if (key == "--timeline") o.timeline = std::atoi(value.c_str());
     else if (key == "--decode-weight-tma") o.decode_weight_tma = std::atoi(value.c_str());
     else if (key == "--mxfp4-weight-bulk") o.mxfp4_weight_bulk = std::atoi(value.c_str());
     else if (key == "--wide-route") o.wide_route = std::atoi(value.c_str());
@@ -321,6 +326,26 @@ uint64_t admit(engine::Engine& engine, Rng& rng, int vocab, const std::string& a
 // are decoding. adapter_of(i) names sequence i's adapter ("" = base). staggered: as the yardstick's steady
 // state — contexts spread over context ± 300 and the requests admitted one at a time while the earlier ones
 // decode, so their KV pages interleave in the pool.
+// --timeline 1: a KernelTimeline over one timed step when `on` (the device idle before it starts: every row's
+// steps end by reading their sampled tokens); print() stops it and prints its summary.
+class Timeline {
+ public:
+  explicit Timeline(bool on) : on_(on) {
+    if (on_) timeline_.start();
+  }
+  void print(const char* what) {
+    if (!on_) return;
+    cudaDeviceSynchronize();
+    timeline_.stop();
+    timeline_.print(what);
+    on_ = false;
+  }
+
+ private:
+  bool on_;
+  bench::KernelTimeline timeline_;
+};
+
 double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
                    const std::function<std::string(int)>& adapter_of, bench::OpProfiler* profiler = nullptr,
                    bool staggered = false) {
@@ -347,9 +372,11 @@ double time_decode(engine::Engine& engine, const Options& o, int vocab, Rng& rng
   std::set<int32_t> last_tokens, all_tokens;
   nvtxRangePushA(kTimedRange);
   for (int s = 0; s < o.steps; ++s) {
+    Timeline timeline(o.timeline && s == o.steps - 1);
     const auto t0 = std::chrono::steady_clock::now();
     const engine::Engine::StepReport report = engine.step();
     seconds.push_back(seconds_since(t0));
+    timeline.print("decode step, last timed step");
     device.push_back(report.device_seconds);
     launch.push_back(report.launch_seconds);
     if (report.num_tokens != o.batch) {
@@ -460,6 +487,8 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
     r.prompt_ids[0] = int32_t(rep);  // a new prompt each time: no prefix-cache hit
     if (!engine.add_request(r).ok()) std::exit(1);
     if (profiler && rep == reps - 1) profiler->reset();
+    const bool traced = o.timeline && rep == reps - 1;
+    Timeline timeline(traced);
     double device_sum = 0, launch_sum = 0;
     const auto t0 = std::chrono::steady_clock::now();
     nvtxRangePushA(kTimedRange);
@@ -469,6 +498,7 @@ double time_prefill(engine::Engine& engine, const Options& o, int vocab, Rng& rn
       launch_sum += report.launch_seconds;
     }
     nvtxRangePop();
+    timeline.print(adapter.empty() ? "prefill of one prompt, last rep" : "prefill with an adapter, last rep");
     seconds.push_back(seconds_since(t0));
     device.push_back(device_sum);
     launch.push_back(launch_sum);
@@ -503,11 +533,13 @@ double time_mixed(engine::Engine& engine, const Options& o, int vocab, Rng& rng,
   for (int rep = 0; rep < reps; ++rep) {
     admit(engine, rng, vocab, adapter_of(o.batch - 1), o.prefill, 1);  // fresh tokens: no prefix-cache hit
     if (profiler && rep == reps - 1) profiler->reset();
+    Timeline timeline(o.timeline && rep == reps - 1);
     const auto t0 = std::chrono::steady_clock::now();
     nvtxRangePushA(kTimedRange);
     step_tokens = engine.step().num_tokens;
     nvtxRangePop();
     seconds.push_back(seconds_since(t0));
+    timeline.print("mixed step, last rep");
     while (engine.scheduler().num_waiting() > 0) engine.step();  // a prompt the step budget split
   }
   std::printf("  (the timed step ran %d tokens: %d decoding, the rest of the new prompt)\n", step_tokens, decoding);

@@ -1,0 +1,147 @@
+// KernelTimeline: every kernel's start and end on the GPU during a real run (graphs, PDL and side streams
+// included), through CUPTI's activity records. Nsight Compute times each kernel alone (serialized, its
+// caches flushed), so its per-kernel sums miss what happens between kernels and what overlap changes; this
+// says, for one timed window, how long the GPU ran no kernel at all (idle), which kernel each idle stretch
+// came before, and each kernel's in-situ time. Who uses it: bench_decode_step --timeline.
+#pragma once
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lmx::bench {
+
+class KernelTimeline {
+ public:
+  struct Kernel {
+    std::string name;  // demangled, template arguments cut
+    uint64_t start, end;  // ns, GPU clock
+    uint32_t stream;
+  };
+
+  // Records kernels from now until stop(). One timeline at a time (CUPTI's callbacks are process-wide).
+  void start() {
+    sink() = &kernels_;
+    kernels_.clear();
+    check(cuptiActivityRegisterCallbacks(&KernelTimeline::request, &KernelTimeline::complete), "register callbacks");
+    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+  }
+  // Flushes the records of everything launched so far; the caller synchronizes the device first.
+  void stop() {
+    check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
+    check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disable kernel records");
+    sink() = nullptr;
+    std::sort(kernels_.begin(), kernels_.end(), [](const Kernel& a, const Kernel& b) { return a.start < b.start; });
+  }
+  const std::vector<Kernel>& kernels() const { return kernels_; }
+
+  // The window's span (first kernel start to last end), busy time (the union of the kernels' intervals), idle
+  // time (span - busy), then the `rows` largest idle totals by the kernel that ended each idle stretch, and the
+  // `rows` largest in-situ kernel times by name (a kernel's time overlapping others counts in full).
+  void print(const char* what, int rows = 16) const {
+    if (kernels_.empty()) {
+      std::printf("timeline (%s): no kernel recorded\n", what);
+      return;
+    }
+    struct Total {
+      double ns = 0;
+      int count = 0;
+    };
+    std::map<std::string, Total> idle_before, time_of;
+    uint64_t busy_until = kernels_.front().start, busy = 0, idle = 0;
+    for (const Kernel& k : kernels_) {
+      if (k.start > busy_until) {
+        idle += k.start - busy_until;
+        Total& t = idle_before[k.name];
+        t.ns += double(k.start - busy_until);
+        ++t.count;
+        busy += k.end - k.start;
+        busy_until = k.end;
+      } else if (k.end > busy_until) {
+        busy += k.end - busy_until;
+        busy_until = k.end;
+      }
+      Total& t = time_of[k.name];
+      t.ns += double(k.end - k.start);
+      ++t.count;
+    }
+    const uint64_t span = busy_until - kernels_.front().start;
+    std::printf("timeline (%s): %zu kernels, span %.3f ms, busy %.3f ms, idle %.3f ms (%.1f%%)\n", what,
+                kernels_.size(), span * 1e-6, busy * 1e-6, idle * 1e-6, span > 0 ? 100.0 * double(idle) / double(span) : 0.0);
+    auto largest = [rows](const std::map<std::string, Total>& m) {
+      std::vector<std::pair<std::string, Total>> v(m.begin(), m.end());
+      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+      if (v.size() > size_t(rows)) v.resize(size_t(rows));
+      return v;
+    };
+    std::printf("  idle before (the kernel each idle stretch ended in: total µs, stretches, mean µs)\n");
+    for (const auto& [name, t] : largest(idle_before)) {
+      std::printf("    %-70.70s %9.1f %6d %7.2f\n", name.c_str(), t.ns * 1e-3, t.count, t.ns * 1e-3 / t.count);
+    }
+    std::printf("  in-situ kernel time (total µs, calls, mean µs)\n");
+    for (const auto& [name, t] : largest(time_of)) {
+      std::printf("    %-70.70s %9.1f %6d %7.2f\n", name.c_str(), t.ns * 1e-3, t.count, t.ns * 1e-3 / t.count);
+    }
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = size_t(8) << 20;
+
+  static std::vector<Kernel>*& sink() {
+    static std::vector<Kernel>* s = nullptr;
+    return s;
+  }
+  static void check(CUptiResult r, const char* what) {
+    if (r == CUPTI_SUCCESS) return;
+    const char* message = nullptr;
+    cuptiGetResultString(r, &message);
+    std::fprintf(stderr, "KernelTimeline: CUPTI %s failed: %s\n", what, message != nullptr ? message : "unknown error");
+    std::exit(1);
+  }
+  // "lmx::cuda::(anonymous namespace)::grouped_gemm_persistent_kernel<2, 192, 5, false, false, false>(...)"
+  // -> "grouped_gemm_persistent_kernel<2, 192, 5, false, false, false>": namespaces and parameters dropped.
+  static std::string short_name(const char* mangled) {
+    int status = 0;
+    char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+    std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
+    std::free(demangled);
+    int depth = 0;
+    size_t cut = name.size(), begin = 0;
+    for (size_t i = 0; i < name.size(); ++i) {  // the parameter list: the first '(' outside template brackets
+      const char c = name[i];
+      if (c == '<') ++depth;
+      else if (c == '>') --depth;
+      else if (c == '(' && depth == 0 && name.compare(i, 21, "(anonymous namespace)") != 0) {
+        cut = i;
+        break;
+      } else if (c == ':' && depth == 0 && i + 1 < name.size() && name[i + 1] == ':') {
+        begin = i + 2;
+      }
+    }
+    return name.substr(begin, cut - begin);
+  }
+  static void CUPTIAPI request(uint8_t** buffer, size_t* size, size_t* max_records) {
+    *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+    *size = kBufferBytes;
+    *max_records = 0;
+  }
+  static void CUPTIAPI complete(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+    CUpti_Activity* record = nullptr;
+    while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+      if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      if (sink() != nullptr) sink()->push_back({short_name(k->name), k->start, k->end, k->streamId});
+    }
+    std::free(buffer);
+  }
+
+  std::vector<Kernel> kernels_;
+};
+
+}  // namespace lmx::bench
