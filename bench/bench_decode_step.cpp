@@ -45,7 +45,8 @@
 // every row; the before run). --mxfp4-weight-bulk 1: the MXFP4 decode GEMMs' weight spans by bulk copies
 // (set_moe_mxfp4_weight_by_bulk; every row).
 // --timeline 1: the last timed step of each row (prefill: its last rep) through CUPTI's kernel records
-// (KernelTimeline): span, busy and idle GPU time, where the idle stretches fall, in-situ kernel times.
+// (KernelTimeline): span, busy and idle GPU time, where the idle stretches fall, in-situ kernel times. The
+// records stay on for the whole run, so every row's figures carry CUPTI's (small) cost alike.
 // --wide-route 0: a prompt's route over more than 32 experts at 16 outputs a CTA (the before run).
 // --finish-by-chunks 0: the bias after cuBLASLt (o_proj) by the scalar kernel (the before run).
 // --step-reps N (odd, default 5; 3 until perf-log run 105): the prefill and mixed-step rows are the median of
@@ -593,6 +594,7 @@ int main(int argc, char** argv) {
                                                            ? "none (built-in defaults)" : configs_dir.c_str());
   cuda::CudaBackend cuda_backend(kernel_configs);
   bench::OpProfiler backend(cuda_backend);  // passes calls straight through until enabled (--profile)
+  if (o.timeline) bench::KernelTimeline::enable();  // every timed step under CUPTI alike (KernelTimeline::enable)
   if (o.mxfp4_block_n != 0) {
     try {
       cuda::set_moe_gemm_mxfp4_shape(o.mxfp4_block_n, o.mxfp4_stages, o.mxfp4_ctas);

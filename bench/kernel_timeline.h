@@ -1,4 +1,4 @@
-// KernelTimeline: every kernel's start and end on the GPU during a real run (graphs, PDL and side streams
+// KernelTimeline: every kernel's and copy's start and end on the GPU during a real run (graphs, PDL and side streams
 // included), through CUPTI's activity records. Nsight Compute times each kernel alone (serialized, its
 // caches flushed), so its per-kernel sums miss what happens between kernels and what overlap changes; this
 // says, for one timed window, how long the GPU ran no kernel at all (idle), which kernel each idle stretch
@@ -25,18 +25,32 @@ class KernelTimeline {
     uint32_t stream;
   };
 
-  // Records kernels from now until stop(). One timeline at a time (CUPTI's callbacks are process-wide).
+  // CUPTI's records on for the rest of the process: call once before the timed work, so that CUPTI's own
+  // start-up (its first buffer, ~1 ms of host time seen inside a window, perf-log run 220) and whatever its
+  // tracing changes apply to every timed step alike, not only to the traced one.
+  static void enable() {
+    static const bool enabled = [] {
+      check(cuptiActivityRegisterCallbacks(&KernelTimeline::request, &KernelTimeline::complete), "register callbacks");
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copy records");
+      return true;
+    }();
+    (void)enabled;
+  }
+  // Keeps the kernels and copies ("copy HtoD < 64 KB") that start from now until stop(). One window at a time
+  // (CUPTI's callbacks are process-wide). PRECOND: the device is idle (records before it are dropped).
   void start() {
-    sink() = &kernels_;
+    enable();
+    check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");  // earlier records: no sink, dropped
     kernels_.clear();
-    check(cuptiActivityRegisterCallbacks(&KernelTimeline::request, &KernelTimeline::complete), "register callbacks");
-    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    check(cuptiGetTimestamp(&window_start()), "timestamp");
+    sink() = &kernels_;
   }
   // Flushes the records of everything launched so far; the caller synchronizes the device first.
   void stop() {
     check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
-    check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disable kernel records");
     sink() = nullptr;
+    std::erase_if(kernels_, [](const Kernel& k) { return k.start < window_start(); });
     std::sort(kernels_.begin(), kernels_.end(), [](const Kernel& a, const Kernel& b) { return a.start < b.start; });
   }
   const std::vector<Kernel>& kernels() const { return kernels_; }
@@ -53,26 +67,37 @@ class KernelTimeline {
       double ns = 0;
       int count = 0;
     };
+    struct Stretch {
+      uint64_t ns, at;  // length, start offset into the window
+      size_t before;    // kernels_ index of the item that ended it
+      size_t last;      // of the item that ended last before it
+    };
     std::map<std::string, Total> idle_before, time_of;
+    std::vector<Stretch> stretches;
     uint64_t busy_until = kernels_.front().start, busy = 0, idle = 0;
-    for (const Kernel& k : kernels_) {
+    size_t last = 0;
+    for (size_t i = 0; i < kernels_.size(); ++i) {
+      const Kernel& k = kernels_[i];
       if (k.start > busy_until) {
+        stretches.push_back({k.start - busy_until, busy_until - kernels_.front().start, i, last});
         idle += k.start - busy_until;
         Total& t = idle_before[k.name];
         t.ns += double(k.start - busy_until);
         ++t.count;
         busy += k.end - k.start;
         busy_until = k.end;
+        last = i;
       } else if (k.end > busy_until) {
         busy += k.end - busy_until;
         busy_until = k.end;
+        last = i;
       }
       Total& t = time_of[k.name];
       t.ns += double(k.end - k.start);
       ++t.count;
     }
     const uint64_t span = busy_until - kernels_.front().start;
-    std::printf("timeline (%s): %zu kernels, span %.3f ms, busy %.3f ms, idle %.3f ms (%.1f%%)\n", what,
+    std::printf("timeline (%s): %zu kernels and copies, span %.3f ms, busy %.3f ms, idle %.3f ms (%.1f%%)\n", what,
                 kernels_.size(), span * 1e-6, busy * 1e-6, idle * 1e-6, span > 0 ? 100.0 * double(idle) / double(span) : 0.0);
     auto largest = [rows](const std::map<std::string, Total>& m) {
       std::vector<std::pair<std::string, Total>> v(m.begin(), m.end());
@@ -84,7 +109,20 @@ class KernelTimeline {
     for (const auto& [name, t] : largest(idle_before)) {
       std::printf("    %-70.70s %9.1f %6d %7.2f\n", name.c_str(), t.ns * 1e-3, t.count, t.ns * 1e-3 / t.count);
     }
-    std::printf("  in-situ kernel time (total µs, calls, mean µs)\n");
+    std::sort(stretches.begin(), stretches.end(), [](const Stretch& a, const Stretch& b) { return a.ns > b.ns; });
+    std::printf("  longest idle stretches (µs, ms into the window, #item: after -> before)\n");
+    for (size_t i = 0; i < std::min<size_t>(stretches.size(), 4); ++i) {
+      const Stretch& t = stretches[i];
+      std::printf("    %8.1f %8.3f  #%zu: %.60s -> %.60s\n", t.ns * 1e-3, t.at * 1e-6, t.before,
+                  kernels_[t.last].name.c_str(), kernels_[t.before].name.c_str());
+    }
+    std::printf("  the window's first items (ms into it, µs long)\n");
+    for (size_t i = 0; i < std::min<size_t>(kernels_.size(), 6); ++i) {
+      const Kernel& k = kernels_[i];
+      std::printf("    %8.3f %8.1f  %.70s\n", (k.start - kernels_.front().start) * 1e-6, (k.end - k.start) * 1e-3,
+                  k.name.c_str());
+    }
+    std::printf("  in-situ time of kernels and copies (total µs, calls, mean µs)\n");
     for (const auto& [name, t] : largest(time_of)) {
       std::printf("    %-70.70s %9.1f %6d %7.2f\n", name.c_str(), t.ns * 1e-3, t.count, t.ns * 1e-3 / t.count);
     }
@@ -96,6 +134,10 @@ class KernelTimeline {
   static std::vector<Kernel>*& sink() {
     static std::vector<Kernel>* s = nullptr;
     return s;
+  }
+  static uint64_t& window_start() {
+    static uint64_t t = 0;
+    return t;
   }
   static void check(CUptiResult r, const char* what) {
     if (r == CUPTI_SUCCESS) return;
@@ -134,9 +176,19 @@ class KernelTimeline {
   static void CUPTIAPI complete(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
     CUpti_Activity* record = nullptr;
     while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-      if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
-      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      if (sink() != nullptr) sink()->push_back({short_name(k->name), k->start, k->end, k->streamId});
+      if (sink() == nullptr) continue;
+      if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        sink()->push_back({short_name(k->name), k->start, k->end, k->streamId});
+      } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        const char* kind = c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "HtoD"
+                           : c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
+                           : c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "DtoD"
+                                                                            : "other";
+        const uint64_t kb = (c->bytes + 1023) / 1024;
+        sink()->push_back({std::string("copy ") + kind + (kb < 64 ? " < 64 KB" : " >= 64 KB"), c->start, c->end, c->streamId});
+      }
     }
     std::free(buffer);
   }
