@@ -1921,6 +1921,7 @@ struct GatherRowsKernelParams {
 // PRECOND: in % 8 == 0; x and out 16-byte aligned; blockDim.x == 32 · kGatherRowsPerCta.
 constexpr int kGatherRowsPerCta = 8;
 __global__ static void __launch_bounds__(32 * kGatherRowsPerCta) gather_rows_kernel(const __grid_constant__ GatherRowsKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh), behind the align that wrote sorted_pairs
   const int row = int(blockIdx.x) * kGatherRowsPerCta + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (row >= *p.num_tiles * p.block_m) return;
   const int pair = p.sorted_pairs[row];
@@ -2664,7 +2665,7 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
                                             .pairs = params.pairs, .row_div = params.row_div, .in = params.in,
                                             .block_m = block_m};
         const unsigned ctas = unsigned((max_tiles * block_m + kGatherRowsPerCta - 1) / kGatherRowsPerCta);
-        gather_rows_kernel<<<ctas, 32 * kGatherRowsPerCta, 0, stream>>>(gather);
+        detail::launch(gather_rows_kernel, dim3(ctas), dim3(32 * kGatherRowsPerCta), 0, stream, gather);
         LMX_CUDA_CHECK_LAUNCH();
       }
       with_maps.a_map = tensor_map_2d(sorted, capacity, params.in, block_m, "the gathered rows");
