@@ -10,6 +10,7 @@
 // and the share of the H200 floor max(bytes / 4.2 TB/s, FLOPs / 750 TFLOP/s). Method as bench_moe_lora:
 // many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
 // (≥ 3.6 GB, far beyond the 50 MB L2) so weights come from DRAM; median of 5 replays. Random bf16 data.
+// BENCH_WIDE_COPIES=N adds a block row over N more copies (a model's layers: 24 for GPT-OSS-20B, 38 GB).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -183,7 +184,8 @@ void grouped_library_rows(const Model& m, int64_t tokens, int64_t pairs, int blo
   cublasDestroy(handle);
 }
 
-void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& layers, cudaStream_t stream, Rng& rng) {
+void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& layers, const std::vector<Layer>& wide,
+                  cudaStream_t stream, Rng& rng) {
   const int64_t H = m.hidden, I = m.inter, E = m.experts, K = m.top_k, pairs = tokens * K;
   OwnedTensor ids = OwnedTensor::host(DType::I32, {tokens, K}), weights = OwnedTensor::host(DType::F32, {tokens, K});
   std::vector<bool> touched(size_t(E), false);
@@ -234,17 +236,17 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                                .tiles = tiles, .d = d, .block_n = block_n, .cta_group = cta_group,
                                .decode_stages = decode_stages};
   };
-  auto block = [&](int layer, bool gemm_pdl = true, bool mxfp4 = false) {
-    ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = layers[layer].gate_up,
-                     .gate_up_bias = layers[layer].gate_up_bias, .down = layers[layer].down,
-                     .down_bias = layers[layer].down_bias, .activation = m.activation, .layout = m.layout,
-                     .out = out};
+  auto block_on = [&](const Layer& l, bool gemm_pdl = true, bool mxfp4 = false) {
+    ops::MoeParams p{.x = x, .topk_ids = d_ids, .topk_weights = d_weights, .gate_up = l.gate_up,
+                     .gate_up_bias = l.gate_up_bias, .down = l.down, .down_bias = l.down_bias,
+                     .activation = m.activation, .layout = m.layout, .out = out};
     if (mxfp4) {
-      p.gate_up_mxfp4 = {.blocks = layers[layer].gate_up_blocks, .scales = layers[layer].gate_up_scales};
-      p.down_mxfp4 = {.blocks = layers[layer].down_blocks, .scales = layers[layer].down_scales};
+      p.gate_up_mxfp4 = {.blocks = l.gate_up_blocks, .scales = l.gate_up_scales};
+      p.down_mxfp4 = {.blocks = l.down_blocks, .scales = l.down_scales};
     }
     cuda::moe_block(p, {.shape = shape, .memory = workspace}, stream, {.gemm_pdl = gemm_pdl});
   };
+  auto block = [&](int layer, bool gemm_pdl = true, bool mxfp4 = false) { block_on(layers[layer], gemm_pdl, mxfp4); };
   auto gate_up_gathered = [&](int layer, int block_n = 0, int cta_group = 0) {  // fused, A rows gathered for TMA
     cuda::MoeGateUpParams p = gate_up(layer, true, block_n, cta_group);
     p.sorted_rows = sorted_x;
@@ -300,6 +302,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   };
   print_row("block (no LoRA)", tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes,
             gate_up_flops + down_flops, time([&](int i) { block(i % kCopies); }));
+  if (!wide.empty()) {  // BENCH_WIDE_COPIES: the same launches over as many weight copies as a model's layers
+    const std::string what = "block (no LoRA), " + std::to_string(wide.size()) + " weight copies";
+    print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+              time([&](int i) { block_on(wide[size_t(i) % wide.size()]); }));
+  }
   if (const char* rounds = std::getenv("BENCH_DOWN_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
     // Only moe_block's down at BLOCK_N 192 and 240 in turn, `rounds` times (rows of one section spread by
     // 20–40 µs on an H100: an A/B needs them side by side), then the next T.
@@ -732,7 +739,22 @@ int main(int argc, char** argv) {
     std::printf("%s: H %lld, I %lld, E %lld, K %lld, %d weight copies of %.2f GB\n", m.name, (long long)m.hidden,
                 (long long)m.inter, (long long)m.experts, (long long)m.top_k, kCopies,
                 double(layers[0].gate_up.view.nbytes() + layers[0].down.view.nbytes()) / 1e9);
-    for (int64_t tokens : token_counts) bench_tokens(m, tokens, layers, stream, rng);
+    // BENCH_WIDE_COPIES=N: N more bf16 copies of the layer (GPT-OSS-20B's 24 layers: 38 GB) for one row that
+    // cycles over them, as a model's prefill walks its layers: whether the weights' spread (TLB reach, DRAM
+    // pages) slows the GEMMs against the 3 copies the other rows cycle over (perf-log run 223)
+    std::vector<Layer> wide;
+    if (const char* v = std::getenv("BENCH_WIDE_COPIES"); v != nullptr && std::atoi(v) > 0) {
+      for (int l = 0; l < std::atoi(v); ++l) {
+        Layer layer{random_device_bf16(rng, {m.experts, 2 * m.inter, m.hidden}), {},
+                    random_device_bf16(rng, {m.experts, m.hidden, m.inter}), {}};
+        if (m.biases) {
+          layer.gate_up_bias = random_device_bf16(rng, {m.experts, 2 * m.inter});
+          layer.down_bias = random_device_bf16(rng, {m.experts, m.hidden});
+        }
+        wide.push_back(std::move(layer));
+      }
+    }
+    for (int64_t tokens : token_counts) bench_tokens(m, tokens, layers, wide, stream, rng);
   }
   BENCH_CUDA(cudaStreamDestroy(stream));
   return 0;

@@ -65,6 +65,8 @@ class KernelTimeline {
     }
     struct Total {
       double ns = 0, own_ns = 0;  // own: the busy time the item added past everything that ended before it
+      double min_ns = 0, max_ns = 0;  // the shortest and longest call (in situ)
+      std::vector<double> calls_ns;   // every call in order (printed for the largest few)
       int count = 0;
     };
     struct Stretch {
@@ -96,6 +98,10 @@ class KernelTimeline {
       Total& t = time_of[k.name];
       t.ns += double(k.end - k.start);
       t.own_ns += double(busy - busy_before);
+      const double call_ns = double(k.end - k.start);
+      t.min_ns = t.count == 0 ? call_ns : std::min(t.min_ns, call_ns);
+      t.max_ns = std::max(t.max_ns, call_ns);
+      t.calls_ns.push_back(call_ns);
       ++t.count;
     }
     const uint64_t span = busy_until - kernels_.front().start;
@@ -126,10 +132,20 @@ class KernelTimeline {
     }
     // own: the busy time each adds past the items that ended before it (a programmatic dependent's wait
     // overlaps its predecessor and counts there); the own times sum to `busy`
-    std::printf("  in-situ time of kernels and copies (total µs, calls, mean µs; own total µs, own mean µs)\n");
+    // min / max: the shortest and longest call in situ (a kernel whose calls differ by layer: routing, windows)
+    std::printf("  in-situ time of kernels and copies (total µs, calls, mean µs; own total µs, own mean µs; min, max µs)\n");
     for (const auto& [name, t] : largest(time_of)) {
-      std::printf("    %-66.66s %9.1f %5d %7.2f %9.1f %7.2f\n", name.c_str(), t.ns * 1e-3, t.count, t.ns * 1e-3 / t.count,
-                  t.own_ns * 1e-3, t.own_ns * 1e-3 / t.count);
+      std::printf("    %-60.60s %9.1f %5d %7.2f %9.1f %7.2f %7.1f %7.1f\n", name.c_str(), t.ns * 1e-3, t.count,
+                  t.ns * 1e-3 / t.count, t.own_ns * 1e-3, t.own_ns * 1e-3 / t.count, t.min_ns * 1e-3, t.max_ns * 1e-3);
+    }
+    // the largest kernels call by call (a prefill's layers in order): layer-to-layer spread, or a slow start
+    const auto top = largest(time_of);
+    for (size_t i = 0; i < std::min<size_t>(top.size(), 3); ++i) {
+      const Total& t = top[i].second;
+      if (t.count < 2) continue;
+      std::printf("  calls of %.60s (µs, in order):", top[i].first.c_str());
+      for (double ns : t.calls_ns) std::printf(" %.0f", ns * 1e-3);
+      std::printf("\n");
     }
   }
 
