@@ -2240,6 +2240,7 @@ int gemm_large_block_n = 0;                         // set_moe_gemm_large_block_
 // moe_block's down GEMM at BLOCK_M 128 on the persistent kernel (0: large_block_n_for): BLOCK_N 256 took
 // GPT-OSS-20B T 1600 down 335 → 289 µs, T 4096 667 → 657 (perf-log run 43; gate_up stayed at 128: 552 vs 624).
 int block_down_block_n = 0;                         // set_moe_block_down_block_n
+int block_cta_group = 8;                            // set_moe_block_cta_group
 int block_down_decode_stages = 0;                   // set_moe_block_down_decode_stages (perf-log runs 175-179)
 int block_decode_block_n[2] = {0, 0};               // set_moe_block_decode_block_n: gate_up, down (0: 64)
 
@@ -2808,6 +2809,13 @@ void set_moe_block_down_block_n(int block_n) {
                                 ", expected 0 (by width and rounds), 128, 192, 240 or 256");
   }
   block_down_block_n = block_n;
+}
+void set_moe_block_cta_group(int tiles) {
+  if (tiles < 0 || tiles > 64) {
+    throw std::invalid_argument("set_moe_block_cta_group: tiles = " + std::to_string(tiles) +
+                                ", expected 0 (plain tile order) to 64");
+  }
+  block_cta_group = tiles;
 }
 void set_moe_block_down_decode_stages(int stages) {
   if (stages != 0 && (stages < 4 || stages > 6)) {
@@ -3473,9 +3481,10 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   };
 
   // 3. gate_up: fused activation unless the LoRA must add into h first. 128-row tiles (large prefill) run
-  // in groups of 8 tiles × every column block: GPT-OSS-20B T 4096 gate_up 1866 → 1787 µs, down 1053 → 915
-  // (perf-log run 19); at 64-row tiles the figures were within the run's noise, so plain order stays.
-  const int cta_group = block_m == kMoeGemmBlockMLarge ? 8 : 0;
+  // in groups of 8 tiles × every column block (set_moe_block_cta_group): GPT-OSS-20B T 4096 gate_up 1866 →
+  // 1787 µs, down 1053 → 915 (perf-log run 19); at 64-row tiles the figures were within the run's noise, so
+  // plain order stays.
+  const int cta_group = block_m == kMoeGemmBlockMLarge ? block_cta_group : 0;
   // PDL (config.gemm_pdl): gate_up waits at its start (align, directly before, writes its tiles) but lets
   // its dependents (down, or the LoRA shrink) start in its tail; down reads the tiles and streams its first
   // weight stages before its wait — the kernel before it (gate_up with pdl, or the plain activation) never

@@ -117,6 +117,9 @@ void set_moe_gemm_large_block_n(int block_n);
 // terms or stream-K tail: GPT-OSS-20B's prefill −0.47 ms, perf-log run 187), 128, 192, 240 (192 where down
 // carries LoRA terms or the stream-K tail) or 256. Throws std::invalid_argument otherwise.
 void set_moe_block_down_block_n(int block_n);
+// moe_block's CTA order at 128-row tiles: groups of this many tiles × every column block (default 8; 0: plain
+// tile order), for the bench's before/after. Throws std::invalid_argument outside [0, 64].
+void set_moe_block_cta_group(int tiles);
 // moe_block's tiled gate_up MoE-LoRA folded into the fused activation (MoeGateUpParams::lora_h), or added into
 // the pre-activation h before moe_activation (the default: the fold measured slower, perf-log run 35):
 // process-wide, for the bench's before/after rows and the tests.
