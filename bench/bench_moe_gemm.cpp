@@ -11,6 +11,7 @@
 // many launches in one CUDA graph (bench/cuda_timing.h), cycling over 3 copies of the layer's weights
 // (≥ 3.6 GB, far beyond the 50 MB L2) so weights come from DRAM; median of 5 replays. Random bf16 data.
 // BENCH_WIDE_COPIES=N adds a block row over N more copies (a model's layers: 24 for GPT-OSS-20B, 38 GB).
+// BENCH_BALANCED_ROUTING=1 routes pair i to expert i % E: every expert T·K / E pairs (padding by T alone).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -189,11 +190,17 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   const int64_t H = m.hidden, I = m.inter, E = m.experts, K = m.top_k, pairs = tokens * K;
   OwnedTensor ids = OwnedTensor::host(DType::I32, {tokens, K}), weights = OwnedTensor::host(DType::F32, {tokens, K});
   std::vector<bool> touched(size_t(E), false);
+  // BENCH_BALANCED_ROUTING=1: pair t·K + k goes to expert (t·K + k) % E (distinct per token for K <= E), so
+  // every expert gets T·K / E pairs: T 1600 gives GPT-OSS-20B 200 an expert (64 tiles of 128, 22% padding),
+  // T 2048 256 (64 tiles, none) — the same tiles with and without padding rows
+  const char* balanced_env = std::getenv("BENCH_BALANCED_ROUTING");
+  const bool balanced = balanced_env != nullptr && std::atoi(balanced_env) != 0;
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<int32_t> all(static_cast<size_t>(E));
     for (int32_t e = 0; e < E; ++e) all[e] = e;
     for (int64_t k = 0; k < K; ++k) {
-      std::swap(all[k], all[k + int64_t(rng.next_u64() % uint64_t(E - k))]);
+      if (balanced) all[k] = int32_t((t * K + k) % E);
+      else std::swap(all[k], all[k + int64_t(rng.next_u64() % uint64_t(E - k))]);
       ids.view.ptr<int32_t>()[t * K + k] = all[k];
       weights.view.ptr<float>()[t * K + k] = 1.0f / float(K);
       touched[all[k]] = true;
