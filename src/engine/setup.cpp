@@ -2,14 +2,13 @@
 #include "engine/setup.h"
 
 #include <algorithm>
-
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "backends/cpu/cpu_backend.h"
 #ifdef LORAMUX_HAVE_CUDA
 #include "backends/cuda/make_backend.h"
+#include "backends/cuda/tune.h"
 #endif
 #include "lora/adapter.h"
 #include "model/config.h"
@@ -32,6 +31,7 @@ Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device, co
       Result<ops::KernelConfigs> loaded = ops::KernelConfigs::load_dir(dir);
       if (!loaded.ok()) return loaded.status().with_context("--kernel-configs");
       configs = std::move(loaded).value();
+      if (Status s = cuda::check_moe_lora_knobs(configs); !s.ok()) return s.with_context("--kernel-configs " + dir);
     }
     return cuda::make_cuda_backend(configs);
 #else

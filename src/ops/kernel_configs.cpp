@@ -154,6 +154,19 @@ const KernelKnobs* KernelConfigs::find(std::string_view op, std::string_view sha
   return it != buckets.end() ? &it->second : &buckets.rbegin()->second;
 }
 
+Status KernelConfigs::for_each(
+    std::string_view op,
+    const std::function<Status(const std::string& shape, int64_t bucket, const KernelKnobs& knobs)>& visit) const {
+  const auto op_it = ops_.find(op);
+  if (op_it == ops_.end()) return Status();
+  for (const auto& [shape, buckets] : op_it->second) {
+    for (const auto& [bucket, knobs] : buckets) {
+      if (Status s = visit(shape, bucket, knobs); !s.ok()) return s;
+    }
+  }
+  return Status();
+}
+
 void KernelConfigs::set(const std::string& op, const std::string& shape, int64_t bucket, KernelKnobs knobs) {
   LMX_CHECK(is_op_name(op) && bucket >= 1);
   ops_[op][shape][bucket] = std::move(knobs);

@@ -5,6 +5,7 @@
 // shape or knob a file does not cover. Host code; tested on the CPU.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -41,6 +42,10 @@ class KernelConfigs {
   void merge(const KernelConfigs& other);
   // Free-form provenance written into each file ("device": "NVIDIA H200", "command": "...").
   void set_note(const std::string& key, const std::string& value) { notes_[key] = value; }
+
+  // Every (shape, bucket, knobs) of `op`, in key order; the first error `visit` returns ends the walk and is returned.
+  Status for_each(std::string_view op,
+                  const std::function<Status(const std::string& shape, int64_t bucket, const KernelKnobs& knobs)>& visit) const;
 
   bool empty() const { return ops_.empty(); }
   size_t entries() const;

@@ -24,6 +24,8 @@
 namespace lmx::cuda {
 
 Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const ops::KernelConfigs& kernel_configs) {
+  // Tuned knobs out of the launchers' range fail here, with the entry named, not in a launcher mid-request.
+  if (Status s = check_moe_lora_knobs(kernel_configs); !s.ok()) return s;
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);
   if (status != cudaSuccess || devices == 0) {

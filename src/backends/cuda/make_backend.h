@@ -9,7 +9,8 @@
 
 namespace lmx::cuda {
 
-// `kernel_configs`: tuned launch knobs (`loramux tune`); shapes and buckets it lacks use built-in defaults.
+// `kernel_configs`: tuned launch knobs (`loramux tune`); shapes and buckets it lacks use built-in defaults. Knobs
+// the launchers do not take (check_moe_lora_knobs) fail here, before any device work.
 Result<std::unique_ptr<ops::Backend>> make_cuda_backend(const ops::KernelConfigs& kernel_configs = {});
 
 }  // namespace lmx::cuda

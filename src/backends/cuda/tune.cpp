@@ -43,6 +43,40 @@ void apply_moe_lora_knobs(const ops::KernelKnobs* knobs, MoeBlockConfig* config)
   config->lora.expand_chunks = int(get("expand_chunks", config->lora.expand_chunks));
 }
 
+Status check_moe_lora_knobs(const ops::KernelConfigs& configs) {
+  struct Rule {
+    const char* name;
+    const char* expected;
+    bool (*accepts)(int64_t);
+  };
+  static constexpr Rule kRules[] = {
+      {"path", "0 (direct) or 1 (tiled)", [](int64_t v) { return v == 0 || v == 1; }},
+      {"pdl", "0 or 1", [](int64_t v) { return v == 0 || v == 1; }},
+      {"order", "0 (tile-fastest) or 1 (piece-fastest)", [](int64_t v) { return v == 0 || v == 1; }},
+      {"split_k", "0 (by size) to 64", [](int64_t v) { return v >= 0 && v <= 64; }},
+      {"expand_block_n", "64 or 128", [](int64_t v) { return v == 64 || v == 128; }},
+      {"expand_chunks", "0 (by size) to 1024", [](int64_t v) { return v >= 0 && v <= 1024; }},
+  };
+  return configs.for_each(kMoeLoraOp, [](const std::string& shape, int64_t bucket, const ops::KernelKnobs& knobs) {
+    const std::string where = std::string(kMoeLoraOp) + " " + shape + " max_tokens " + std::to_string(bucket);
+    for (const auto& [name, value] : knobs) {
+      const Rule* rule = nullptr;
+      for (const Rule& r : kRules) {
+        if (name == r.name) rule = &r;
+      }
+      if (rule == nullptr) {
+        std::string known;
+        for (const Rule& r : kRules) known += std::string(known.empty() ? "" : ", ") + r.name;
+        return invalid_argument(where + ": unknown knob '" + name + "' (known: " + known + ")");
+      }
+      if (!rule->accepts(value)) {
+        return invalid_argument(where + ": knob " + name + " = " + std::to_string(value) + ": expected " + rule->expected);
+      }
+    }
+    return Status();
+  });
+}
+
 namespace {
 
 constexpr int kCopies = 3;     // copies of the stacks the launches cycle over (> L2)
