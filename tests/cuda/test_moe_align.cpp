@@ -96,7 +96,13 @@ TEST_F(CudaMoeAlign, MatchesReference) {
       // the tiny path's edges: 256 pairs, GPT-OSS-20B's decode batch ordered by slot (and 256 pairs of it), 256
       // pairs over more groups than its shared memory holds (auto takes the one-block path), group rows
       {64, 4, 32, 8, 16, true}, {16, 4, 32, 8, 16, true, true}, {64, 4, 32, 8, 16, true, true},
-      {32, 8, 512, 64, 16, true}, {64, 4, 32, 8, 16, true, true, 16}};
+      {32, 8, 512, 64, 16, true}, {64, 4, 32, 8, 16, true, true, 16},
+      // the warp path's edges: 1024 pairs (GPT-OSS-20B's T 256 by (slot, expert) and by expert at BLOCK_M 64),
+      // 257 pairs, 1024 pairs over 1536 groups (its limit: 512 experts by slot, S 2 ordered: 512 · 3) and over
+      // 2048 (auto leaves it), Qwen3's 128 experts × 8 slots
+      {256, 4, 32, 8, 16, true, false}, {256, 4, 32, 8, 64, false}, {257, 1, 32, 8, 16, true},
+      {128, 8, 512, 2, 128, true, true}, {1024, 1, 256, 8, 16, true}, {128, 8, 128, 8, 16, true},
+      {128, 8, 128, 8, 128, true, true, 16}};
   for (const Case& c : cases) {
     const int64_t pairs = c.tokens * c.top_k;
     const int64_t groups = c.order_by_slot ? c.experts * (c.slots + 1) : c.by_slot ? c.slots * c.experts : c.experts;
@@ -110,9 +116,10 @@ TEST_F(CudaMoeAlign, MatchesReference) {
         align_reference(topk_ids, c.by_slot ? &token_slot.view : nullptr, c.experts, c.slots, c.block_m, c.order_by_slot,
                         c.group_rows);
     const int64_t capacity = cuda::moe_align_capacity(pairs, c.order_by_slot ? c.experts : groups, c.block_m);
-    for (int path : {0, 1, 2, 3}) {
+    for (int path : {-1, 0, 1, 2, 3, 4}) {
       if ((path == 0 || path == 2) && pairs > cuda::kMoeAlignSmallPairs) continue;
       if (path == 3 && (pairs > cuda::kMoeAlignTinyPairs || groups > cuda::kMoeAlignTinyGroups)) continue;
+      if (path == 4 && (pairs > cuda::kMoeAlignWarpPairs || groups > cuda::kMoeAlignWarpGroups)) continue;
       SCOPED_TRACE("T " + std::to_string(c.tokens) + " K " + std::to_string(c.top_k) + " E " +
                    std::to_string(c.experts) + " S " + std::to_string(c.slots) + " BLOCK_M " +
                    std::to_string(c.block_m) + (c.order_by_slot ? " ordered by slot" : c.by_slot ? " by slot" : " by expert") +

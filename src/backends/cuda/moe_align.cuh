@@ -30,7 +30,7 @@ struct MoeAlignParams {
   // Test/tuning knob: -1 picks by size (the tiny path up to kMoeAlignTinyPairs pairs and kMoeAlignTinyGroups
   // groups, one block up to 4096 pairs, chunks of 1024 pairs sorted in parallel up to kMoeAlignSmallPairs, the
   // device radix sort above); 0 forces the one-block path, 1 the radix-sort path, 2 the chunked path (both at most
-  // kMoeAlignSmallPairs pairs), 3 the tiny path (within its limits).
+  // kMoeAlignSmallPairs pairs), 3 the tiny path, 4 the warp path (both within their limits).
   int force_path = -1;
   // Dense LoRA (lora_dense): every token is one pair of the single expert 0 (E = 1, K = 1), T comes from
   // token_slot, topk_ids is not read. Requires slots > 0 and experts == 1.
@@ -53,6 +53,10 @@ struct MoeAlignParams {
 // The tiny path's limits (decode batches: one thread a pair; its group counters in 32 KB of shared memory).
 constexpr int64_t kMoeAlignTinyPairs = 256;
 constexpr int64_t kMoeAlignTinyGroups = 8192;
+// The warp path's limits (past the tiny path, e.g. a 256-token chunk's 1024 MoE-LoRA pairs: one thread a pair,
+// a [32, G] table of per-warp counts plus the G totals in shared memory, 198 KB at the limit).
+constexpr int64_t kMoeAlignWarpPairs = 1024;
+constexpr int64_t kMoeAlignWarpGroups = 1536;
 // The one-block and chunked paths' limit (16 sorted items per thread of 1024; 16 chunks); larger batches take
 // the radix-sort path.
 constexpr int64_t kMoeAlignSmallPairs = 16384;
