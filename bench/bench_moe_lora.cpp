@@ -71,6 +71,7 @@ std::string knob_suffix(const cuda::MoeLoraConfig& c) {
          (c.order == cuda::MoeLoraCtaOrder::kTileFastest ? "" : ", piece-fastest") +
          (c.expand_block_n == 128 ? "" : ", N " + std::to_string(c.expand_block_n)) +
          (c.expand_chunks == 0 ? "" : ", chunks " + std::to_string(c.expand_chunks)) +
+         (c.expand_bulk ? "" : ", cp.async") +
          (c.shrink_tiles_per_cta == 0 ? "" : ", shrink tiles " + std::to_string(c.shrink_tiles_per_cta)) +
 
          (c.pdl ? ", pdl" : ", no pdl") +
@@ -165,7 +166,10 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
       {.order = cuda::MoeLoraCtaOrder::kPieceFastest},
       {.expand_block_n = 64},
       {.expand_chunks = 1},
-      {.shrink_tiles_per_cta = 1}};
+      {.shrink_tiles_per_cta = 1},
+      {.expand_block_n = 64, .expand_bulk = false},
+      {.expand_block_n = 64, .expand_chunks = 16},
+      {.expand_bulk = false}};
   for (const cuda::MoeLoraConfig& config : layer_configs) {
     print_row(("layer" + knob_suffix(config)).c_str(), tokens, total_bytes, total_flops,
               time_graph(stream, [&](int i) { whole_layer(i % kLayers, config); }));
@@ -174,7 +178,8 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   // shrink tiles 1: a tile per CTA (the kernel before run mode); 4: runs of one (slot, expert)'s tiles.
   for (const cuda::MoeLoraConfig& config :
        {defaults, cuda::MoeLoraConfig{.split_k = 1}, cuda::MoeLoraConfig{.shrink_tiles_per_cta = 1},
-        cuda::MoeLoraConfig{.shrink_tiles_per_cta = 4}}) {
+        cuda::MoeLoraConfig{.shrink_tiles_per_cta = 4}, cuda::MoeLoraConfig{.split_k = 4},
+        cuda::MoeLoraConfig{.split_k = 8}}) {
     const std::string suffix = knob_suffix(config);
     print_row(("  shrink gate_up" + suffix).c_str(), tokens, shrink_gu_bytes, shrink_gu_flops,
               time_graph(stream, [&](int i) { cuda::moe_lora_shrink(gate_up(i % kLayers, config), stream); }));
@@ -187,7 +192,11 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   // chunks 1: one BLOCK_N chunk per CTA (no ring reuse, as the expand was before the chunk loop); 4, 16.
   for (const cuda::MoeLoraConfig& config :
        {defaults, cuda::MoeLoraConfig{.expand_block_n = 64}, cuda::MoeLoraConfig{.expand_chunks = 1},
-        cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16}}) {
+        cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_bulk = false},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_bulk = false},
+        cuda::MoeLoraConfig{.expand_bulk = false}, cuda::MoeLoraConfig{.expand_chunks = 16, .expand_bulk = false}}) {
     const std::string suffix = knob_suffix(config);
     print_row(("  expand gate_up" + suffix).c_str(), tokens, expand_gu_bytes, expand_gu_flops,
               time_graph(stream, [&](int i) { cuda::moe_lora_expand(gate_up(i % kLayers, config), stream); }));
@@ -195,14 +204,16 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
               time_graph(stream, [&](int i) { cuda::moe_lora_expand(down(i % kLayers, config), stream); }));
   }
   // moe_block's gate_up expand since the LoRA folds into the fused activation: y written, not read (the
-  // bytes column still counts the read).
-  auto overwrite_expand = [&](int i) {
-    cuda::MoeLoraParams lp = gate_up(i % kLayers, cuda::MoeLoraConfig{.expand_block_n = 64});
-    lp.overwrite = true;
-    cuda::moe_lora_expand(lp, stream);
-  };
-  print_row("  expand gate_up (N 64, overwrite)", tokens, expand_gu_bytes, expand_gu_flops,
-            time_graph(stream, overwrite_expand));
+  // bytes column still counts the read); by bulk copies (the default) and by cp.async.
+  for (bool bulk : {true, false}) {
+    auto overwrite_expand = [&](int i) {
+      cuda::MoeLoraParams lp = gate_up(i % kLayers, cuda::MoeLoraConfig{.expand_block_n = 64, .expand_bulk = bulk});
+      lp.overwrite = true;
+      cuda::moe_lora_expand(lp, stream);
+    };
+    print_row(bulk ? "  expand gate_up (N 64, overwrite)" : "  expand gate_up (N 64, overwrite, cp.async)", tokens,
+              expand_gu_bytes, expand_gu_flops, time_graph(stream, overwrite_expand));
+  }
   BENCH_CUDA(cudaStreamSynchronize(stream));
 }
 

@@ -46,6 +46,7 @@ struct Knobs {
   bool pdl;
   int expand_chunks = 0;  // 0: auto
   int shrink_tiles = 0;   // shrink tiles per CTA: 1 (warps split `in`), 4 (a run, a tile per warp), 0: auto
+  bool expand_bulk = false;  // the expand's copies: bulk (cp.async.bulk + mbarrier) or 16-byte cp.async
 };
 
 // run_case: one random problem (NaN padding ranks, tokens without adapter) against the CPU oracle under
@@ -65,7 +66,7 @@ std::string describe(const Knobs& k) {
   return "split " + std::to_string(k.split) +
          (k.order == cuda::MoeLoraCtaOrder::kTileFastest ? " tile-fastest" : " piece-fastest") + " block_n " +
          std::to_string(k.block_n) + (k.pdl ? " pdl" : " no pdl") + " expand_chunks " + std::to_string(k.expand_chunks) +
-         " shrink_tiles " + std::to_string(k.shrink_tiles);
+         " shrink_tiles " + std::to_string(k.shrink_tiles) + (k.expand_bulk ? " bulk" : "");
 }
 
 // z of every pair with a slot, over the slot's true rank, against `want` (the double loop).
@@ -101,7 +102,10 @@ std::vector<Knobs> all_knobs() {
           {5, cuda::MoeLoraCtaOrder::kTileFastest, 64, true},    {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, false},
           {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1, 4}, {2, cuda::MoeLoraCtaOrder::kPieceFastest, 64, true, 3, 4},
           {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 1000, 1},  // 1000: clamped, one piece spans all of out
-          {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4}};
+          {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4},
+          // the expand by bulk copies: auto chunks, a piece shorter than the ring, one piece spanning all of out
+          {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 0, true}, {3, cuda::MoeLoraCtaOrder::kPieceFastest, 128, false, 1, 0, true},
+          {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1000, 4, true}};
 }
 
 TEST_F(CudaMoeLora, MatchesCpu) {
@@ -229,7 +233,7 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
                                .block_m = cuda::kMoeLoraBlockM, .z = z_buffer, .y = y,
                                .config = {.split_k = k.split, .order = k.order, .pdl = k.pdl,
                                           .expand_block_n = k.block_n, .expand_chunks = k.expand_chunks,
-                                          .shrink_tiles_per_cta = k.shrink_tiles},
+                                          .expand_bulk = k.expand_bulk, .shrink_tiles_per_cta = k.shrink_tiles},
                                .tile_counters = self_cleaning ? counters.view : Tensor()};
   };
   for (const Knobs& k : knobs) {
@@ -256,6 +260,28 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
     EXPECT_TRUE(all_close(cuda::download(d_y), want_y, kTolBf16Out)) << "y";
     EXPECT_TRUE(all_close(cuda::download(d_y2), want_y, kTolBf16Out)) << "y, second call";
     EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+  }
+  {  // the expand by bulk copies gives expand_kernel's bits, adding into y and overwriting it (moe_block's
+     // folded gate_up), at both BLOCK_N (out % 8 != 0: both take the cp.async kernel); split 1, so z has the
+     // same bits in both runs (split-K's atomics would reorder its sums)
+    for (bool overwrite : {false, true}) {
+      for (int block_n : {64, 128}) {
+        SCOPED_TRACE(std::string("bulk vs cp.async, ") + (overwrite ? "overwrite" : "add") + ", BLOCK_N " +
+                     std::to_string(block_n));
+        OwnedTensor y_async = cuda::upload(y0), y_bulk = cuda::upload(y0);
+        for (bool bulk : {false, true}) {
+          Knobs k{1, cuda::MoeLoraCtaOrder::kTileFastest, block_n, true};
+          k.expand_bulk = bulk;
+          cuda::MoeLoraParams params = params_for(k, z, bulk ? y_bulk.view : y_async.view, true);
+          params.overwrite = overwrite;
+          cuda::moe_lora_shrink(params, stream_);
+          cuda::moe_lora_expand(params, stream_);
+        }
+        sync();
+        EXPECT_TRUE(bitwise_equal(cuda::download(y_bulk), cuda::download(y_async)));
+        EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+      }
+    }
   }
   {  // x's rows looked up through x_rows (moe_block's a in tile order): the same z bit for bit, per-tile and run
      // mode, without split (atomics would reorder the sums). x_rows points into a larger x whose other rows

@@ -35,9 +35,12 @@ TEST(MoeLoraKnobs, CommittedConfigsPass) {
 TEST(MoeLoraKnobs, EveryPathAndKnobInRangePasses) {
   for (int64_t path : {0, 1}) {
     for (int64_t block_n : {64, 128}) {
-      const Status s = cuda::check_moe_lora_knobs(one_entry({{"path", path}, {"pdl", 0}, {"order", 1}, {"split_k", 64},
-                                                             {"expand_block_n", block_n}, {"expand_chunks", 1024}}));
-      EXPECT_TRUE(s.ok()) << s.message();
+      for (int64_t bulk : {0, 1}) {
+        const Status s = cuda::check_moe_lora_knobs(one_entry({{"path", path}, {"pdl", 0}, {"order", 1}, {"split_k", 64},
+                                                               {"expand_block_n", block_n}, {"expand_chunks", 1024},
+                                                               {"expand_bulk", bulk}}));
+        EXPECT_TRUE(s.ok()) << s.message();
+      }
     }
   }
 }
@@ -55,7 +58,8 @@ TEST(MoeLoraKnobs, OutOfRangeNamesTheEntryKnobAndValue) {
                        {"split_k", 65, "expected 0 (by size) to 64"},
                        {"expand_block_n", 96, "expected 64 or 128"},
                        {"expand_chunks", -2, "expected 0 (by size) to 1024"},
-                       {"expand_chunks", 1025, "expected 0 (by size) to 1024"}};
+                       {"expand_chunks", 1025, "expected 0 (by size) to 1024"},
+                       {"expand_bulk", 2, "expected 0 (cp.async) or 1 (bulk copies)"}};
   for (const Bad& bad : cases) {
     SCOPED_TRACE(std::string(bad.knob) + " = " + std::to_string(bad.value));
     ops::KernelKnobs knobs = {{"path", 1}};

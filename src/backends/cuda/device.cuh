@@ -196,4 +196,44 @@ __device__ __forceinline__ void router_topk_warp(const float* logits, int expert
   }
 }
 
+// ---- mbarriers and bulk copies (sm_90: the persistent GEMMs' and the MoE-LoRA expand's rings) ----------
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Generic-proxy accesses to shared memory (this thread's, and those a barrier ordered before) before the
+// async proxy's (bulk copies, TMA, wgmma) to the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+// Blocks until the barrier's phase with this parity has completed (a fresh barrier counts parity 1 done).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase can complete.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to the shared address `shared`
+// by one bulk copy, counted down on the barrier's expected transaction count when they land.
+__device__ __forceinline__ void bulk_copy(uint32_t shared, const void* global, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(shared),
+               "l"(global), "r"(bytes), "r"(shared_address(bar))
+               : "memory");
+}
+
 }  // namespace lmx::cuda::detail

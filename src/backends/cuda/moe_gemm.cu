@@ -576,31 +576,12 @@ __device__ __forceinline__ void mma_tile_epilogue(const GemmKernelParams& p, int
 
 // ---- mbarriers and TMA (the decode kernel's weight by TMA, the warp-specialized and persistent kernels) ----
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-// Blocks until the barrier's phase with this parity has completed (a fresh barrier counts parity 1 done).
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
-}
-// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase can complete.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
+using detail::bulk_copy;
+using detail::mbarrier_arrive;
+using detail::mbarrier_arrive_expect_tx;
+using detail::mbarrier_init;
+using detail::mbarrier_wait;
+using detail::shared_address;
 // The box at (column `inner`, row `outer`) of a 2-D tensor map into shared memory; its bytes count down the
 // barrier's expected transaction count when they land.
 __device__ __forceinline__ void tma_load_2d(void* shared, const CUtensorMap* map, int inner, int outer, uint64_t* bar) {
@@ -619,14 +600,6 @@ __device__ __forceinline__ void tma_load_4d(void* shared, const CUtensorMap* map
       "r"(shared_address(bar))
       : "memory");
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to the shared address `shared`
-// by one bulk copy, counted down on the barrier's expected transaction count when they land.
-__device__ __forceinline__ void bulk_copy(uint32_t shared, const void* global, unsigned bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(shared),
-               "l"(global), "r"(bytes), "r"(shared_address(bar))
-               : "memory");
-}
-
 // The start of the mma.sync tile kernels (grouped_gemm_kernel, grouped_gemm_mxfp4_kernel): the PDL wait mode
 // the launch asked for and the wait where that mode puts it first; then the CTA's tile (blockIdx.x): its pairs
 // into tile_pairs (visible to the whole CTA) and its expert — or -1 past the tile count, where the CTA has

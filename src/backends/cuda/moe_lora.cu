@@ -40,7 +40,7 @@ constexpr int kMaxRank = 128;   // the contract's R limit (rank caps 64 and 128,
 constexpr int kChunk = 64;      // shrink: inputs per pipeline stage (16 per warp)
 constexpr int kStages = 3;      // shrink: cp.async ring depth
 constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
-constexpr int kExpandStages = 3;  // expand: cp.async ring depth over BLOCK_N chunks
+constexpr int kExpandStages = 3;  // expand: ring depth over BLOCK_N chunks (6 measured slower: perf-log run 226)
 constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
 
 // ---- device helpers -----------------------------------------------------------------------------------
@@ -408,6 +408,155 @@ struct ExpandShared {
   int last_reader;
 };
 
+// ---- the expand kernels' shared steps (expand_kernel by cp.async, expand_bulk_kernel by bulk copies) --------
+
+// An expand CTA's tile: its index, (slot, expert) group, the slot's rank and k-steps, its chunks [c_begin,
+// c_end) of `out` and (threads < 16) its pair. moe_align's outputs and the ranks were complete before the shrink
+// started, so all of it is read before griddepcontrol.wait; the tile count, the group and the pair are
+// independent loads issued together (tile < max_tiles: in bounds past the last tile too), so the first B copies
+// wait for two round trips (group, then rank). False where the CTA has nothing to do (past the last tile, or a
+// slot of rank 0 unless overwrite, whose rows still get their zeros).
+struct ExpandTile {
+  int tile, group, rank, rank_steps, c_begin, c_end, pair;
+};
+__device__ __forceinline__ bool expand_tile_start(const LoraKernelParams& p, int block_n, ExpandTile& t) {
+  int piece;
+  cta_coords(p, t.tile, piece);
+  const int tiles = *p.num_tiles;
+  t.group = p.tile_group[t.tile];
+  t.pair = threadIdx.x < kBlockM ? p.sorted_pairs[t.tile * kBlockM + threadIdx.x] : 0;
+  if (t.tile >= tiles) return false;
+  t.rank = p.rank[t.group / p.experts];
+  if (t.rank == 0 && !p.overwrite) return false;
+  const int chunks = (p.out + block_n - 1) / block_n;
+  t.c_begin = piece * p.chunks_per_piece;
+  t.c_end = min(t.c_begin + p.chunks_per_piece, chunks);
+  t.rank_steps = (t.rank + 15) / 16;  // mma k-steps of 16 ranks
+  return true;
+}
+
+// The tile's z into shared memory over the k-steps' ranks (zero past the true rank and on padding rows, so
+// the MMAs need no masking on the z side), then — self-cleaning — this CTA's arrival on the tile's counter
+// (threadfence-reduction: each CTA's z reads are ordered before its arrival; the last of the tile's `pieces`
+// CTAs zeroes z after its loop). PRECOND: pairs holds the tile's pairs; called by every thread, after
+// griddepcontrol.wait.
+template <int kRankCap>
+__device__ __forceinline__ void expand_read_z(const LoraKernelParams& p, int tile, const int (&pairs)[kBlockM],
+                                              int valid, int rank, float (&z)[kBlockM][kRankCap + 4],
+                                              int& last_reader) {
+  const int rank16 = (rank + 15) / 16 * 16;
+  for (int i = threadIdx.x; i < kBlockM * kRankCap; i += kThreads) {  // power-of-two divisors: no division
+    const int m = i / kRankCap, r = i % kRankCap;
+    if (r < rank16) z[m][r] = (m < valid && r < rank) ? p.z[int64_t(pairs[m]) * p.capacity_rank + r] : 0.0f;
+  }
+  __syncthreads();  // z tile read by every thread of this CTA
+  if (p.tile_counters != nullptr && threadIdx.x == 0) {
+    __threadfence();
+    const int arrived = atomicAdd(&p.tile_counters[tile], 1);
+    last_reader = arrived == p.pieces - 1;
+    if (last_reader) p.tile_counters[tile] = 0;
+    __threadfence();
+  }
+}
+
+// A fragments (z) for every k-step of 16 ranks, z split into two bf16 terms (hi, and lo = the rest): 16
+// significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix. Registers of m16n8k16: rows
+// g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
+template <int kRankCap>
+__device__ __forceinline__ void expand_z_fragments(const float (&z)[kBlockM][kRankCap + 4], int rank_steps,
+                                                   unsigned (&z_hi)[kRankCap / 16][4],
+                                                   unsigned (&z_lo)[kRankCap / 16][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int ks = 0; ks < kRankCap / 16; ++ks) {
+    if (ks < rank_steps) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 v = *reinterpret_cast<const float2*>(&z[g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
+        detail::split_bf16(v, z_hi[ks][q], z_lo[ks][q]);
+      }
+    }
+  }
+}
+
+// n-tiles 2np and 2np + 1 of this warp's kBlockN / 4 outputs of z·B[chunk]ᵀ: acc[j] is n-tile 2np + j (C
+// fragment: rows g and g + 8, columns 2t and 2t + 1). A pair at a time keeps the tiers 16 / 32 under 72
+// registers. b_row(n, k) is the shared address of B's 8 ranks [k, k + 8) of chunk row n. mask_last: zero B's
+// ranks >= rank in the last k-step (a stack's padding ranks may hold anything: 0·NaN).
+template <int kRankCap, int kBlockN, typename BRow>
+__device__ __forceinline__ void expand_pair_acc(int np, const unsigned (&z_hi)[kRankCap / 16][4],
+                                                const unsigned (&z_lo)[kRankCap / 16][4], int rank_steps, int rank,
+                                                bool mask_last, BRow&& b_row, float (&acc)[2][4]) {
+  constexpr int kWarpN = kBlockN / kWarps;  // outputs per warp and chunk
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < kRankCap / 16; ++ks) {
+    if (ks < rank_steps) {
+      // Matrices: n-tile 2np ranks [0, 8) and [8, 16) of the step, then n-tile 2np + 1 the same; register i
+      // holds matrix i's row lane / 4, ranks 16ks + 8(i % 2) + 2t and + 1.
+      unsigned frag_b[4];
+      ldmatrix_x4(frag_b, b_row(warp * kWarpN + np * 16 + lane / 16 * 8 + lane % 8, ks * 16 + (lane / 8) % 2 * 8));
+      if (mask_last && ks == rank_steps - 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int k = ks * 16 + (i % 2) * 8 + 2 * t;
+          frag_b[i] &= (k < rank ? 0x0000ffffu : 0u) | (k + 1 < rank ? 0xffff0000u : 0u);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        mma_bf16(acc[j], z_hi[ks], frag_b[2 * j], frag_b[2 * j + 1]);
+        mma_bf16(acc[j], z_lo[ks], frag_b[2 * j], frag_b[2 * j + 1]);
+      }
+    }
+  }
+}
+
+// The staged y rows of chunk c back to y (16-byte vectors, or bf16 pairs without y_vector).
+template <int kBlockN>
+__device__ __forceinline__ void expand_store_chunk(const LoraKernelParams& p, int c, const int (&pairs)[kBlockM],
+                                                   int valid, const __nv_bfloat16 (&y)[kBlockM][kBlockN + 8]) {
+  const int n0 = c * kBlockN;
+  if (p.y_vector) {
+    constexpr int kVectors = kBlockN / 8;
+    for (int i = threadIdx.x; i < valid * kVectors; i += kThreads) {
+      const int m = i / kVectors, v = i % kVectors;
+      if (n0 + v * 8 < p.out) {
+        *reinterpret_cast<uint4*>(p.y + int64_t(pairs[m]) * p.out + n0 + v * 8) =
+            *reinterpret_cast<const uint4*>(&y[m][v * 8]);
+      }
+    }
+  } else {
+    constexpr int kDuos = kBlockN / 2;
+    for (int i = threadIdx.x; i < valid * kDuos; i += kThreads) {
+      const int m = i / kDuos, d = i % kDuos;
+      if (n0 + d * 2 < p.out) {
+        *reinterpret_cast<__nv_bfloat162*>(p.y + int64_t(pairs[m]) * p.out + n0 + d * 2) =
+            *reinterpret_cast<const __nv_bfloat162*>(&y[m][d * 2]);
+      }
+    }
+  }
+}
+
+// Self-cleaning: the tile's last reader zeroes the z rows it consumed. PRECOND: every thread, after the loop.
+template <int kRankCap>
+__device__ __forceinline__ void expand_clean_z(const LoraKernelParams& p, const int (&pairs)[kBlockM], int valid,
+                                               int rank, const int& last_reader) {
+  if (p.tile_counters == nullptr) return;
+  __syncthreads();  // last_reader written by thread 0 (the loop's barriers may be none)
+  if (last_reader) {
+    for (int i = threadIdx.x; i < kBlockM * kRankCap; i += kThreads) {
+      const int m = i / kRankCap, r = i % kRankCap;
+      if (m < valid && r < rank) p.z[int64_t(pairs[m]) * p.capacity_rank + r] = 0.0f;
+    }
+  }
+}
+
 // The expand streams: per chunk of kBlockN outputs it gathers the tile's y rows and the B rows, adds
 // z·Bᵀ and writes y back; a CTA walks `chunks_per_piece` chunks through a kExpandStages-deep cp.async
 // ring, so two chunks (B + y, ~24 KB at R 32, N 128) are in flight while one is computed and stored.
@@ -428,17 +577,10 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
   using Shared = ExpandShared<kRankCap, kBlockN>;
   extern __shared__ __align__(16) unsigned char expand_shared[];
   auto& smem = *reinterpret_cast<Shared*>(expand_shared);
-  int tile, piece;
-  cta_coords(p, tile, piece);
-  // moe_align's outputs and the ranks were complete before the shrink started: safe before pdl_wait.
-  if (tile >= *p.num_tiles) return;
-  const int group = p.tile_group[tile];
-  const int slot = group / p.experts;
-  const int rank = p.rank[slot];
-  if (rank == 0 && !p.overwrite) return;  // overwrite: the tile's rows still get their zeros
-  const int chunks = (p.out + kBlockN - 1) / kBlockN;
-  const int c_begin = piece * p.chunks_per_piece, c_end = min(c_begin + p.chunks_per_piece, chunks);
-  const int rank_steps = (rank + 15) / 16;  // mma k-steps of 16 ranks
+  ExpandTile et;
+  if (!expand_tile_start(p, kBlockN, et)) return;
+  const int tile = et.tile, group = et.group, rank = et.rank, rank_steps = et.rank_steps;
+  const int c_begin = et.c_begin, c_end = et.c_end, tile_pair = et.pair;
   const __nv_bfloat16* b = p.b + int64_t(group) * p.out * p.capacity_rank;  // [out, R] of (slot, expert)
 
   // B rows of a chunk over the k-steps' ranks: the true ranks copied, the rest of each step (ranks past
@@ -481,8 +623,8 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
     if (c_begin + s < c_end) load_b(c_begin + s);
   }
   // The tile's pairs (sentinels on padding; real pairs come first: a group pads at its end).
-  if (threadIdx.x < kBlockM) smem.pairs[threadIdx.x] = p.sorted_pairs[tile * kBlockM + threadIdx.x];
-  __syncthreads();  // its latency overlaps the B loads in flight
+  if (threadIdx.x < kBlockM) smem.pairs[threadIdx.x] = tile_pair;
+  __syncthreads();
 #pragma unroll
   for (int m = 0; m < kBlockM; ++m) valid += smem.pairs[m] != p.pairs;
   pdl_wait();  // z is the shrink's output; y may be its predecessor's
@@ -491,38 +633,11 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
     if (c_begin + s < c_end) load_y(c_begin + s);
     cp_async_commit();  // group s holds y of chunk s (and group 0 every prologue B): waits stay uniform
   }
-  const int rank16 = rank_steps * 16;
-  for (int i = threadIdx.x; i < kBlockM * rank16; i += kThreads) {
-    const int m = i / rank16, r = i % rank16;
-    smem.z[m][r] = (m < valid && r < rank) ? p.z[int64_t(smem.pairs[m]) * p.capacity_rank + r] : 0.0f;
-  }
-  __syncthreads();  // z tile read by every thread of this CTA
-  if (p.tile_counters != nullptr && threadIdx.x == 0) {
-    // Self-cleaning: the last of the tile's `pieces` CTAs to have read z zeroes it after its loop
-    // (threadfence-reduction: each CTA's reads are ordered before its arrival).
-    __threadfence();
-    const int arrived = atomicAdd(&p.tile_counters[tile], 1);
-    smem.last_reader = arrived == p.pieces - 1;
-    if (smem.last_reader) p.tile_counters[tile] = 0;
-    __threadfence();
-  }
+  expand_read_z<kRankCap>(p, tile, smem.pairs, valid, rank, smem.z, smem.last_reader);
+  unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
+  expand_z_fragments<kRankCap>(smem.z, rank_steps, z_hi, z_lo);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // A fragments (z) for every k-step of 16 ranks, z split into two bf16 terms (hi, and lo = the rest): 16
-  // significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix. Registers of m16n8k16:
-  // rows g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
-  unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < kRankSteps; ++ks) {
-    if (ks < rank_steps) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 v = *reinterpret_cast<const float2*>(&smem.z[g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
-        detail::split_bf16(v, z_hi[ks][q], z_lo[ks][q]);
-      }
-    }
-  }
-
   for (int c = c_begin; c < c_end; ++c) {
     cp_async_wait<kExpandStages - 2>();
     __syncthreads();  // chunk c visible to all; the stage refilled below was stored by every thread
@@ -533,23 +648,13 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
     }
     cp_async_commit();
     ExpandStage<kRankCap, kBlockN>& s = smem.stages[(c - c_begin) % kExpandStages];
+    // B's ranks past `rank` were zero-filled by the copies: no mask. y += acc in place: one rounding of
+    // fp32(y) + acc to bf16.
 #pragma unroll
-    for (int np = 0; np < kTilesN / 2; ++np) {  // pairs of 8-output n-tiles: one ldmatrix per k-step
-      float acc[2][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < kRankSteps; ++ks) {
-        if (ks < rank_steps) {
-          // Matrices: n-tile 2np ranks [0, 8) and [8, 16) of the step, then n-tile 2np + 1 the same.
-          unsigned frag_b[4];
-          ldmatrix_x4(frag_b, &s.b[warp * kWarpN + np * 16 + lane / 16 * 8 + lane % 8][ks * 16 + (lane / 8) % 2 * 8]);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            mma_bf16(acc[j], z_hi[ks], frag_b[2 * j], frag_b[2 * j + 1]);
-            mma_bf16(acc[j], z_lo[ks], frag_b[2 * j], frag_b[2 * j + 1]);
-          }
-        }
-      }
-      // y += acc in place: one rounding of fp32(y) + acc to bf16 (C fragment rows g and g + 8).
+    for (int np = 0; np < kTilesN / 2; ++np) {
+      float acc[2][4];
+      expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, false,
+                                         [&](int n, int k) { return &s.b[n][k]; }, acc);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int col = warp * kWarpN + (2 * np + j) * 8 + 2 * t;
@@ -564,36 +669,183 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
       }
     }
     __syncthreads();  // the updated y chunk is complete
+    expand_store_chunk<kBlockN>(p, c, smem.pairs, valid, s.y);
+  }
+  expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
+}
 
-    const int n0 = c * kBlockN;
-    if (p.y_vector) {
-      constexpr int kVectors = kBlockN / 8;
-      for (int i = threadIdx.x; i < valid * kVectors; i += kThreads) {
-        const int m = i / kVectors, v = i % kVectors;
-        if (n0 + v * 8 < p.out) {
-          *reinterpret_cast<uint4*>(p.y + int64_t(smem.pairs[m]) * p.out + n0 + v * 8) =
-              *reinterpret_cast<const uint4*>(&s.y[m][v * 8]);
-        }
-      }
+// The expand by bulk copies (MoeLoraConfig::expand_bulk; y rows of 16-byte vectors): the same ring and math
+// as expand_kernel, but each chunk's B arrives by one cp.async.bulk (rows [n0, n0 + kBlockN) of the group's
+// [out, R] block are contiguous) or, for a slot whose k-steps do not span the capacity R, one bulk copy of
+// each row's first ranks; each y row of the tile by one bulk copy; all awaited on the stage's mbarrier. Run
+// 226 (ncu) found expand_kernel bound by its instruction stream (~2,300 warp instructions per 8 KB chunk:
+// per-16-byte cp.async with index, mask and size arithmetic) at 34–40% of issue slots with ~4 warps a
+// scheduler; here warp 0 issues a chunk's copies in a few instructions. B lands unpadded (row stride
+// round_up(R, 16)): ldmatrix meets 4-way bank conflicts at R 32, a few wavefronts a chunk. Ranks past the
+// true rank are not zero-filled by the copy; the last k-step's B fragments are masked instead.
+template <int kRankCap, int kBlockN>
+struct ExpandBulkStage {
+  __nv_bfloat16 b[kBlockN * kRankCap];    // [chunk rows, stride round_up(R, 16)] bf16, as in global memory
+  __nv_bfloat16 y[kBlockM][kBlockN + 8];  // [pairs, chunk] bf16 (rows 16-byte aligned), updated in place
+};
+template <int kRankCap, int kBlockN>
+struct ExpandBulkShared {
+  ExpandBulkStage<kRankCap, kBlockN> stages[kExpandStages];
+  float z[kBlockM][kRankCap + 4];
+  uint64_t full[kExpandStages];   // the stage's copies landed
+  uint64_t empty[kExpandStages];  // every warp is done reading the stage (one arrival a warp)
+  int pairs[kBlockM];
+  int last_reader;
+};
+
+// PRECOND: as expand_kernel, with y_vector (out % 8 == 0, y 16-byte aligned); dynamic shared memory =
+// sizeof(ExpandBulkShared).
+template <int kRankCap, int kBlockN>
+__global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
+    expand_bulk_kernel(const __grid_constant__ LoraKernelParams p) {
+  constexpr int kRankSteps = kRankCap / 16;
+  using Shared = ExpandBulkShared<kRankCap, kBlockN>;
+  extern __shared__ __align__(16) unsigned char expand_shared[];
+  auto& smem = *reinterpret_cast<Shared*>(expand_shared);
+  ExpandTile et;
+  if (!expand_tile_start(p, kBlockN, et)) return;
+  const int tile = et.tile, group = et.group, rank = et.rank, rank_steps = et.rank_steps;
+  const int c_begin = et.c_begin, c_end = et.c_end, tile_pair = et.pair;
+  const int capacity = p.capacity_rank;
+  const int stride = (capacity + 15) / 16 * 16;  // B's shared row stride: whole k-steps
+  // One copy a chunk where the rows are contiguous in both memories and the k-steps need all R ranks.
+  const bool whole_chunk = stride == capacity && rank_steps * 16 == capacity;
+  const unsigned row_b_bytes = unsigned(min(rank_steps * 16, capacity)) * 2;  // per-row copies
+  const __nv_bfloat16* b = p.b + int64_t(group) * p.out * capacity;          // [out, R] of (slot, expert)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kExpandStages; ++s) {
+      detail::mbarrier_init(&smem.full[s], 1);
+      detail::mbarrier_init(&smem.empty[s], kWarps);
+    }
+  }
+  // The tile's pairs (sentinels on padding; real pairs come first: a group pads at its end).
+  if (threadIdx.x < kBlockM) smem.pairs[threadIdx.x] = tile_pair;
+  __syncthreads();  // the barriers and the pairs
+  int valid = 0;
+#pragma unroll
+  for (int m = 0; m < kBlockM; ++m) valid += smem.pairs[m] != p.pairs;
+
+  // Warp 0 issues a chunk: lane 0 arrives expecting every byte of it, then B's copies (lane 0, or a row a
+  // lane) and, unless overwrite, a y row a lane (after the PDL wait: y may be the previous kernel's output).
+  auto chunk_rows = [&](int chunk) { return min(kBlockN, p.out - chunk * kBlockN); };
+  auto expect = [&](int chunk) {
+    const int rows = chunk_rows(chunk);
+    const unsigned b_bytes = rank_steps == 0 ? 0u : whole_chunk ? unsigned(rows * capacity * 2) : unsigned(rows) * row_b_bytes;
+    const unsigned y_bytes = p.overwrite ? 0u : unsigned(valid * rows * 2);
+    if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.full[(chunk - c_begin) % kExpandStages], b_bytes + y_bytes);
+    __syncwarp();
+  };
+  auto copy_b = [&](int chunk) {
+    if (rank_steps == 0) return;
+    const int stage = (chunk - c_begin) % kExpandStages, rows = chunk_rows(chunk);
+    ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
+    const __nv_bfloat16* src = b + int64_t(chunk) * kBlockN * capacity;
+    if (whole_chunk) {
+      if (lane == 0) detail::bulk_copy(detail::shared_address(s.b), src, unsigned(rows * capacity * 2), &smem.full[stage]);
     } else {
-      constexpr int kDuos = kBlockN / 2;
-      for (int i = threadIdx.x; i < valid * kDuos; i += kThreads) {
-        const int m = i / kDuos, d = i % kDuos;
-        if (n0 + d * 2 < p.out) {
-          *reinterpret_cast<__nv_bfloat162*>(p.y + int64_t(smem.pairs[m]) * p.out + n0 + d * 2) =
-              *reinterpret_cast<const __nv_bfloat162*>(&s.y[m][d * 2]);
+      for (int n = lane; n < rows; n += 32) {
+        detail::bulk_copy(detail::shared_address(s.b + n * stride), src + int64_t(n) * capacity, row_b_bytes,
+                          &smem.full[stage]);
+      }
+    }
+  };
+  auto copy_y = [&](int chunk) {
+    if (p.overwrite || lane >= valid) return;
+    const int stage = (chunk - c_begin) % kExpandStages;
+    detail::bulk_copy(detail::shared_address(&smem.stages[stage].y[lane][0]),
+                      p.y + int64_t(smem.pairs[lane]) * p.out + int64_t(chunk) * kBlockN,
+                      unsigned(chunk_rows(chunk) * 2), &smem.full[stage]);
+  };
+
+  // Prologue: B of the first chunks before the wait (weights, not written by the shrink), y after it.
+  if (warp == 0) {
+    for (int s = 0; s < kExpandStages - 1 && c_begin + s < c_end; ++s) {
+      expect(c_begin + s);
+      copy_b(c_begin + s);
+    }
+  }
+  pdl_wait();  // z is the shrink's output; y may be its predecessor's
+  if (warp == 0) {
+    for (int s = 0; s < kExpandStages - 1 && c_begin + s < c_end; ++s) copy_y(c_begin + s);
+  }
+  expand_read_z<kRankCap>(p, tile, smem.pairs, valid, rank, smem.z, smem.last_reader);
+  unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
+  expand_z_fragments<kRankCap>(smem.z, rank_steps, z_hi, z_lo);
+  const bool mask_last = rank % 16 != 0;
+  // This thread's rows of the C fragment (g and g + 8) and their y rows, if real.
+  constexpr int kWarpN = kBlockN / kWarps;
+  const int g = lane / 4, t = lane % 4;
+  __nv_bfloat16* y_row[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = g + 8 * half;
+    y_row[half] = m < valid ? p.y + int64_t(smem.pairs[m]) * p.out : nullptr;
+  }
+
+  for (int c = c_begin; c < c_end; ++c) {
+    const int i = c - c_begin, stage = i % kExpandStages;
+    // Warp 0 refills chunk c - 1's stage once every warp has released it (B read by ldmatrix, y by ld.shared;
+    // no generic write ever touches a stage, so the copies need no proxy fence). The other warps never wait
+    // for each other: no block barrier in the loop.
+    const int next = c + kExpandStages - 1;
+    if (warp == 0 && next < c_end) {
+      if (i > 0) detail::mbarrier_wait(&smem.empty[(i - 1) % kExpandStages], unsigned((i - 1) / kExpandStages) & 1u);
+      expect(next);
+      copy_b(next);
+      copy_y(next);
+    }
+    detail::mbarrier_wait(&smem.full[stage], unsigned(i / kExpandStages) & 1u);
+    ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
+    // y = (staged y or 0) + acc, rounded once, straight from the fragments to global memory.
+    const int n0 = c * kBlockN;
+#pragma unroll
+    for (int np = 0; np < kWarpN / 16; ++np) {
+      float acc[2][4];
+      expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, mask_last,
+                                         [&](int n, int k) { return s.b + n * stride + k; }, acc);
+      if (p.overwrite) {
+        // y = bf16(acc): the quad's 16 columns regrouped by shuffles so that lane t holds columns [4t, 4t + 4)
+        // and writes them as one 8-byte store: each row's 32 bytes (one sector) by one instruction. Half-sector
+        // stores of rows not in L2 would cost a DRAM read each (run 227: T 4096 168 → 228 µs without this).
+        const int col = warp * kWarpN + np * 16 + 4 * t;  // this lane's first column after the regrouping
+        const int quad = lane & ~3, from_a = quad + (2 * t) % 4, from_b = quad + (2 * t + 1) % 4;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // 0 + acc, as the staged form computes it (a -0 sum becomes +0)
+          const __nv_bfloat162 v0 = __floats2bfloat162_rn(0.0f + acc[0][2 * half], 0.0f + acc[0][2 * half + 1]);
+          const __nv_bfloat162 v1 = __floats2bfloat162_rn(0.0f + acc[1][2 * half], 0.0f + acc[1][2 * half + 1]);
+          const unsigned u0 = *reinterpret_cast<const unsigned*>(&v0), u1 = *reinterpret_cast<const unsigned*>(&v1);
+          const unsigned a0 = __shfl_sync(~0u, u0, from_a), b0 = __shfl_sync(~0u, u0, from_b);
+          const unsigned a1 = __shfl_sync(~0u, u1, from_a), b1 = __shfl_sync(~0u, u1, from_b);
+          if (y_row[half] == nullptr || n0 + col >= p.out) continue;
+          *reinterpret_cast<uint2*>(y_row[half] + n0 + col) = t < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
+        }
+        continue;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = warp * kWarpN + (2 * np + j) * 8 + 2 * t;
+        if (n0 + col >= p.out) continue;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          if (y_row[half] == nullptr) continue;
+          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&s.y[g + 8 * half][col]));
+          *reinterpret_cast<__nv_bfloat162*>(y_row[half] + n0 + col) =
+              __floats2bfloat162_rn(old.x + acc[j][2 * half], old.y + acc[j][2 * half + 1]);
         }
       }
     }
+    __syncwarp();  // the warp's reads of the stage are done
+    if (lane == 0) detail::mbarrier_arrive(&smem.empty[stage]);
   }
-  if (p.tile_counters != nullptr) {
-    __syncthreads();  // last_reader written by thread 0 (the loop's barriers may be none)
-    if (smem.last_reader) {
-      for (int i = threadIdx.x; i < valid * rank; i += kThreads) {
-        p.z[int64_t(smem.pairs[i / rank]) * p.capacity_rank + i % rank] = 0.0f;
-      }
-    }
-  }
+  expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
 }
 
 // ---- launchers ----------------------------------------------------------------------------------------
@@ -812,10 +1064,11 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
   LMX_CUDA_CHECK_LAUNCH();
 }
 
-// The expand of rank tier kCap at kBlockN.
+// The expand of rank tier kCap at kBlockN, by cp.async or by bulk copies.
 template <int kCap, int kBlockN, typename Run>
-void run_expand_tier(Run&& run) {
-  run(expand_kernel<kCap, kBlockN>, sizeof(ExpandShared<kCap, kBlockN>));
+void run_expand_tier(Run&& run, bool bulk) {
+  if (bulk) run(expand_bulk_kernel<kCap, kBlockN>, sizeof(ExpandBulkShared<kCap, kBlockN>));
+  else run(expand_kernel<kCap, kBlockN>, sizeof(ExpandShared<kCap, kBlockN>));
 }
 
 void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
@@ -845,18 +1098,19 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64 / 128) × BLOCK_N.
   // Tier 128 stages 2× the B bytes per chunk of tier 64: 126 KB at BLOCK_N 128 (one CTA per SM), 68 KB at 64.
   const int rank_cap = c.params.capacity_rank;
+  const bool bulk = p.config.expand_bulk && c.params.y_vector;  // bulk copies need 16-byte y rows
   if (rank_cap <= 16) {
-    if (block_n == 128) run_expand_tier<16, 128>(run);
-    else run_expand_tier<16, 64>(run);
+    if (block_n == 128) run_expand_tier<16, 128>(run, bulk);
+    else run_expand_tier<16, 64>(run, bulk);
   } else if (rank_cap <= 32) {
-    if (block_n == 128) run_expand_tier<32, 128>(run);
-    else run_expand_tier<32, 64>(run);
+    if (block_n == 128) run_expand_tier<32, 128>(run, bulk);
+    else run_expand_tier<32, 64>(run, bulk);
   } else if (rank_cap <= 64) {
-    if (block_n == 128) run_expand_tier<64, 128>(run);
-    else run_expand_tier<64, 64>(run);
+    if (block_n == 128) run_expand_tier<64, 128>(run, bulk);
+    else run_expand_tier<64, 64>(run, bulk);
   } else {
-    if (block_n == 128) run_expand_tier<128, 128>(run);
-    else run_expand_tier<128, 64>(run);
+    if (block_n == 128) run_expand_tier<128, 128>(run, bulk);
+    else run_expand_tier<128, 64>(run, bulk);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }

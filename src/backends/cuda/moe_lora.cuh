@@ -25,6 +25,8 @@ struct MoeLoraConfig {
   bool pdl = true;          // launch the expand as a programmatic dependent of the shrink (sm_90)
   int expand_block_n = 128;  // expand: outputs per pipeline chunk (BLOCK_N), 64 or 128
   int expand_chunks = 0;     // expand: BLOCK_N chunks per CTA (a cp.async ring walks them); 0 = by batch size
+  bool expand_bulk = true;  // expand: B chunks and y rows by bulk copies (cp.async.bulk + mbarriers) where y rows
+                            // are 16-byte vectors; false: 16-byte cp.async by every thread
   int shrink_tiles_per_cta = 0;  // shrink: 1 (a tile per CTA, warps split `in`) or 4 (a run of one group's
                                  // tiles, a tile per warp, A staged once); 0 = by batch size
 };
