@@ -437,9 +437,10 @@ __device__ __forceinline__ bool expand_tile_start(const LoraKernelParams& p, int
 
 // The tile's z into shared memory over the k-steps' ranks (zero past the true rank and on padding rows, so
 // the MMAs need no masking on the z side), then — self-cleaning — this CTA's arrival on the tile's counter
-// (threadfence-reduction: each CTA's z reads are ordered before its arrival; the last of the tile's `pieces`
-// CTAs zeroes z after its loop). PRECOND: pairs holds the tile's pairs; called by every thread, after
-// griddepcontrol.wait.
+// (detail::count_reader: the CTA's z reads, ordered by the barrier, happen before its count; the last of the
+// tile's `pieces` CTAs zeroes z after its loop). The arrival is made by the last warp, off the bulk expand's
+// producer (warp 0), whose first refill would otherwise wait for the atomic's round trip. PRECOND: pairs
+// holds the tile's pairs; called by every thread, after griddepcontrol.wait.
 template <int kRankCap>
 __device__ __forceinline__ void expand_read_z(const LoraKernelParams& p, int tile, const int (&pairs)[kBlockM],
                                               int valid, int rank, float (&z)[kBlockM][kRankCap + 4],
@@ -450,12 +451,9 @@ __device__ __forceinline__ void expand_read_z(const LoraKernelParams& p, int til
     if (r < rank16) z[m][r] = (m < valid && r < rank) ? p.z[int64_t(pairs[m]) * p.capacity_rank + r] : 0.0f;
   }
   __syncthreads();  // z tile read by every thread of this CTA
-  if (p.tile_counters != nullptr && threadIdx.x == 0) {
-    __threadfence();
-    const int arrived = atomicAdd(&p.tile_counters[tile], 1);
-    last_reader = arrived == p.pieces - 1;
-    if (last_reader) p.tile_counters[tile] = 0;
-    __threadfence();
+  if (p.tile_counters != nullptr && threadIdx.x == kThreads - 32) {
+    last_reader = detail::count_reader(&p.tile_counters[tile]) == p.pieces - 1;
+    if (last_reader) p.tile_counters[tile] = 0;  // read again only by the next kernel
   }
 }
 
@@ -548,7 +546,7 @@ template <int kRankCap>
 __device__ __forceinline__ void expand_clean_z(const LoraKernelParams& p, const int (&pairs)[kBlockM], int valid,
                                                int rank, const int& last_reader) {
   if (p.tile_counters == nullptr) return;
-  __syncthreads();  // last_reader written by thread 0 (the loop's barriers may be none)
+  __syncthreads();  // last_reader written by the arriving thread (the loop's barriers may be none)
   if (last_reader) {
     for (int i = threadIdx.x; i < kBlockM * kRankCap; i += kThreads) {
       const int m = i / kRankCap, r = i % kRankCap;
