@@ -71,7 +71,7 @@ std::string knob_suffix(const cuda::MoeLoraConfig& c) {
          (c.order == cuda::MoeLoraCtaOrder::kTileFastest ? "" : ", piece-fastest") +
          (c.expand_block_n == 128 ? "" : ", N " + std::to_string(c.expand_block_n)) +
          (c.expand_chunks == 0 ? "" : ", chunks " + std::to_string(c.expand_chunks)) +
-         (c.expand_bulk ? "" : ", cp.async") +
+         (c.expand_bulk ? "" : ", cp.async") + (c.expand_persistent ? ", persistent" : "") +
          (c.shrink_tiles_per_cta == 0 ? "" : ", shrink tiles " + std::to_string(c.shrink_tiles_per_cta)) +
 
          (c.pdl ? ", pdl" : ", no pdl") +
@@ -169,7 +169,9 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
       {.shrink_tiles_per_cta = 1},
       {.expand_block_n = 64, .expand_bulk = false},
       {.expand_block_n = 64, .expand_chunks = 16},
-      {.expand_bulk = false}};
+      {.expand_bulk = false},
+      {.expand_block_n = 64, .expand_persistent = true},
+      {.expand_block_n = 64, .expand_chunks = 16, .expand_persistent = true}};
   for (const cuda::MoeLoraConfig& config : layer_configs) {
     print_row(("layer" + knob_suffix(config)).c_str(), tokens, total_bytes, total_flops,
               time_graph(stream, [&](int i) { whole_layer(i % kLayers, config); }));
@@ -196,7 +198,10 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_bulk = false},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_bulk = false},
-        cuda::MoeLoraConfig{.expand_bulk = false}, cuda::MoeLoraConfig{.expand_chunks = 16, .expand_bulk = false}}) {
+        cuda::MoeLoraConfig{.expand_bulk = false}, cuda::MoeLoraConfig{.expand_chunks = 16, .expand_bulk = false},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_persistent = true},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 4, .expand_persistent = true},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_persistent = true}}) {
     const std::string suffix = knob_suffix(config);
     print_row(("  expand gate_up" + suffix).c_str(), tokens, expand_gu_bytes, expand_gu_flops,
               time_graph(stream, [&](int i) { cuda::moe_lora_expand(gate_up(i % kLayers, config), stream); }));

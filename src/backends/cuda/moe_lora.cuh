@@ -27,6 +27,8 @@ struct MoeLoraConfig {
   int expand_chunks = 0;     // expand: BLOCK_N chunks per CTA (a cp.async ring walks them); 0 = by batch size
   bool expand_bulk = true;  // expand: B chunks and y rows by bulk copies (cp.async.bulk + mbarriers) where y rows
                             // are 16-byte vectors; false: 16-byte cp.async by every thread
+  bool expand_persistent = false;  // with expand_bulk: resident CTAs walk the (tile, piece) items, a producer
+                                   // warp keeping the ring running across them (prepared, not yet measured)
   int shrink_tiles_per_cta = 0;  // shrink: 1 (a tile per CTA, warps split `in`) or 4 (a run of one group's
                                  // tiles, a tile per warp, A staged once); 0 = by batch size
 };
