@@ -720,7 +720,7 @@ __device__ __forceinline__ void expand_store_pair(const LoraKernelParams& p, con
 // 226 (ncu) found expand_kernel bound by its instruction stream (~2,300 warp instructions per 8 KB chunk:
 // per-16-byte cp.async with index, mask and size arithmetic) at 34–40% of issue slots with ~4 warps a
 // scheduler; here warp 0 issues a chunk's copies in a few instructions, and y goes from the fragments to global
-// memory from the chunk loop, so no generic write touches a stage and the loop has no block barrier (each warp
+// memory (expand_store_pair), so no generic write touches a stage and the loop has no block barrier (each warp
 // releases a stage on its `empty` mbarrier; warp 0 waits for it before refilling). B lands unpadded (row stride
 // round_up(R, 16)): ldmatrix meets 4-way bank conflicts at R 32, a few wavefronts a chunk. Ranks past the
 // true rank are not zero-filled by the copy; the last k-step's B fragments are masked instead.
