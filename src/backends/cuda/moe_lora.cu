@@ -42,6 +42,7 @@ constexpr int kStages = 3;      // shrink: cp.async ring depth
 constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
 constexpr int kExpandStages = 3;  // expand: ring depth over BLOCK_N chunks (6 measured slower: perf-log run 226)
 constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
+constexpr int kPersistentPieceChunks = 16;  // the persistent expand's chunks per piece when expand_chunks is 0
 
 // ---- device helpers -----------------------------------------------------------------------------------
 
@@ -459,18 +460,23 @@ __device__ __forceinline__ void expand_read_z(const LoraKernelParams& p, int til
 
 // A fragments (z) for every k-step of 16 ranks, z split into two bf16 terms (hi, and lo = the rest): 16
 // significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix. Registers of m16n8k16: rows
-// g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
+// g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9. mask_rank: ranks >= mask_rank read as zero (the persistent
+// expand's z rows come by bulk copies of the stack's capacity, so a last k-step past it holds stale shared memory;
+// the other expands zero z past the rank as they stage it and pass kRankCap).
 template <int kRankCap>
 __device__ __forceinline__ void expand_z_fragments(const float (&z)[kBlockM][kRankCap + 4], int rank_steps,
                                                    unsigned (&z_hi)[kRankCap / 16][4],
-                                                   unsigned (&z_lo)[kRankCap / 16][4]) {
+                                                   unsigned (&z_lo)[kRankCap / 16][4], int mask_rank = kRankCap) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < kRankCap / 16; ++ks) {
     if (ks < rank_steps) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float2 v = *reinterpret_cast<const float2*>(&z[g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
+        const int k = ks * 16 + 2 * t + 8 * (q / 2);
+        float2 v = *reinterpret_cast<const float2*>(&z[g + 8 * (q % 2)][k]);
+        if (k >= mask_rank) v.x = 0.0f;
+        if (k + 1 >= mask_rank) v.y = 0.0f;
         detail::split_bf16(v, z_hi[ks][q], z_lo[ks][q]);
       }
     }
@@ -725,7 +731,7 @@ __device__ __forceinline__ void expand_store_pair(const LoraKernelParams& p, con
 // round_up(R, 16)): ldmatrix meets 4-way bank conflicts at R 32, a few wavefronts a chunk. Ranks past the
 // true rank are not zero-filled by the copy; the last k-step's B fragments are masked instead.
 template <int kRankCap, int kBlockN>
-struct ExpandBulkStage {
+struct alignas(16) ExpandBulkStage {
   __nv_bfloat16 b[kBlockN * kRankCap];    // [chunk rows, stride round_up(R, 16)] bf16, as in global memory
   __nv_bfloat16 y[kBlockM][kBlockN + 8];  // [pairs, chunk] bf16 (rows 16-byte aligned), read when adding
 };
@@ -859,7 +865,7 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
   expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
 }
 
-// The persistent expand (MoeLoraConfig::expand_persistent; prepared, not yet measured): the bulk expand's
+// The persistent expand (MoeLoraConfig::expand_persistent, a tuning knob; off by default): the bulk expand's
 // per-CTA prologue was ~38% of its instructions at T 256 (perf-log run 229: tile start, barrier init, the first
 // copies, z, the self-cleaning arrival, for 4–7 chunks a CTA). Here a grid of about as many CTAs as fit walks the
 // (tile, piece) items, and a producer warp (warp 4) keeps the chunk ring running across items: for each item it
@@ -869,8 +875,9 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
 // Warp 3 makes the self-cleaning arrival and, as the tile's last reader, zeroes its z rows after the item.
 constexpr int kStreamThreads = kThreads + 32;  // 4 consumer warps + the producer warp
 
+// 16-byte aligned: z's rows are bulk-copy destinations, and items[1] must start on a 16-byte boundary too.
 template <int kRankCap>
-struct StreamItem {
+struct alignas(16) StreamItem {
   float z[kBlockM][kRankCap + 4];  // the tile's z rows (rows of real pairs; past them stale, never stored)
   int pairs[kBlockM];
   int tile, rank, c_begin, c_end, valid;
@@ -998,7 +1005,7 @@ __global__ static void __launch_bounds__(kStreamThreads, 1)
     const int rank = item.rank, valid = item.valid, c_begin = item.c_begin, c_end = item.c_end;
     const int rank_steps = (rank + 15) / 16;
     unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
-    expand_z_fragments<kRankCap>(item.z, rank_steps, z_hi, z_lo);
+    expand_z_fragments<kRankCap>(item.z, rank_steps, z_hi, z_lo, rank);
     // Self-cleaning: the arrival once the item's z has landed (its bulk copies read global z); the tile's last
     // reader zeroes the rows after the item.
     int last_reader = 0;
@@ -1190,8 +1197,12 @@ int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in) {
   return auto_split_for(pairs, groups, in, auto_shrink_tiles(pairs, groups));
 }
 
-int moe_lora_auto_expand_chunks(int64_t max_tiles, int64_t chunks) {
-  // Enough CTAs for ~8 waves of 4 resident CTAs per SM (tail under ~1/8), but as few pieces as that
+int moe_lora_auto_expand_chunks(int64_t max_tiles, int64_t chunks, bool persistent) {
+  // The persistent expand pays no per-CTA prologue for a piece, only the item's z: long pieces won at both sizes
+  // measured (H100, GPT-OSS-20B N 64, chunks 16 against this rule's 7 / 23: T 256 gate_up 46.0 vs 48.7 µs, down
+  // 25.1 vs 27.6; T 4096 gate_up 229.7 vs 236.6, down 122.1 vs 119.1; perf-log run 232).
+  if (persistent) return int(std::min<int64_t>(kPersistentPieceChunks, std::max<int64_t>(chunks, 1)));
+  // Otherwise: enough CTAs for ~8 waves of 4 resident CTAs per SM (tail under ~1/8), but as few pieces as that
   // allows: each piece re-reads z, pays one arrival and fills the ring once.
   const int64_t target = int64_t(kSms) * 4 * 8;
   const int64_t pieces = std::clamp<int64_t>((target + max_tiles - 1) / std::max<int64_t>(max_tiles, 1), 1,
@@ -1271,7 +1282,10 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   if (c.max_tiles == 0 || c.params.pairs == 0 || c.params.out == 0) return;
   const int block_n = p.config.expand_block_n;
   const int chunks = (c.params.out + block_n - 1) / block_n;
-  int per_piece = p.config.expand_chunks > 0 ? p.config.expand_chunks : moe_lora_auto_expand_chunks(c.max_tiles, chunks);
+  const bool bulk = p.config.expand_bulk && c.params.y_vector;  // bulk copies need 16-byte y rows
+  const bool persistent = bulk && p.config.expand_persistent;
+  int per_piece = p.config.expand_chunks > 0 ? p.config.expand_chunks
+                                             : moe_lora_auto_expand_chunks(c.max_tiles, chunks, persistent);
   per_piece = std::clamp(per_piece, 1, chunks);
   c.params.chunks_per_piece = per_piece;
   c.params.pieces = (chunks + per_piece - 1) / per_piece;  // every piece holds at least one chunk
@@ -1284,14 +1298,16 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   launch.attrs = attribute;
   launch.numAttrs = p.config.pdl ? 1 : 0;
-  const bool bulk = p.config.expand_bulk && c.params.y_vector;  // bulk copies need 16-byte y rows
-  const bool persistent = bulk && p.config.expand_persistent;
   auto run = [&](auto kernel, size_t shared_bytes) {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     launch.dynamicSmemBytes = shared_bytes;
     if (persistent) {  // as many CTAs as are resident at once, each walking items (never more than the items)
-      int per_sm = 0;
-      LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStreamThreads, shared_bytes));
+      // Once per kernel (each instantiation of this lambda has its own static): not a query every launch.
+      static const int per_sm = [&] {
+        int n = 0;
+        LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kStreamThreads, shared_bytes));
+        return n;
+      }();
       launch.blockDim = dim3(kStreamThreads);
       launch.gridDim = dim3(unsigned(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * kSms, 1, grid_of(c))));
     }
