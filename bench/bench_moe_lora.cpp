@@ -71,7 +71,7 @@ std::string knob_suffix(const cuda::MoeLoraConfig& c) {
          (c.order == cuda::MoeLoraCtaOrder::kTileFastest ? "" : ", piece-fastest") +
          (c.expand_block_n == 128 ? "" : ", N " + std::to_string(c.expand_block_n)) +
          (c.expand_chunks == 0 ? "" : ", chunks " + std::to_string(c.expand_chunks)) +
-         (c.expand_bulk ? "" : ", cp.async") +
+         (!c.expand_bulk ? ", cp.async" : c.expand_persistent ? ", persistent" : "") +
          (c.shrink_tiles_per_cta == 0 ? "" : ", shrink tiles " + std::to_string(c.shrink_tiles_per_cta)) +
 
          (c.pdl ? ", pdl" : ", no pdl") +
@@ -153,10 +153,12 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   const int auto_split = cuda::moe_lora_auto_split(pairs, groups, kHidden);
   const int64_t max_tiles = capacity / cuda::kMoeLoraBlockM;
   std::printf("-- T %lld (%lld of %lld slots used): %lld pairs, %zu distinct (slot, expert), auto split_k %d, max tiles %lld, auto expand "
-              "chunks (N 128) gate_up %d down %d\n",
+              "chunks (N 128) gate_up %d down %d (persistent: %d, %d)\n",
               (long long)tokens, (long long)used_slots, (long long)kSlots, (long long)pairs, touched.size(), auto_split, (long long)max_tiles,
-              cuda::moe_lora_auto_expand_chunks(max_tiles, (2 * kInter + 127) / 128),
-              cuda::moe_lora_auto_expand_chunks(max_tiles, (kHidden + 127) / 128));
+              cuda::moe_lora_auto_expand_chunks(max_tiles, (2 * kInter + 127) / 128, false),
+              cuda::moe_lora_auto_expand_chunks(max_tiles, (kHidden + 127) / 128, false),
+              cuda::moe_lora_auto_expand_chunks(max_tiles, (2 * kInter + 127) / 128, true),
+              cuda::moe_lora_auto_expand_chunks(max_tiles, (kHidden + 127) / 128, true));
 
   // Layer rows: the default knobs, then one knob changed at a time (PDL off is the before/after of PDL).
   const std::vector<cuda::MoeLoraConfig> layer_configs = {
@@ -168,7 +170,8 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
       {.expand_chunks = 1},
       {.shrink_tiles_per_cta = 1},
       {.expand_block_n = 64, .expand_bulk = false},
-      {.expand_block_n = 64, .expand_chunks = 16},
+      {.expand_block_n = 64, .expand_chunks = 32},
+      {.expand_block_n = 64, .expand_persistent = true},
       {.expand_bulk = false}};
   for (const cuda::MoeLoraConfig& config : layer_configs) {
     print_row(("layer" + knob_suffix(config)).c_str(), tokens, total_bytes, total_flops,
@@ -193,7 +196,10 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   for (const cuda::MoeLoraConfig& config :
        {defaults, cuda::MoeLoraConfig{.expand_block_n = 64}, cuda::MoeLoraConfig{.expand_chunks = 1},
         cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16},
-        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 8},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 32},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_persistent = true},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_persistent = true},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_bulk = false},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_bulk = false},
         cuda::MoeLoraConfig{.expand_bulk = false}, cuda::MoeLoraConfig{.expand_chunks = 16, .expand_bulk = false}}) {
@@ -204,15 +210,16 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
               time_graph(stream, [&](int i) { cuda::moe_lora_expand(down(i % kLayers, config), stream); }));
   }
   // moe_block's gate_up expand since the LoRA folds into the fused activation: y written, not read (the
-  // bytes column still counts the read); by bulk copies (the default) and by cp.async.
-  for (bool bulk : {true, false}) {
+  // bytes column still counts the read); persistent, by bulk copies a piece per CTA (the default), by cp.async.
+  for (int form : {2, 1, 0}) {
+    const cuda::MoeLoraConfig config{.expand_block_n = 64, .expand_bulk = form > 0, .expand_persistent = form == 2};
     auto overwrite_expand = [&](int i) {
-      cuda::MoeLoraParams lp = gate_up(i % kLayers, cuda::MoeLoraConfig{.expand_block_n = 64, .expand_bulk = bulk});
+      cuda::MoeLoraParams lp = gate_up(i % kLayers, config);
       lp.overwrite = true;
       cuda::moe_lora_expand(lp, stream);
     };
-    print_row(bulk ? "  expand gate_up (N 64, overwrite)" : "  expand gate_up (N 64, overwrite, cp.async)", tokens,
-              expand_gu_bytes, expand_gu_flops, time_graph(stream, overwrite_expand));
+    print_row(("  expand gate_up overwrite" + knob_suffix(config)).c_str(), tokens, expand_gu_bytes, expand_gu_flops,
+              time_graph(stream, overwrite_expand));
   }
   BENCH_CUDA(cudaStreamSynchronize(stream));
 }

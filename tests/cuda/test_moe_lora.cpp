@@ -47,6 +47,7 @@ struct Knobs {
   int expand_chunks = 0;  // 0: auto
   int shrink_tiles = 0;   // shrink tiles per CTA: 1 (warps split `in`), 4 (a run, a tile per warp), 0: auto
   bool expand_bulk = false;  // the expand's copies: bulk (cp.async.bulk + mbarrier) or 16-byte cp.async
+  bool persistent = false;   // the persistent bulk expand (a producer warp, items across the grid)
 };
 
 // run_case: one random problem (NaN padding ranks, tokens without adapter) against the CPU oracle under
@@ -66,7 +67,7 @@ std::string describe(const Knobs& k) {
   return "split " + std::to_string(k.split) +
          (k.order == cuda::MoeLoraCtaOrder::kTileFastest ? " tile-fastest" : " piece-fastest") + " block_n " +
          std::to_string(k.block_n) + (k.pdl ? " pdl" : " no pdl") + " expand_chunks " + std::to_string(k.expand_chunks) +
-         " shrink_tiles " + std::to_string(k.shrink_tiles) + (k.expand_bulk ? " bulk" : "");
+         " shrink_tiles " + std::to_string(k.shrink_tiles) + (k.expand_bulk ? " bulk" : "") + (k.persistent ? " persistent" : "");
 }
 
 // z of every pair with a slot, over the slot's true rank, against `want` (the double loop).
@@ -105,7 +106,11 @@ std::vector<Knobs> all_knobs() {
           {3, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 4},  {1, cuda::MoeLoraCtaOrder::kPieceFastest, 128, true, 2, 4},
           // the expand by bulk copies: auto chunks, a piece shorter than the ring, one piece spanning all of out
           {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 0, true}, {3, cuda::MoeLoraCtaOrder::kPieceFastest, 128, false, 1, 0, true},
-          {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1000, 4, true}};
+          {0, cuda::MoeLoraCtaOrder::kTileFastest, 128, true, 1000, 4, true},
+          // the persistent bulk expand: both orders, a piece shorter than the ring, one piece spanning all of out
+          {0, cuda::MoeLoraCtaOrder::kTileFastest, 64, true, 0, 0, true, true},
+          {3, cuda::MoeLoraCtaOrder::kPieceFastest, 64, true, 1, 0, true, true},
+          {1, cuda::MoeLoraCtaOrder::kTileFastest, 128, false, 1000, 4, true, true}};
 }
 
 TEST_F(CudaMoeLora, MatchesCpu) {
@@ -233,7 +238,7 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
                                .block_m = cuda::kMoeLoraBlockM, .z = z_buffer, .y = y,
                                .config = {.split_k = k.split, .order = k.order, .pdl = k.pdl,
                                           .expand_block_n = k.block_n, .expand_chunks = k.expand_chunks,
-                                          .expand_bulk = k.expand_bulk, .shrink_tiles_per_cta = k.shrink_tiles},
+                                          .expand_bulk = k.expand_bulk, .expand_persistent = k.persistent, .shrink_tiles_per_cta = k.shrink_tiles},
                                .tile_counters = self_cleaning ? counters.view : Tensor()};
   };
   for (const Knobs& k : knobs) {
@@ -268,17 +273,20 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
       for (int block_n : {64, 128}) {
         SCOPED_TRACE(std::string("bulk vs cp.async, ") + (overwrite ? "overwrite" : "add") + ", BLOCK_N " +
                      std::to_string(block_n));
-        OwnedTensor y_async = cuda::upload(y0), y_bulk = cuda::upload(y0);
-        for (bool bulk : {false, true}) {
+        OwnedTensor y_async = cuda::upload(y0), y_bulk = cuda::upload(y0), y_stream = cuda::upload(y0);
+        for (int form : {0, 1, 2}) {  // cp.async, bulk, persistent bulk
           Knobs k{1, cuda::MoeLoraCtaOrder::kTileFastest, block_n, true};
-          k.expand_bulk = bulk;
-          cuda::MoeLoraParams params = params_for(k, z, bulk ? y_bulk.view : y_async.view, true);
+          k.expand_bulk = form > 0;
+          k.persistent = form == 2;
+          const OwnedTensor& y = form == 0 ? y_async : form == 1 ? y_bulk : y_stream;
+          cuda::MoeLoraParams params = params_for(k, z, y.view, true);
           params.overwrite = overwrite;
           cuda::moe_lora_shrink(params, stream_);
           cuda::moe_lora_expand(params, stream_);
         }
         sync();
         EXPECT_TRUE(bitwise_equal(cuda::download(y_bulk), cuda::download(y_async)));
+        EXPECT_TRUE(bitwise_equal(cuda::download(y_stream), cuda::download(y_async))) << "persistent";
         EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
       }
     }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "backends/cuda/moe_gemm.cuh"
 #include "backends/cuda/tune.h"
 #include "engine/setup.h"
 #include "ops/kernel_configs.h"
@@ -36,10 +37,12 @@ TEST(MoeLoraKnobs, EveryPathAndKnobInRangePasses) {
   for (int64_t path : {0, 1}) {
     for (int64_t block_n : {64, 128}) {
       for (int64_t bulk : {0, 1}) {
-        const Status s = cuda::check_moe_lora_knobs(one_entry({{"path", path}, {"pdl", 0}, {"order", 1}, {"split_k", 64},
-                                                               {"expand_block_n", block_n}, {"expand_chunks", 1024},
-                                                               {"expand_bulk", bulk}}));
-        EXPECT_TRUE(s.ok()) << s.message();
+        for (int64_t persistent : {0, 1}) {
+          const Status s = cuda::check_moe_lora_knobs(
+              one_entry({{"path", path}, {"pdl", 0}, {"order", 1}, {"split_k", 64}, {"expand_block_n", block_n},
+                         {"expand_chunks", 1024}, {"expand_bulk", bulk}, {"expand_persistent", persistent}}));
+          EXPECT_TRUE(s.ok()) << s.message();
+        }
       }
     }
   }
@@ -59,7 +62,8 @@ TEST(MoeLoraKnobs, OutOfRangeNamesTheEntryKnobAndValue) {
                        {"expand_block_n", 96, "expected 64 or 128"},
                        {"expand_chunks", -2, "expected 0 (by size) to 1024"},
                        {"expand_chunks", 1025, "expected 0 (by size) to 1024"},
-                       {"expand_bulk", 2, "expected 0 (cp.async) or 1 (bulk copies)"}};
+                       {"expand_bulk", 2, "expected 0 (cp.async) or 1 (bulk copies)"},
+                       {"expand_persistent", -1, "expected 0 (a piece per CTA) or 1 (resident CTAs walk the pieces)"}};
   for (const Bad& bad : cases) {
     SCOPED_TRACE(std::string(bad.knob) + " = " + std::to_string(bad.value));
     ops::KernelKnobs knobs = {{"path", 1}};
@@ -72,6 +76,26 @@ TEST(MoeLoraKnobs, OutOfRangeNamesTheEntryKnobAndValue) {
         << s.message();
     EXPECT_NE(s.message().find(bad.expected), std::string::npos) << s.message();
   }
+}
+
+// A tuned entry's expand knobs reach the MoE block's config; knobs it leaves out keep the built-in defaults.
+TEST(MoeLoraKnobs, ApplySetsTheExpandForm) {
+  cuda::MoeBlockConfig defaults;
+  EXPECT_TRUE(defaults.lora.expand_bulk);
+  EXPECT_FALSE(defaults.lora.expand_persistent);
+  for (int64_t persistent : {0, 1}) {
+    cuda::MoeBlockConfig config;
+    const ops::KernelKnobs knobs = {{"path", 1}, {"expand_chunks", 32}, {"expand_persistent", persistent}};
+    cuda::apply_moe_lora_knobs(&knobs, &config);
+    EXPECT_EQ(config.lora.expand_persistent, persistent == 1);
+    EXPECT_TRUE(config.lora.expand_bulk);
+    EXPECT_EQ(config.lora.expand_chunks, 32);
+    EXPECT_EQ(config.lora_path, 1);
+  }
+  cuda::MoeBlockConfig config;
+  const ops::KernelKnobs cp_async = {{"path", 1}, {"expand_bulk", 0}};
+  cuda::apply_moe_lora_knobs(&cp_async, &config);
+  EXPECT_FALSE(config.lora.expand_bulk);
 }
 
 TEST(MoeLoraKnobs, UnknownKnobIsNamed) {

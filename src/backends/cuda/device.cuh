@@ -196,6 +196,16 @@ __device__ __forceinline__ void router_topk_warp(const float* logits, int expert
   }
 }
 
+// *counter += 1 with acquire-release semantics at gpu scope, returning the old count (the self-cleaning z
+// readers' arrival). Release: this CTA's reads of z (staged before a barrier) happen before its count; acquire:
+// the last reader's zeroing happens after every other reader's count. One instruction instead of fence +
+// relaxed atomic + fence (a fence.sc waits for every outstanding access of the thread).
+__device__ __forceinline__ int count_reader(int32_t* counter) {
+  int32_t earlier;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(earlier) : "l"(counter) : "memory");
+  return earlier;
+}
+
 // ---- mbarriers and bulk copies (sm_90: the persistent GEMMs' and the MoE-LoRA expand's rings) ----------
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {

@@ -42,6 +42,7 @@ constexpr int kStages = 3;      // shrink: cp.async ring depth
 constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
 constexpr int kExpandStages = 3;  // expand: ring depth over BLOCK_N chunks (6 measured slower: perf-log run 226)
 constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
+constexpr int kPersistentPieceChunks = 16;  // the persistent expand's chunks per piece when expand_chunks is 0
 
 // ---- device helpers -----------------------------------------------------------------------------------
 
@@ -437,9 +438,10 @@ __device__ __forceinline__ bool expand_tile_start(const LoraKernelParams& p, int
 
 // The tile's z into shared memory over the k-steps' ranks (zero past the true rank and on padding rows, so
 // the MMAs need no masking on the z side), then — self-cleaning — this CTA's arrival on the tile's counter
-// (threadfence-reduction: each CTA's z reads are ordered before its arrival; the last of the tile's `pieces`
-// CTAs zeroes z after its loop). PRECOND: pairs holds the tile's pairs; called by every thread, after
-// griddepcontrol.wait.
+// (detail::count_reader: the CTA's z reads, ordered by the barrier, happen before its count; the last of the
+// tile's `pieces` CTAs zeroes z after its loop). The arrival is made by the last warp, off the bulk expand's
+// producer (warp 0), whose first refill would otherwise wait for the atomic's round trip. PRECOND: pairs
+// holds the tile's pairs; called by every thread, after griddepcontrol.wait.
 template <int kRankCap>
 __device__ __forceinline__ void expand_read_z(const LoraKernelParams& p, int tile, const int (&pairs)[kBlockM],
                                               int valid, int rank, float (&z)[kBlockM][kRankCap + 4],
@@ -450,29 +452,31 @@ __device__ __forceinline__ void expand_read_z(const LoraKernelParams& p, int til
     if (r < rank16) z[m][r] = (m < valid && r < rank) ? p.z[int64_t(pairs[m]) * p.capacity_rank + r] : 0.0f;
   }
   __syncthreads();  // z tile read by every thread of this CTA
-  if (p.tile_counters != nullptr && threadIdx.x == 0) {
-    __threadfence();
-    const int arrived = atomicAdd(&p.tile_counters[tile], 1);
-    last_reader = arrived == p.pieces - 1;
-    if (last_reader) p.tile_counters[tile] = 0;
-    __threadfence();
+  if (p.tile_counters != nullptr && threadIdx.x == kThreads - 32) {
+    last_reader = detail::count_reader(&p.tile_counters[tile]) == p.pieces - 1;
+    if (last_reader) p.tile_counters[tile] = 0;  // read again only by the next kernel
   }
 }
 
 // A fragments (z) for every k-step of 16 ranks, z split into two bf16 terms (hi, and lo = the rest): 16
 // significant bits (tf32 has 11), and B goes to the MMA straight from ldmatrix. Registers of m16n8k16: rows
-// g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9.
+// g and g + 8, ranks 2t, 2t + 1 and 2t + 8, 2t + 9. mask_rank: ranks >= mask_rank read as zero (the persistent
+// expand's z rows come by bulk copies of the stack's capacity, so a last k-step past it holds stale shared memory;
+// the other expands zero z past the rank as they stage it and pass kRankCap).
 template <int kRankCap>
 __device__ __forceinline__ void expand_z_fragments(const float (&z)[kBlockM][kRankCap + 4], int rank_steps,
                                                    unsigned (&z_hi)[kRankCap / 16][4],
-                                                   unsigned (&z_lo)[kRankCap / 16][4]) {
+                                                   unsigned (&z_lo)[kRankCap / 16][4], int mask_rank = kRankCap) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < kRankCap / 16; ++ks) {
     if (ks < rank_steps) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float2 v = *reinterpret_cast<const float2*>(&z[g + 8 * (q % 2)][ks * 16 + 2 * t + 8 * (q / 2)]);
+        const int k = ks * 16 + 2 * t + 8 * (q / 2);
+        float2 v = *reinterpret_cast<const float2*>(&z[g + 8 * (q % 2)][k]);
+        if (k >= mask_rank) v.x = 0.0f;
+        if (k + 1 >= mask_rank) v.y = 0.0f;
         detail::split_bf16(v, z_hi[ks][q], z_lo[ks][q]);
       }
     }
@@ -548,7 +552,7 @@ template <int kRankCap>
 __device__ __forceinline__ void expand_clean_z(const LoraKernelParams& p, const int (&pairs)[kBlockM], int valid,
                                                int rank, const int& last_reader) {
   if (p.tile_counters == nullptr) return;
-  __syncthreads();  // last_reader written by thread 0 (the loop's barriers may be none)
+  __syncthreads();  // last_reader written by the arriving thread (the loop's barriers may be none)
   if (last_reader) {
     for (int i = threadIdx.x; i < kBlockM * kRankCap; i += kThreads) {
       const int m = i / kRankCap, r = i % kRankCap;
@@ -674,6 +678,47 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
   expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
 }
 
+// y = (staged y or 0) + acc for n-tiles 2np and 2np + 1 of this warp's outputs of chunk n0, rounded once,
+// from the fragments straight to global memory (the bulk expands): bf16 pairs when adding (the staged y rows
+// only read); when overwriting, the quad's 16 columns regrouped by shuffles so that lane t holds [4t, 4t + 4)
+// and writes them with one 8-byte store, a row's 32-byte sector by one instruction (half-sector stores of rows
+// not in L2 cost a DRAM read each: run 227, T 4096 168 → 228 µs). y_row: this thread's rows g and g + 8, or null.
+template <int kBlockN>
+__device__ __forceinline__ void expand_store_pair(const LoraKernelParams& p, const float (&acc)[2][4], int np, int n0,
+                                                  __nv_bfloat16* const (&y_row)[2],
+                                                  const __nv_bfloat16 (&y)[kBlockM][kBlockN + 8]) {
+  constexpr int kWarpN = kBlockN / kWarps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  if (p.overwrite) {
+    const int col = warp * kWarpN + np * 16 + 4 * t;  // this lane's first column after the regrouping
+    const int quad = lane & ~3, from_a = quad + (2 * t) % 4, from_b = quad + (2 * t + 1) % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // 0 + acc, as the staged form computes it (a -0 sum becomes +0)
+      const __nv_bfloat162 v0 = __floats2bfloat162_rn(0.0f + acc[0][2 * half], 0.0f + acc[0][2 * half + 1]);
+      const __nv_bfloat162 v1 = __floats2bfloat162_rn(0.0f + acc[1][2 * half], 0.0f + acc[1][2 * half + 1]);
+      const unsigned u0 = *reinterpret_cast<const unsigned*>(&v0), u1 = *reinterpret_cast<const unsigned*>(&v1);
+      const unsigned a0 = __shfl_sync(~0u, u0, from_a), b0 = __shfl_sync(~0u, u0, from_b);
+      const unsigned a1 = __shfl_sync(~0u, u1, from_a), b1 = __shfl_sync(~0u, u1, from_b);
+      if (y_row[half] == nullptr || n0 + col >= p.out) continue;
+      *reinterpret_cast<uint2*>(y_row[half] + n0 + col) = t < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int col = warp * kWarpN + (2 * np + j) * 8 + 2 * t;
+    if (n0 + col >= p.out) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (y_row[half] == nullptr) continue;
+      const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y[g + 8 * half][col]));
+      *reinterpret_cast<__nv_bfloat162*>(y_row[half] + n0 + col) =
+          __floats2bfloat162_rn(old.x + acc[j][2 * half], old.y + acc[j][2 * half + 1]);
+    }
+  }
+}
+
 // The expand by bulk copies (MoeLoraConfig::expand_bulk; y rows of 16-byte vectors): the same ring and math
 // as expand_kernel, but each chunk's B arrives by one cp.async.bulk (rows [n0, n0 + kBlockN) of the group's
 // [out, R] block are contiguous) or, for a slot whose k-steps do not span the capacity R, one bulk copy of
@@ -681,12 +726,12 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
 // 226 (ncu) found expand_kernel bound by its instruction stream (~2,300 warp instructions per 8 KB chunk:
 // per-16-byte cp.async with index, mask and size arithmetic) at 34–40% of issue slots with ~4 warps a
 // scheduler; here warp 0 issues a chunk's copies in a few instructions, and y goes from the fragments to global
-// memory from the chunk loop, so no generic write touches a stage and the loop has no block barrier (each warp
+// memory (expand_store_pair), so no generic write touches a stage and the loop has no block barrier (each warp
 // releases a stage on its `empty` mbarrier; warp 0 waits for it before refilling). B lands unpadded (row stride
 // round_up(R, 16)): ldmatrix meets 4-way bank conflicts at R 32, a few wavefronts a chunk. Ranks past the
 // true rank are not zero-filled by the copy; the last k-step's B fragments are masked instead.
 template <int kRankCap, int kBlockN>
-struct ExpandBulkStage {
+struct alignas(16) ExpandBulkStage {
   __nv_bfloat16 b[kBlockN * kRankCap];    // [chunk rows, stride round_up(R, 16)] bf16, as in global memory
   __nv_bfloat16 y[kBlockM][kBlockN + 8];  // [pairs, chunk] bf16 (rows 16-byte aligned), read when adding
 };
@@ -812,42 +857,194 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
       float acc[2][4];
       expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, mask_last,
                                          [&](int n, int k) { return s.b + n * stride + k; }, acc);
-      if (p.overwrite) {
-        // y = bf16(acc): the quad's 16 columns regrouped by shuffles so that lane t holds columns [4t, 4t + 4)
-        // and writes them as one 8-byte store: each row's 32 bytes (one sector) by one instruction. Half-sector
-        // stores of rows not in L2 would cost a DRAM read each (run 227: T 4096 168 → 228 µs without this).
-        const int col = warp * kWarpN + np * 16 + 4 * t;  // this lane's first column after the regrouping
-        const int quad = lane & ~3, from_a = quad + (2 * t) % 4, from_b = quad + (2 * t + 1) % 4;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          // 0 + acc, as the staged form computes it (a -0 sum becomes +0)
-          const __nv_bfloat162 v0 = __floats2bfloat162_rn(0.0f + acc[0][2 * half], 0.0f + acc[0][2 * half + 1]);
-          const __nv_bfloat162 v1 = __floats2bfloat162_rn(0.0f + acc[1][2 * half], 0.0f + acc[1][2 * half + 1]);
-          const unsigned u0 = *reinterpret_cast<const unsigned*>(&v0), u1 = *reinterpret_cast<const unsigned*>(&v1);
-          const unsigned a0 = __shfl_sync(~0u, u0, from_a), b0 = __shfl_sync(~0u, u0, from_b);
-          const unsigned a1 = __shfl_sync(~0u, u1, from_a), b1 = __shfl_sync(~0u, u1, from_b);
-          if (y_row[half] == nullptr || n0 + col >= p.out) continue;
-          *reinterpret_cast<uint2*>(y_row[half] + n0 + col) = t < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
-        }
-        continue;
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int col = warp * kWarpN + (2 * np + j) * 8 + 2 * t;
-        if (n0 + col >= p.out) continue;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          if (y_row[half] == nullptr) continue;
-          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&s.y[g + 8 * half][col]));
-          *reinterpret_cast<__nv_bfloat162*>(y_row[half] + n0 + col) =
-              __floats2bfloat162_rn(old.x + acc[j][2 * half], old.y + acc[j][2 * half + 1]);
-        }
-      }
+      expand_store_pair<kBlockN>(p, acc, np, n0, y_row, s.y);
     }
     __syncwarp();  // the warp's reads of the stage are done
     if (lane == 0) detail::mbarrier_arrive(&smem.empty[stage]);
   }
   expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
+}
+
+// The persistent expand (MoeLoraConfig::expand_persistent, a tuning knob; off by default): the bulk expand's
+// per-CTA prologue was ~38% of its instructions at T 256 (perf-log run 229: tile start, barrier init, the first
+// copies, z, the self-cleaning arrival, for 4–7 chunks a CTA). Here a grid of about as many CTAs as fit walks the
+// (tile, piece) items, and a producer warp (warp 4) keeps the chunk ring running across items: for each item it
+// reads the tile's group, rank and pairs itself, publishes them with the item's z rows (bulk copies) in a
+// two-item ring (item_full / item_empty), then issues the item's chunks into the chunk ring (full / empty). The
+// four consumer warps never wait on a tile start: an item's z and pairs land while they finish the previous one.
+// Warp 3 makes the self-cleaning arrival and, as the tile's last reader, zeroes its z rows after the item.
+constexpr int kStreamThreads = kThreads + 32;  // 4 consumer warps + the producer warp
+
+// 16-byte aligned: z's rows are bulk-copy destinations, and items[1] must start on a 16-byte boundary too.
+template <int kRankCap>
+struct alignas(16) StreamItem {
+  float z[kBlockM][kRankCap + 4];  // the tile's z rows (rows of real pairs; past them stale, never stored)
+  int pairs[kBlockM];
+  int tile, rank, c_begin, c_end, valid;
+};
+template <int kRankCap, int kBlockN>
+struct ExpandStreamShared {
+  ExpandBulkStage<kRankCap, kBlockN> stages[kExpandStages];
+  StreamItem<kRankCap> items[2];
+  uint64_t full[kExpandStages], empty[kExpandStages];
+  uint64_t item_full[2], item_empty[2];
+};
+
+// Item w of `tiles` × p.pieces in the configured order.
+__device__ __forceinline__ void stream_item_coords(const LoraKernelParams& p, int w, int tiles, int& tile, int& piece) {
+  if (p.piece_fastest) {
+    tile = w / p.pieces;
+    piece = w % p.pieces;
+  } else {
+    tile = w % tiles;
+    piece = w / tiles;
+  }
+}
+
+// PRECOND: as expand_bulk_kernel, blockDim.x == kStreamThreads, dynamic shared memory = sizeof(ExpandStreamShared).
+template <int kRankCap, int kBlockN>
+__global__ static void __launch_bounds__(kStreamThreads, 1)
+    expand_stream_kernel(const __grid_constant__ LoraKernelParams p) {
+  constexpr int kRankSteps = kRankCap / 16;
+  constexpr int kWarpN = kBlockN / kWarps;
+  using Shared = ExpandStreamShared<kRankCap, kBlockN>;
+  extern __shared__ __align__(16) unsigned char expand_shared[];
+  auto& smem = *reinterpret_cast<Shared*>(expand_shared);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kExpandStages; ++s) {
+      detail::mbarrier_init(&smem.full[s], 1);
+      detail::mbarrier_init(&smem.empty[s], kWarps);
+    }
+    for (int k = 0; k < 2; ++k) {
+      detail::mbarrier_init(&smem.item_full[k], 1);
+      detail::mbarrier_init(&smem.item_empty[k], kWarps);
+    }
+  }
+  __syncthreads();
+  const int tiles = *p.num_tiles;  // moe_align's output: complete before the shrink started
+  const int total = tiles * p.pieces;
+  const int chunks = (p.out + kBlockN - 1) / kBlockN;
+  const int capacity = p.capacity_rank;
+  const int stride = (capacity + 15) / 16 * 16;  // B's shared row stride: whole k-steps
+
+  if (warp == kWarps) {  // ---- producer ----
+    pdl_wait();  // z is the shrink's output; y may be its predecessor's (no B before the wait: a first cut)
+    int q = 0;   // chunks issued, over all items
+    for (int w = blockIdx.x, k = 0; w < total; w += gridDim.x, ++k) {
+      const int slot = k % 2;
+      if (k >= 2) detail::mbarrier_wait(&smem.item_empty[slot], unsigned(k / 2 - 1) & 1u);
+      int tile, piece;
+      stream_item_coords(p, w, tiles, tile, piece);
+      const int group = p.tile_group[tile];
+      const int rank = p.rank[group / p.experts];
+      const int pair = lane < kBlockM ? p.sorted_pairs[tile * kBlockM + lane] : p.pairs;
+      const int valid = __popc(__ballot_sync(~0u, pair != p.pairs));
+      const bool skip = rank == 0 && !p.overwrite;  // nothing to add; overwrite still writes zeros
+      const int c_begin = piece * p.chunks_per_piece;
+      const int c_end = skip ? c_begin : min(c_begin + p.chunks_per_piece, chunks);
+      const int rank_steps = (rank + 15) / 16;
+      StreamItem<kRankCap>& item = smem.items[slot];
+      if (lane < kBlockM) item.pairs[lane] = pair;
+      if (lane == 0) {
+        item.tile = tile;
+        item.rank = rank;
+        item.c_begin = c_begin;
+        item.c_end = c_end;
+        item.valid = valid;
+      }
+      __syncwarp();  // the item's fields before the arrival that publishes them
+      const unsigned z_row = unsigned(min(rank_steps * 16, capacity)) * 4;
+      const bool copy_z = !skip && rank_steps > 0;
+      if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.item_full[slot], copy_z ? unsigned(valid) * z_row : 0u);
+      __syncwarp();
+      if (copy_z && lane < valid) {
+        detail::bulk_copy(detail::shared_address(&item.z[lane][0]), p.z + int64_t(pair) * capacity, z_row,
+                          &smem.item_full[slot]);
+      }
+      // The item's chunks into the ring.
+      const bool whole_chunk = stride == capacity && rank_steps * 16 == capacity;
+      const unsigned row_b_bytes = unsigned(min(rank_steps * 16, capacity)) * 2;
+      const __nv_bfloat16* b = p.b + int64_t(group) * p.out * capacity;
+      for (int c = c_begin; c < c_end; ++c, ++q) {
+        const int stage = q % kExpandStages;
+        if (q >= kExpandStages) detail::mbarrier_wait(&smem.empty[stage], unsigned(q / kExpandStages - 1) & 1u);
+        const int rows = min(kBlockN, p.out - c * kBlockN);
+        const unsigned b_bytes = rank_steps == 0 ? 0u : whole_chunk ? unsigned(rows * capacity * 2) : unsigned(rows) * row_b_bytes;
+        const unsigned y_bytes = p.overwrite ? 0u : unsigned(valid * rows * 2);
+        if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.full[stage], b_bytes + y_bytes);
+        __syncwarp();
+        ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
+        const __nv_bfloat16* src = b + int64_t(c) * kBlockN * capacity;
+        if (rank_steps > 0) {
+          if (whole_chunk) {
+            if (lane == 0) detail::bulk_copy(detail::shared_address(s.b), src, b_bytes, &smem.full[stage]);
+          } else {
+            for (int n = lane; n < rows; n += 32) {
+              detail::bulk_copy(detail::shared_address(s.b + n * stride), src + int64_t(n) * capacity, row_b_bytes,
+                                &smem.full[stage]);
+            }
+          }
+        }
+        if (!p.overwrite && lane < valid) {
+          detail::bulk_copy(detail::shared_address(&s.y[lane][0]), p.y + int64_t(pair) * p.out + int64_t(c) * kBlockN,
+                            unsigned(rows * 2), &smem.full[stage]);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers (warps 0-3) ----
+  const int g = lane / 4, t = lane % 4;
+  int q = 0;  // chunks consumed, over all items
+  for (int w = blockIdx.x, k = 0; w < total; w += gridDim.x, ++k) {
+    const int slot = k % 2;
+    detail::mbarrier_wait(&smem.item_full[slot], unsigned(k / 2) & 1u);
+    const StreamItem<kRankCap>& item = smem.items[slot];
+    const int rank = item.rank, valid = item.valid, c_begin = item.c_begin, c_end = item.c_end;
+    const int rank_steps = (rank + 15) / 16;
+    unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
+    expand_z_fragments<kRankCap>(item.z, rank_steps, z_hi, z_lo, rank);
+    // Self-cleaning: the arrival once the item's z has landed (its bulk copies read global z); the tile's last
+    // reader zeroes the rows after the item.
+    int last_reader = 0;
+    if (p.tile_counters != nullptr && c_end > c_begin && warp == kWarps - 1) {
+      if (lane == 0) last_reader = detail::count_reader(&p.tile_counters[item.tile]) == p.pieces - 1;
+      last_reader = __shfl_sync(~0u, last_reader, 0);
+    }
+    __nv_bfloat16* y_row[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = g + 8 * half;
+      y_row[half] = m < valid ? p.y + int64_t(item.pairs[m]) * p.out : nullptr;
+    }
+    const bool mask_last = rank % 16 != 0;
+    for (int c = c_begin; c < c_end; ++c, ++q) {
+      const int stage = q % kExpandStages;
+      detail::mbarrier_wait(&smem.full[stage], unsigned(q / kExpandStages) & 1u);
+      ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
+      const int n0 = c * kBlockN;
+#pragma unroll
+      for (int np = 0; np < kWarpN / 16; ++np) {
+        float acc[2][4];
+        expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, mask_last,
+                                           [&](int n, int kk) { return s.b + n * stride + kk; }, acc);
+        expand_store_pair<kBlockN>(p, acc, np, n0, y_row, s.y);
+      }
+      __syncwarp();  // the warp's reads of the stage are done
+      if (lane == 0) detail::mbarrier_arrive(&smem.empty[stage]);
+    }
+    if (last_reader) {  // warp 3: z rows of this tile back to zero (every reader has counted)
+      for (int i = lane; i < kBlockM * kRankCap; i += 32) {
+        const int m = i / kRankCap, r = i % kRankCap;
+        if (m < valid && r < rank) p.z[int64_t(item.pairs[m]) * capacity + r] = 0.0f;
+      }
+      if (lane == 0) p.tile_counters[item.tile] = 0;
+    }
+    __syncwarp();  // the warp is done with the item (z fragments, pairs)
+    if (lane == 0) detail::mbarrier_arrive(&smem.item_empty[slot]);
+  }
 }
 
 // ---- launchers ----------------------------------------------------------------------------------------
@@ -1000,8 +1197,12 @@ int moe_lora_auto_split(int64_t pairs, int64_t groups, int64_t in) {
   return auto_split_for(pairs, groups, in, auto_shrink_tiles(pairs, groups));
 }
 
-int moe_lora_auto_expand_chunks(int64_t max_tiles, int64_t chunks) {
-  // Enough CTAs for ~8 waves of 4 resident CTAs per SM (tail under ~1/8), but as few pieces as that
+int moe_lora_auto_expand_chunks(int64_t max_tiles, int64_t chunks, bool persistent) {
+  // The persistent expand pays no per-CTA prologue for a piece, only the item's z: long pieces won at both sizes
+  // measured (H100, GPT-OSS-20B N 64, chunks 16 against this rule's 7 / 23: T 256 gate_up 46.0 vs 48.7 µs, down
+  // 25.1 vs 27.6; T 4096 gate_up 229.7 vs 236.6, down 122.1 vs 119.1; perf-log run 232).
+  if (persistent) return int(std::min<int64_t>(kPersistentPieceChunks, std::max<int64_t>(chunks, 1)));
+  // Otherwise: enough CTAs for ~8 waves of 4 resident CTAs per SM (tail under ~1/8), but as few pieces as that
   // allows: each piece re-reads z, pays one arrival and fills the ring once.
   const int64_t target = int64_t(kSms) * 4 * 8;
   const int64_t pieces = std::clamp<int64_t>((target + max_tiles - 1) / std::max<int64_t>(max_tiles, 1), 1,
@@ -1066,10 +1267,12 @@ void moe_lora_shrink(const MoeLoraParams& p, cudaStream_t stream) {
   LMX_CUDA_CHECK_LAUNCH();
 }
 
-// The expand of rank tier kCap at kBlockN, by cp.async or by bulk copies.
+// The expand of rank tier kCap at kBlockN: persistent (bulk copies, a producer warp), by bulk copies, or by
+// cp.async.
 template <int kCap, int kBlockN, typename Run>
-void run_expand_tier(Run&& run, bool bulk) {
-  if (bulk) run(expand_bulk_kernel<kCap, kBlockN>, sizeof(ExpandBulkShared<kCap, kBlockN>));
+void run_expand_tier(Run&& run, bool bulk, bool persistent) {
+  if (persistent) run(expand_stream_kernel<kCap, kBlockN>, sizeof(ExpandStreamShared<kCap, kBlockN>));
+  else if (bulk) run(expand_bulk_kernel<kCap, kBlockN>, sizeof(ExpandBulkShared<kCap, kBlockN>));
   else run(expand_kernel<kCap, kBlockN>, sizeof(ExpandShared<kCap, kBlockN>));
 }
 
@@ -1079,7 +1282,10 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   if (c.max_tiles == 0 || c.params.pairs == 0 || c.params.out == 0) return;
   const int block_n = p.config.expand_block_n;
   const int chunks = (c.params.out + block_n - 1) / block_n;
-  int per_piece = p.config.expand_chunks > 0 ? p.config.expand_chunks : moe_lora_auto_expand_chunks(c.max_tiles, chunks);
+  const bool bulk = p.config.expand_bulk && c.params.y_vector;  // bulk copies need 16-byte y rows
+  const bool persistent = bulk && p.config.expand_persistent;
+  int per_piece = p.config.expand_chunks > 0 ? p.config.expand_chunks
+                                             : moe_lora_auto_expand_chunks(c.max_tiles, chunks, persistent);
   per_piece = std::clamp(per_piece, 1, chunks);
   c.params.chunks_per_piece = per_piece;
   c.params.pieces = (chunks + per_piece - 1) / per_piece;  // every piece holds at least one chunk
@@ -1095,24 +1301,33 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
   auto run = [&](auto kernel, size_t shared_bytes) {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
     launch.dynamicSmemBytes = shared_bytes;
+    if (persistent) {  // as many CTAs as are resident at once, each walking items (never more than the items)
+      // Once per kernel (each instantiation of this lambda has its own static): not a query every launch.
+      static const int per_sm = [&] {
+        int n = 0;
+        LMX_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kStreamThreads, shared_bytes));
+        return n;
+      }();
+      launch.blockDim = dim3(kStreamThreads);
+      launch.gridDim = dim3(unsigned(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * kSms, 1, grid_of(c))));
+    }
     LMX_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, c.params));
   };
   // The one dispatch on the tile config: rank tier (the capacity R rounded up to 16 / 32 / 64 / 128) × BLOCK_N.
   // Tier 128 stages 2× the B bytes per chunk of tier 64: 126 KB at BLOCK_N 128 (one CTA per SM), 68 KB at 64.
   const int rank_cap = c.params.capacity_rank;
-  const bool bulk = p.config.expand_bulk && c.params.y_vector;  // bulk copies need 16-byte y rows
   if (rank_cap <= 16) {
-    if (block_n == 128) run_expand_tier<16, 128>(run, bulk);
-    else run_expand_tier<16, 64>(run, bulk);
+    if (block_n == 128) run_expand_tier<16, 128>(run, bulk, persistent);
+    else run_expand_tier<16, 64>(run, bulk, persistent);
   } else if (rank_cap <= 32) {
-    if (block_n == 128) run_expand_tier<32, 128>(run, bulk);
-    else run_expand_tier<32, 64>(run, bulk);
+    if (block_n == 128) run_expand_tier<32, 128>(run, bulk, persistent);
+    else run_expand_tier<32, 64>(run, bulk, persistent);
   } else if (rank_cap <= 64) {
-    if (block_n == 128) run_expand_tier<64, 128>(run, bulk);
-    else run_expand_tier<64, 64>(run, bulk);
+    if (block_n == 128) run_expand_tier<64, 128>(run, bulk, persistent);
+    else run_expand_tier<64, 64>(run, bulk, persistent);
   } else {
-    if (block_n == 128) run_expand_tier<128, 128>(run, bulk);
-    else run_expand_tier<128, 64>(run, bulk);
+    if (block_n == 128) run_expand_tier<128, 128>(run, bulk, persistent);
+    else run_expand_tier<128, 64>(run, bulk, persistent);
   }
   LMX_CUDA_CHECK_LAUNCH();
 }

@@ -199,16 +199,6 @@ struct ShrinkPiece {
   }
 };
 
-// z_readers[pair] += 1 with acquire-release semantics at gpu scope, returning the old count. Release: this
-// CTA's reads of z (returned: staged in shared memory before the barrier) happen before its count; acquire:
-// the last reader's zeroing happens after every other reader's count. One instruction instead of the
-// fence + relaxed atomic + fence of the run-2 version (a fence.sc waits for every outstanding access).
-__device__ __forceinline__ int count_reader(int32_t* counter) {
-  int32_t earlier;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(earlier) : "l"(counter) : "memory");
-  return earlier;
-}
-
 // The epilogue's value of y[pair, row] before the LoRA delta: base, with the bias rounded in on its own
 // (SmallKernelParams::base; MoeLoraSmallParams::bias says why).
 __device__ __forceinline__ float epilogue_value(const SmallKernelParams& p, int pair, int row) {
@@ -306,7 +296,7 @@ __device__ __forceinline__ void expand_chunk(const SmallKernelParams& p, int pai
   __syncthreads();  // z sits in shared memory: its loads have returned before the CTA counts as a reader
   const float4 z_lo = z_staged[2 * q_read], z_hi = z_staged[2 * q_read + 1];
   const float zv[8] = {z_lo.x, z_lo.y, z_lo.z, z_lo.w, z_hi.x, z_hi.y, z_hi.z, z_hi.w};
-  if (threadIdx.x == 0 && count_reader(p.z_readers + pair) == readers_before + map.active_chunks - 1) {
+  if (threadIdx.x == 0 && detail::count_reader(p.z_readers + pair) == readers_before + map.active_chunks - 1) {
     for (int r = 0; r < rank; r += 4) *reinterpret_cast<float4*>(z + r) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     p.z_readers[pair] = 0;
   }

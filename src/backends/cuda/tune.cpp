@@ -42,6 +42,7 @@ void apply_moe_lora_knobs(const ops::KernelKnobs* knobs, MoeBlockConfig* config)
   config->lora.expand_block_n = int(get("expand_block_n", config->lora.expand_block_n));
   config->lora.expand_chunks = int(get("expand_chunks", config->lora.expand_chunks));
   config->lora.expand_bulk = get("expand_bulk", config->lora.expand_bulk) != 0;
+  config->lora.expand_persistent = get("expand_persistent", config->lora.expand_persistent) != 0;
 }
 
 Status check_moe_lora_knobs(const ops::KernelConfigs& configs) {
@@ -58,6 +59,8 @@ Status check_moe_lora_knobs(const ops::KernelConfigs& configs) {
       {"expand_block_n", "64 or 128", [](int64_t v) { return v == 64 || v == 128; }},
       {"expand_chunks", "0 (by size) to 1024", [](int64_t v) { return v >= 0 && v <= 1024; }},
       {"expand_bulk", "0 (cp.async) or 1 (bulk copies)", [](int64_t v) { return v == 0 || v == 1; }},
+      {"expand_persistent", "0 (a piece per CTA) or 1 (resident CTAs walk the pieces)",
+       [](int64_t v) { return v == 0 || v == 1; }},
   };
   return configs.for_each(kMoeLoraOp, [](const std::string& shape, int64_t bucket, const ops::KernelKnobs& knobs) {
     const std::string where = std::string(kMoeLoraOp) + " " + shape + " max_tokens " + std::to_string(bucket);
@@ -100,12 +103,18 @@ std::vector<Candidate> candidates(int64_t pairs) {
   }
   for (int split : {0, 1, 2, 4, 8}) {
     for (int block_n : {64, 128}) {
-      for (int chunks : {0, 1, 2, 4, 16}) {
+      for (int chunks : {0, 1, 2, 4, 16, 32}) {
         for (int order : {0, 1}) {
-          for (int bulk : {1, 0}) {
+          for (int form : {2, 1, 0}) {  // persistent, bulk copies a piece per CTA, cp.async
             Candidate c;
-            c.knobs = {{"path", 1},           {"pdl", 1},        {"split_k", split}, {"expand_block_n", block_n},
-                       {"expand_chunks", chunks}, {"order", order}, {"expand_bulk", bulk}};
+            c.knobs = {{"path", 1},
+                       {"pdl", 1},
+                       {"split_k", split},
+                       {"expand_block_n", block_n},
+                       {"expand_chunks", chunks},
+                       {"order", order},
+                       {"expand_bulk", form > 0 ? 1 : 0},
+                       {"expand_persistent", form == 2 ? 1 : 0}};
             apply_moe_lora_knobs(&c.knobs, &c.config);
             out.push_back(c);
           }
@@ -253,7 +262,8 @@ Result<ops::KernelConfigs> tune_moe_lora(const TuneMoeLoraOptions& o) {
       const bool is_default = (c.config.lora_path == 0) == moe_lora_small_fits(pairs) && c.knobs.at("pdl") == 1 &&
                               (c.config.lora_path == 0 || (c.knobs.at("split_k") == 0 && c.knobs.at("expand_block_n") == 128 &&
                                                            c.knobs.at("expand_chunks") == 0 && c.knobs.at("order") == 0 &&
-                                                           c.knobs.at("expand_bulk") == 1));
+                                                           c.knobs.at("expand_bulk") == 1 &&
+                                                           c.knobs.at("expand_persistent") == 0));
       if (is_default) default_seconds = seconds;
       if (seconds < best_seconds) {
         best_seconds = seconds;

@@ -37,7 +37,7 @@ void apply_moe_lora_knobs(const ops::KernelKnobs* knobs, MoeBlockConfig* config)
 
 // Every moe_lora entry of `configs` against the knobs the launchers take: path 0 (direct per-pair) or 1 (tiled
 // shrink + expand); pdl and order 0 or 1; split_k 0 (by size) to 64; expand_block_n 64 or 128; expand_chunks
-// 0 (by size) to 1024; expand_bulk 0 or 1. An unknown knob or
+// 0 (by size) to 1024; expand_bulk and expand_persistent 0 or 1. An unknown knob or
 // a value out of range fails with the shape, the bucket, the knob, the value found and what was expected —
 // before a launcher could refuse it mid-request. Host code (runs without a GPU).
 Status check_moe_lora_knobs(const ops::KernelConfigs& configs);
