@@ -71,7 +71,7 @@ std::string knob_suffix(const cuda::MoeLoraConfig& c) {
          (c.order == cuda::MoeLoraCtaOrder::kTileFastest ? "" : ", piece-fastest") +
          (c.expand_block_n == 128 ? "" : ", N " + std::to_string(c.expand_block_n)) +
          (c.expand_chunks == 0 ? "" : ", chunks " + std::to_string(c.expand_chunks)) +
-         (!c.expand_bulk ? ", cp.async" : c.expand_persistent ? ", persistent" : "") +
+         (!c.expand_bulk ? ", cp.async" : c.expand_persistent ? "" : ", bulk per CTA") +
          (c.shrink_tiles_per_cta == 0 ? "" : ", shrink tiles " + std::to_string(c.shrink_tiles_per_cta)) +
 
          (c.pdl ? ", pdl" : ", no pdl") +
@@ -106,8 +106,8 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
   const int64_t capacity = cuda::moe_align_capacity(pairs, groups, cuda::kMoeLoraBlockM);
   // Self-cleaning z and tile counters (moe_lora.cuh): zeroed once here, never memset in the timed path.
   OwnedTensor z_gu = cuda::empty(DType::F32, {pairs, kRank}), z_down = cuda::empty(DType::F32, {pairs, kRank});
-  OwnedTensor counters_gu = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
-  OwnedTensor counters_down = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+  OwnedTensor counters_gu = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM + cuda::kMoeLoraWorkCounters});
+  OwnedTensor counters_down = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM + cuda::kMoeLoraWorkCounters});
   for (const OwnedTensor* t : {&z_gu, &z_down, &counters_gu, &counters_down}) cuda::fill_bytes(t->view, 0);
   OwnedTensor sorted = cuda::empty(DType::I32, {capacity});
   OwnedTensor tiles = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
@@ -171,7 +171,7 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
       {.shrink_tiles_per_cta = 1},
       {.expand_block_n = 64, .expand_bulk = false},
       {.expand_block_n = 64, .expand_chunks = 32},
-      {.expand_block_n = 64, .expand_persistent = true},
+      {.expand_block_n = 64, .expand_persistent = false},
       {.expand_bulk = false}};
   for (const cuda::MoeLoraConfig& config : layer_configs) {
     print_row(("layer" + knob_suffix(config)).c_str(), tokens, total_bytes, total_flops,
@@ -198,8 +198,8 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
         cuda::MoeLoraConfig{.expand_chunks = 4}, cuda::MoeLoraConfig{.expand_chunks = 16},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 8},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 32},
-        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_persistent = true},
-        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_persistent = true},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_persistent = false},
+        cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_persistent = false},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_bulk = false},
         cuda::MoeLoraConfig{.expand_block_n = 64, .expand_chunks = 16, .expand_bulk = false},
         cuda::MoeLoraConfig{.expand_bulk = false}, cuda::MoeLoraConfig{.expand_chunks = 16, .expand_bulk = false}}) {
@@ -210,7 +210,7 @@ void bench_tokens(int64_t tokens, const std::vector<Layer>& layers, const OwnedT
               time_graph(stream, [&](int i) { cuda::moe_lora_expand(down(i % kLayers, config), stream); }));
   }
   // moe_block's gate_up expand since the LoRA folds into the fused activation: y written, not read (the
-  // bytes column still counts the read); persistent, by bulk copies a piece per CTA (the default), by cp.async.
+  // bytes column still counts the read); persistent (the default), by bulk copies a piece per CTA, by cp.async.
   for (int form : {2, 1, 0}) {
     const cuda::MoeLoraConfig config{.expand_block_n = 64, .expand_bulk = form > 0, .expand_persistent = form == 2};
     auto overwrite_expand = [&](int i) {

@@ -227,11 +227,15 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
                    .block_m = cuda::kMoeLoraBlockM, .sorted_pairs = sorted, .tile_group = tiles,
                    .group_offsets = offsets, .num_tiles = num_tiles, .workspace = workspace},
                   stream_);
-  // Self-cleaning mode: z and the counters are zeroed once here and must stay zero across every call.
+  // Self-cleaning mode: z and the counters are zeroed once here and must stay zero across every call. The
+  // counters have the persistent expand's item counters after the tiles' (its dynamic scheduling);
+  // `tile_counters_only` has none (it then stripes the items over its CTAs).
   OwnedTensor z = cuda::empty(DType::F32, {pairs, R});
-  OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
+  OwnedTensor counters = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM + cuda::kMoeLoraWorkCounters});
+  OwnedTensor tile_counters_only = cuda::empty(DType::I32, {capacity / cuda::kMoeLoraBlockM});
   cuda::fill_bytes(z.view, 0);
   cuda::fill_bytes(counters.view, 0);
+  cuda::fill_bytes(tile_counters_only.view, 0);
   auto params_for = [&](const Knobs& k, const Tensor& z_buffer, const Tensor& y, bool self_cleaning) {
     return cuda::MoeLoraParams{.x = d_x, .w = {.a = d_a, .b = d_b, .rank = d_rank}, .top_k = c.top_k,
                                .sorted_pairs = sorted, .tile_group = tiles, .num_tiles = num_tiles,
@@ -273,21 +277,27 @@ void CudaMoeLora::run_case(const Case& c, const std::vector<Knobs>& knobs) {
       for (int block_n : {64, 128}) {
         SCOPED_TRACE(std::string("bulk vs cp.async, ") + (overwrite ? "overwrite" : "add") + ", BLOCK_N " +
                      std::to_string(block_n));
-        OwnedTensor y_async = cuda::upload(y0), y_bulk = cuda::upload(y0), y_stream = cuda::upload(y0);
-        for (int form : {0, 1, 2}) {  // cp.async, bulk, persistent bulk
+        OwnedTensor y_async = cuda::upload(y0), y_bulk = cuda::upload(y0), y_stream = cuda::upload(y0),
+                    y_striped = cuda::upload(y0);
+        // cp.async, bulk, persistent bulk (items from the counter), persistent bulk (items striped)
+        for (int form : {0, 1, 2, 3}) {
           Knobs k{1, cuda::MoeLoraCtaOrder::kTileFastest, block_n, true};
           k.expand_bulk = form > 0;
-          k.persistent = form == 2;
-          const OwnedTensor& y = form == 0 ? y_async : form == 1 ? y_bulk : y_stream;
+          k.persistent = form >= 2;
+          const OwnedTensor& y = form == 0 ? y_async : form == 1 ? y_bulk : form == 2 ? y_stream : y_striped;
           cuda::MoeLoraParams params = params_for(k, z, y.view, true);
           params.overwrite = overwrite;
+          if (form == 3) params.tile_counters = tile_counters_only.view;
           cuda::moe_lora_shrink(params, stream_);
           cuda::moe_lora_expand(params, stream_);
         }
         sync();
         EXPECT_TRUE(bitwise_equal(cuda::download(y_bulk), cuda::download(y_async)));
         EXPECT_TRUE(bitwise_equal(cuda::download(y_stream), cuda::download(y_async))) << "persistent";
+        EXPECT_TRUE(bitwise_equal(cuda::download(y_striped), cuda::download(y_async))) << "persistent, striped";
         EXPECT_TRUE(all_zero(cuda::download(z), "z after the expand"));
+        EXPECT_TRUE(all_zero(cuda::download(counters), "counters after the expands"));
+        EXPECT_TRUE(all_zero(cuda::download(tile_counters_only), "tile counters after the striped expand"));
       }
     }
   }

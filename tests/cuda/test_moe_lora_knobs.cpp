@@ -82,7 +82,7 @@ TEST(MoeLoraKnobs, OutOfRangeNamesTheEntryKnobAndValue) {
 TEST(MoeLoraKnobs, ApplySetsTheExpandForm) {
   cuda::MoeBlockConfig defaults;
   EXPECT_TRUE(defaults.lora.expand_bulk);
-  EXPECT_FALSE(defaults.lora.expand_persistent);
+  EXPECT_TRUE(defaults.lora.expand_persistent);
   for (int64_t persistent : {0, 1}) {
     cuda::MoeBlockConfig config;
     const ops::KernelKnobs knobs = {{"path", 1}, {"expand_chunks", 32}, {"expand_persistent", persistent}};

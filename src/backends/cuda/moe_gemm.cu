@@ -3265,7 +3265,7 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     // combine clears both: room for two of the direct path's largest batch.
     const int64_t z_rows = std::max(max_pairs, 2 * std::min(max_pairs, kMoeLoraSmallMaxPairs));
     l.z = take(size_t(z_rows) * s.max_rank * 4);
-    l.tile_counters = take(size_t(max_tiles) * 4);
+    l.tile_counters = take(size_t(max_tiles + kMoeLoraWorkCounters) * 4);  // + the persistent expand's
     l.z_readers = take(size_t(max_pairs + 1) * 4);
     // set_moe_lora_side_expands (the direct path's batches only)
     const int64_t delta_rows = std::min(max_pairs, kMoeLoraSmallMaxPairs);
@@ -3417,7 +3417,7 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
     lora_sorted = view(l.lora_sorted, DType::I32, {l.lora_capacity});
     lora_tiles = view(l.lora_tiles, DType::I32, {l.lora_capacity / kMoeLoraBlockM});
     lora_count = view(l.lora_count, DType::I32, {1});
-    tile_counters = view(l.tile_counters, DType::I32, {l.lora_capacity / kMoeLoraBlockM});
+    tile_counters = view(l.tile_counters, DType::I32, {l.lora_capacity / kMoeLoraBlockM + kMoeLoraWorkCounters});
     const int64_t lora_scratch = int64_t(moe_align_workspace_bytes(pairs, groups));
     moe_align({.topk_ids = p.topk_ids, .token_slot = p.token_slot, .experts = experts, .slots = slots,
                .block_m = kMoeLoraBlockM, .sorted_pairs = lora_sorted, .tile_group = lora_tiles,

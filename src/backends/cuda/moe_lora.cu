@@ -98,6 +98,8 @@ struct LoraKernelParams {
   float* z;                     // [T*K, R] f32
   __nv_bfloat16* y;             // [T*K, out] bf16
   int32_t* tile_counters;       // [max_tiles] i32, or null: no self-cleaning
+  int32_t* work;                // [2] i32 past the tile counters (persistent expand: the next item, the CTAs done;
+                                // zero between calls), or null: items striped over the CTAs
   int pairs;                    // T*K, the sentinel
   int top_k;                    // K
   bool x_per_pair;              // x has T*K rows
@@ -865,7 +867,7 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
   expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
 }
 
-// The persistent expand (MoeLoraConfig::expand_persistent, a tuning knob; off by default): the bulk expand's
+// The persistent expand (MoeLoraConfig::expand_persistent, the default where bulk copies apply): the bulk expand's
 // per-CTA prologue was ~38% of its instructions at T 256 (perf-log run 229: tile start, barrier init, the first
 // copies, z, the self-cleaning arrival, for 4–7 chunks a CTA). Here a grid of about as many CTAs as fit walks the
 // (tile, piece) items, and a producer warp (warp 4) keeps the chunk ring running across items: for each item it
@@ -902,6 +904,9 @@ __device__ __forceinline__ void stream_item_coords(const LoraKernelParams& p, in
 }
 
 // PRECOND: as expand_bulk_kernel, blockDim.x == kStreamThreads, dynamic shared memory = sizeof(ExpandStreamShared).
+// Items come from p.work's counter (each producer takes the next one; the last CTA to run out resets both
+// counters), or, without it, w = blockIdx.x + k · gridDim.x. The producer streams the first item's first B chunks
+// before the programmatic wait (weights: the shrink never writes them), as the bulk expand does.
 template <int kRankCap, int kBlockN>
 __global__ static void __launch_bounds__(kStreamThreads, 1)
     expand_stream_kernel(const __grid_constant__ LoraKernelParams p) {
@@ -929,67 +934,118 @@ __global__ static void __launch_bounds__(kStreamThreads, 1)
   const int stride = (capacity + 15) / 16 * 16;  // B's shared row stride: whole k-steps
 
   if (warp == kWarps) {  // ---- producer ----
-    pdl_wait();  // z is the shrink's output; y may be its predecessor's (no B before the wait: a first cut)
+    // The item this CTA takes k-th (the same value in every lane). Before the wait too: the counters were
+    // reset by the previous expand, which had completed before the shrink before this kernel started.
+    auto take_item = [&](int k) {
+      if (p.work == nullptr) return int(blockIdx.x) + k * int(gridDim.x);
+      int w = 0;
+      if (lane == 0) w = atomicAdd(&p.work[0], 1);
+      return __shfl_sync(~0u, w, 0);
+    };
+    // An item's coordinates, read by the producer alone (align's outputs and the slots' ranks: no wait needed).
+    struct Meta {
+      int tile, group, rank, pair, valid, c_begin, c_end, rank_steps;
+    };
+    auto meta_of = [&](int w) {
+      Meta m;
+      int piece;
+      stream_item_coords(p, w, tiles, m.tile, piece);
+      m.group = p.tile_group[m.tile];
+      m.rank = p.rank[m.group / p.experts];
+      m.pair = lane < kBlockM ? p.sorted_pairs[m.tile * kBlockM + lane] : p.pairs;
+      m.valid = __popc(__ballot_sync(~0u, m.pair != p.pairs));
+      const bool skip = m.rank == 0 && !p.overwrite;  // nothing to add; overwrite still writes zeros
+      m.c_begin = piece * p.chunks_per_piece;
+      m.c_end = skip ? m.c_begin : min(m.c_begin + p.chunks_per_piece, chunks);
+      m.rank_steps = (m.rank + 15) / 16;
+      return m;
+    };
+    const bool whole_rank = stride == capacity;
+    auto chunk_rows = [&](int c) { return min(kBlockN, p.out - c * kBlockN); };
+    // Chunk c of item m into stage `stage`: the expected bytes (B and y), then B's copies.
+    auto expect_and_copy_b = [&](const Meta& m, int c, int stage) {
+      const bool whole_chunk = whole_rank && m.rank_steps * 16 == capacity;
+      const unsigned row_b_bytes = unsigned(min(m.rank_steps * 16, capacity)) * 2;
+      const int rows = chunk_rows(c);
+      const unsigned b_bytes = m.rank_steps == 0 ? 0u : whole_chunk ? unsigned(rows * capacity * 2) : unsigned(rows) * row_b_bytes;
+      const unsigned y_bytes = p.overwrite ? 0u : unsigned(m.valid * rows * 2);
+      if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.full[stage], b_bytes + y_bytes);
+      __syncwarp();
+      if (m.rank_steps == 0) return;
+      ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
+      const __nv_bfloat16* src = p.b + (int64_t(m.group) * p.out + int64_t(c) * kBlockN) * capacity;
+      if (whole_chunk) {
+        if (lane == 0) detail::bulk_copy(detail::shared_address(s.b), src, b_bytes, &smem.full[stage]);
+      } else {
+        for (int n = lane; n < rows; n += 32) {
+          detail::bulk_copy(detail::shared_address(s.b + n * stride), src + int64_t(n) * capacity, row_b_bytes,
+                            &smem.full[stage]);
+        }
+      }
+    };
+    auto copy_y = [&](const Meta& m, int c, int stage) {
+      if (p.overwrite || lane >= m.valid) return;
+      detail::bulk_copy(detail::shared_address(&smem.stages[stage].y[lane][0]),
+                        p.y + int64_t(m.pair) * p.out + int64_t(c) * kBlockN, unsigned(chunk_rows(c) * 2),
+                        &smem.full[stage]);
+    };
+
+    int w = take_item(0);
+    Meta m = w < total ? meta_of(w) : Meta{};
+    int prefetched = 0;  // the first item's chunks whose B went out before the wait
+    if (w < total) {
+      for (int c = m.c_begin; c < m.c_end && prefetched < kExpandStages; ++c, ++prefetched) {
+        expect_and_copy_b(m, c, prefetched);
+      }
+    }
+    pdl_wait();  // z is the shrink's output; y may be its predecessor's
     int q = 0;   // chunks issued, over all items
-    for (int w = blockIdx.x, k = 0; w < total; w += gridDim.x, ++k) {
+    for (int k = 0;; ++k) {
+      if (k > 0) {
+        w = take_item(k);
+        if (w < total) m = meta_of(w);
+      }
       const int slot = k % 2;
       if (k >= 2) detail::mbarrier_wait(&smem.item_empty[slot], unsigned(k / 2 - 1) & 1u);
-      int tile, piece;
-      stream_item_coords(p, w, tiles, tile, piece);
-      const int group = p.tile_group[tile];
-      const int rank = p.rank[group / p.experts];
-      const int pair = lane < kBlockM ? p.sorted_pairs[tile * kBlockM + lane] : p.pairs;
-      const int valid = __popc(__ballot_sync(~0u, pair != p.pairs));
-      const bool skip = rank == 0 && !p.overwrite;  // nothing to add; overwrite still writes zeros
-      const int c_begin = piece * p.chunks_per_piece;
-      const int c_end = skip ? c_begin : min(c_begin + p.chunks_per_piece, chunks);
-      const int rank_steps = (rank + 15) / 16;
       StreamItem<kRankCap>& item = smem.items[slot];
-      if (lane < kBlockM) item.pairs[lane] = pair;
-      if (lane == 0) {
-        item.tile = tile;
-        item.rank = rank;
-        item.c_begin = c_begin;
-        item.c_end = c_end;
-        item.valid = valid;
-      }
-      __syncwarp();  // the item's fields before the arrival that publishes them
-      const unsigned z_row = unsigned(min(rank_steps * 16, capacity)) * 4;
-      const bool copy_z = !skip && rank_steps > 0;
-      if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.item_full[slot], copy_z ? unsigned(valid) * z_row : 0u);
-      __syncwarp();
-      if (copy_z && lane < valid) {
-        detail::bulk_copy(detail::shared_address(&item.z[lane][0]), p.z + int64_t(pair) * capacity, z_row,
-                          &smem.item_full[slot]);
-      }
-      // The item's chunks into the ring.
-      const bool whole_chunk = stride == capacity && rank_steps * 16 == capacity;
-      const unsigned row_b_bytes = unsigned(min(rank_steps * 16, capacity)) * 2;
-      const __nv_bfloat16* b = p.b + int64_t(group) * p.out * capacity;
-      for (int c = c_begin; c < c_end; ++c, ++q) {
-        const int stage = q % kExpandStages;
-        if (q >= kExpandStages) detail::mbarrier_wait(&smem.empty[stage], unsigned(q / kExpandStages - 1) & 1u);
-        const int rows = min(kBlockN, p.out - c * kBlockN);
-        const unsigned b_bytes = rank_steps == 0 ? 0u : whole_chunk ? unsigned(rows * capacity * 2) : unsigned(rows) * row_b_bytes;
-        const unsigned y_bytes = p.overwrite ? 0u : unsigned(valid * rows * 2);
-        if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.full[stage], b_bytes + y_bytes);
-        __syncwarp();
-        ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
-        const __nv_bfloat16* src = b + int64_t(c) * kBlockN * capacity;
-        if (rank_steps > 0) {
-          if (whole_chunk) {
-            if (lane == 0) detail::bulk_copy(detail::shared_address(s.b), src, b_bytes, &smem.full[stage]);
-          } else {
-            for (int n = lane; n < rows; n += 32) {
-              detail::bulk_copy(detail::shared_address(s.b + n * stride), src + int64_t(n) * capacity, row_b_bytes,
-                                &smem.full[stage]);
-            }
+      if (w >= total) {  // no more items: tell the consumers, then count this CTA out
+        if (lane == 0) {
+          item.tile = -1;
+          detail::mbarrier_arrive(&smem.item_full[slot]);
+          if (p.work != nullptr && atomicAdd(&p.work[1], 1) == int(gridDim.x) - 1) {
+            p.work[0] = 0;  // every CTA has taken its last item: no atomic on work[0] follows in this launch
+            p.work[1] = 0;
           }
         }
-        if (!p.overwrite && lane < valid) {
-          detail::bulk_copy(detail::shared_address(&s.y[lane][0]), p.y + int64_t(pair) * p.out + int64_t(c) * kBlockN,
-                            unsigned(rows * 2), &smem.full[stage]);
+        break;
+      }
+      if (lane < kBlockM) item.pairs[lane] = m.pair;
+      if (lane == 0) {
+        item.tile = m.tile;
+        item.rank = m.rank;
+        item.c_begin = m.c_begin;
+        item.c_end = m.c_end;
+        item.valid = m.valid;
+      }
+      __syncwarp();  // the item's fields before the arrival that publishes them
+      const unsigned z_row = unsigned(min(m.rank_steps * 16, capacity)) * 4;
+      const bool copy_z = m.c_end > m.c_begin && m.rank_steps > 0;
+      if (lane == 0) detail::mbarrier_arrive_expect_tx(&smem.item_full[slot], copy_z ? unsigned(m.valid) * z_row : 0u);
+      __syncwarp();
+      if (copy_z && lane < m.valid) {
+        detail::bulk_copy(detail::shared_address(&item.z[lane][0]), p.z + int64_t(m.pair) * capacity, z_row,
+                          &smem.item_full[slot]);
+      }
+      // The item's chunks into the ring (the first item's first ones have their B in flight already).
+      for (int c = m.c_begin; c < m.c_end; ++c, ++q) {
+        const int stage = q % kExpandStages;
+        if (k == 0 && q < prefetched) {
+          copy_y(m, c, stage);
+          continue;
         }
+        if (q >= kExpandStages) detail::mbarrier_wait(&smem.empty[stage], unsigned(q / kExpandStages - 1) & 1u);
+        expect_and_copy_b(m, c, stage);
+        copy_y(m, c, stage);
       }
     }
     return;
@@ -998,10 +1054,11 @@ __global__ static void __launch_bounds__(kStreamThreads, 1)
   // ---- consumers (warps 0-3) ----
   const int g = lane / 4, t = lane % 4;
   int q = 0;  // chunks consumed, over all items
-  for (int w = blockIdx.x, k = 0; w < total; w += gridDim.x, ++k) {
+  for (int k = 0;; ++k) {
     const int slot = k % 2;
     detail::mbarrier_wait(&smem.item_full[slot], unsigned(k / 2) & 1u);
     const StreamItem<kRankCap>& item = smem.items[slot];
+    if (item.tile < 0) break;  // the producer ran out of items
     const int rank = item.rank, valid = item.valid, c_begin = item.c_begin, c_end = item.c_end;
     const int rank_steps = (rank + 15) / 16;
     unsigned z_hi[kRankSteps][4], z_lo[kRankSteps][4];
@@ -1138,6 +1195,9 @@ Checked check_and_pack(const MoeLoraParams& p, const char* op) {
       .z = static_cast<float*>(p.z.data),
       .y = static_cast<__nv_bfloat16*>(p.y.data),
       .tile_counters = p.tile_counters.defined() ? static_cast<int32_t*>(p.tile_counters.data) : nullptr,
+      .work = p.tile_counters.defined() && p.tile_counters.numel() >= max_tiles + kMoeLoraWorkCounters
+                  ? static_cast<int32_t*>(p.tile_counters.data) + max_tiles
+                  : nullptr,
       .pairs = int(pairs),
       .top_k = int(p.top_k),
       .x_per_pair = p.x.dim(0) == pairs,

@@ -27,12 +27,15 @@ struct MoeLoraConfig {
   int expand_chunks = 0;     // expand: BLOCK_N chunks per CTA (a cp.async ring walks them); 0 = by batch size
   bool expand_bulk = true;  // expand: B chunks and y rows by bulk copies (cp.async.bulk + mbarriers) where y rows
                             // are 16-byte vectors; false: 16-byte cp.async by every thread
-  bool expand_persistent = false;  // with expand_bulk: resident CTAs walk the (tile, piece) items, a producer
-                                   // warp keeping the ring running across them. Alone faster (H100 T 256: gate_up
-                                   // 54.2 → 47.8 µs), in the layer level at T 256 and slower at T 4096 (run 232)
+  bool expand_persistent = true;  // with expand_bulk: resident CTAs take the (tile, piece) items from a counter,
+                                  // a producer warp keeping the ring running across them (H100 layer, N 64: T 256
+                                  // 134.2 → 131.7 µs, T 4096 521.4 → 494.6; perf-log run 234)
   int shrink_tiles_per_cta = 0;  // shrink: 1 (a tile per CTA, warps split `in`) or 4 (a run of one group's
                                  // tiles, a tile per warp, A staged once); 0 = by batch size
 };
+
+// Entries of tile_counters past capacity / block_m that the persistent expand uses as its item counters.
+inline constexpr int kMoeLoraWorkCounters = 2;
 
 // The z invariant ("self-cleaning"): when `tile_counters` is given, z is all zero between calls. The shrink
 // only adds into z (split-K atomics, or plain stores without split), and the last expand CTA of each tile
@@ -56,7 +59,9 @@ struct MoeLoraParams {
   Tensor y;             // [T*K, out] bf16, accumulated in place by the expand
   int split_k = 0;      // kept for older callers: when nonzero it overrides config.split_k
   MoeLoraConfig config;
-  Tensor tile_counters;  // [>= capacity / block_m] i32, all zero at allocation; optional (see above)
+  Tensor tile_counters;  // [>= capacity / block_m] i32, all zero at allocation; optional (see above). With
+                         // kMoeLoraWorkCounters more entries the persistent expand takes its items from a counter
+                         // there (dynamic scheduling, reset by its last CTA); without them it stripes the items.
   // Expand only: y = z·Bᵀ instead of y += z·Bᵀ (y is not read): every real row of every tile is written, with
   // zeros for slots of rank 0 (moe_block's LoRA folded into the fused activation: MoeGateUpParams::lora_h).
   bool overwrite = false;

@@ -227,7 +227,7 @@ Result<ops::KernelConfigs> tune_moe_lora(const TuneMoeLoraOptions& o) {
     OwnedTensor sorted = cuda::empty(DType::I32, {capacity}), tiles = cuda::empty(DType::I32, {capacity / kMoeLoraBlockM});
     OwnedTensor offsets = cuda::empty(DType::I32, {groups + 1}), num_tiles = cuda::empty(DType::I32, {1});
     OwnedTensor align_scratch = cuda::empty(DType::U8, {int64_t(moe_align_workspace_bytes(pairs, groups))});
-    OwnedTensor z = zeros(DType::F32, {pairs, R}), counters = zeros(DType::I32, {capacity / kMoeLoraBlockM});
+    OwnedTensor z = zeros(DType::F32, {pairs, R}), counters = zeros(DType::I32, {capacity / kMoeLoraBlockM + kMoeLoraWorkCounters});
     OwnedTensor readers = zeros(DType::I32, {pairs + 1});
 
     auto layer = [&](const Candidate& c, int copy) {
@@ -263,7 +263,7 @@ Result<ops::KernelConfigs> tune_moe_lora(const TuneMoeLoraOptions& o) {
                               (c.config.lora_path == 0 || (c.knobs.at("split_k") == 0 && c.knobs.at("expand_block_n") == 128 &&
                                                            c.knobs.at("expand_chunks") == 0 && c.knobs.at("order") == 0 &&
                                                            c.knobs.at("expand_bulk") == 1 &&
-                                                           c.knobs.at("expand_persistent") == 0));
+                                                           c.knobs.at("expand_persistent") == 1));
       if (is_default) default_seconds = seconds;
       if (seconds < best_seconds) {
         best_seconds = seconds;
