@@ -737,6 +737,29 @@ struct alignas(16) ExpandBulkStage {
   __nv_bfloat16 b[kBlockN * kRankCap];    // [chunk rows, stride round_up(R, 16)] bf16, as in global memory
   __nv_bfloat16 y[kBlockM][kBlockN + 8];  // [pairs, chunk] bf16 (rows 16-byte aligned), read when adding
 };
+// One chunk of a bulk expand's ring (expand_bulk_kernel, expand_stream_kernel), by one warp: wait for the
+// stage's copies (full, at `parity`), y = (staged y or 0) + z·B[chunk c]ᵀ over the warp's outputs straight from
+// the fragments, then release the stage to the producer (empty).
+template <int kRankCap, int kBlockN>
+__device__ __forceinline__ void expand_bulk_chunk(const LoraKernelParams& p, const ExpandBulkStage<kRankCap, kBlockN>& s,
+                                                  uint64_t* full, uint64_t* empty, unsigned parity, int c, int stride,
+                                                  const unsigned (&z_hi)[kRankCap / 16][4],
+                                                  const unsigned (&z_lo)[kRankCap / 16][4], int rank_steps, int rank,
+                                                  bool mask_last, __nv_bfloat16* const (&y_row)[2]) {
+  constexpr int kWarpN = kBlockN / kWarps;
+  detail::mbarrier_wait(full, parity);
+  const int n0 = c * kBlockN;
+#pragma unroll
+  for (int np = 0; np < kWarpN / 16; ++np) {
+    float acc[2][4];
+    expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, mask_last,
+                                       [&](int n, int k) { return s.b + n * stride + k; }, acc);
+    expand_store_pair<kBlockN>(p, acc, np, n0, y_row, s.y);
+  }
+  __syncwarp();  // the warp's reads of the stage are done
+  if (threadIdx.x % 32 == 0) detail::mbarrier_arrive(empty);
+}
+
 template <int kRankCap, int kBlockN>
 struct ExpandBulkShared {
   ExpandBulkStage<kRankCap, kBlockN> stages[kExpandStages];
@@ -829,8 +852,7 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
   expand_z_fragments<kRankCap>(smem.z, rank_steps, z_hi, z_lo);
   const bool mask_last = rank % 16 != 0;
   // This thread's rows of the C fragment (g and g + 8) and their y rows, if real.
-  constexpr int kWarpN = kBlockN / kWarps;
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   __nv_bfloat16* y_row[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -850,19 +872,10 @@ __global__ static void __launch_bounds__(kThreads, kRankCap <= 32 ? 7 : 1)
       copy_b(next);
       copy_y(next);
     }
-    detail::mbarrier_wait(&smem.full[stage], unsigned(i / kExpandStages) & 1u);
-    ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
     // y = (staged y or 0) + acc, rounded once, straight from the fragments to global memory.
-    const int n0 = c * kBlockN;
-#pragma unroll
-    for (int np = 0; np < kWarpN / 16; ++np) {
-      float acc[2][4];
-      expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, mask_last,
-                                         [&](int n, int k) { return s.b + n * stride + k; }, acc);
-      expand_store_pair<kBlockN>(p, acc, np, n0, y_row, s.y);
-    }
-    __syncwarp();  // the warp's reads of the stage are done
-    if (lane == 0) detail::mbarrier_arrive(&smem.empty[stage]);
+    expand_bulk_chunk<kRankCap, kBlockN>(p, smem.stages[stage], &smem.full[stage], &smem.empty[stage],
+                                         unsigned(i / kExpandStages) & 1u, c, stride, z_hi, z_lo, rank_steps, rank,
+                                         mask_last, y_row);
   }
   expand_clean_z<kRankCap>(p, smem.pairs, valid, rank, smem.last_reader);
 }
@@ -911,7 +924,6 @@ template <int kRankCap, int kBlockN>
 __global__ static void __launch_bounds__(kStreamThreads, 1)
     expand_stream_kernel(const __grid_constant__ LoraKernelParams p) {
   constexpr int kRankSteps = kRankCap / 16;
-  constexpr int kWarpN = kBlockN / kWarps;
   using Shared = ExpandStreamShared<kRankCap, kBlockN>;
   extern __shared__ __align__(16) unsigned char expand_shared[];
   auto& smem = *reinterpret_cast<Shared*>(expand_shared);
@@ -1052,7 +1064,7 @@ __global__ static void __launch_bounds__(kStreamThreads, 1)
   }
 
   // ---- consumers (warps 0-3) ----
-  const int g = lane / 4, t = lane % 4;
+  const int g = lane / 4;
   int q = 0;  // chunks consumed, over all items
   for (int k = 0;; ++k) {
     const int slot = k % 2;
@@ -1079,18 +1091,9 @@ __global__ static void __launch_bounds__(kStreamThreads, 1)
     const bool mask_last = rank % 16 != 0;
     for (int c = c_begin; c < c_end; ++c, ++q) {
       const int stage = q % kExpandStages;
-      detail::mbarrier_wait(&smem.full[stage], unsigned(q / kExpandStages) & 1u);
-      ExpandBulkStage<kRankCap, kBlockN>& s = smem.stages[stage];
-      const int n0 = c * kBlockN;
-#pragma unroll
-      for (int np = 0; np < kWarpN / 16; ++np) {
-        float acc[2][4];
-        expand_pair_acc<kRankCap, kBlockN>(np, z_hi, z_lo, rank_steps, rank, mask_last,
-                                           [&](int n, int kk) { return s.b + n * stride + kk; }, acc);
-        expand_store_pair<kBlockN>(p, acc, np, n0, y_row, s.y);
-      }
-      __syncwarp();  // the warp's reads of the stage are done
-      if (lane == 0) detail::mbarrier_arrive(&smem.empty[stage]);
+      expand_bulk_chunk<kRankCap, kBlockN>(p, smem.stages[stage], &smem.full[stage], &smem.empty[stage],
+                                           unsigned(q / kExpandStages) & 1u, c, stride, z_hi, z_lo, rank_steps, rank,
+                                           mask_last, y_row);
     }
     if (last_reader) {  // warp 3: z rows of this tile back to zero (every reader has counted)
       for (int i = lane; i < kBlockM * kRankCap; i += 32) {
