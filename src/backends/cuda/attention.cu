@@ -1126,16 +1126,6 @@ constexpr int kMaxKvWriteThreads = 128;
 // Bytes of one split's partials for `rows` (token, head) rows: acc [rows, D] + max [rows] + sum [rows], f32.
 int64_t split_bytes(int64_t rows, int64_t head_dim) { return rows * (head_dim + 2) * int64_t(sizeof(float)); }
 
-int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    LMX_CUDA_CHECK(cudaGetDevice(&device));
-    LMX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }();
-  return count;
-}
-
 // Sets a flash kernel's shared-memory attribute and returns how many of its CTAs one SM holds.
 template <int D, int kWarps, int kStages, bool kKeySplit = false>
 int prepare_flash_kernel() {

@@ -21,6 +21,9 @@ namespace lmx::cuda {
 void set_programmatic_launches(bool on);
 bool programmatic_launches();
 
+// The current device's SM count, read once (the process serves one device).
+int multiprocessor_count();
+
 namespace detail {
 
 #ifdef __CUDACC__

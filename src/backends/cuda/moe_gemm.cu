@@ -2442,14 +2442,13 @@ struct ClusterPairLaunch {
   ClusterPairLaunch(const ClusterPairLaunch&) = delete;  // config.attrs points into this object
   ClusterPairLaunch& operator=(const ClusterPairLaunch&) = delete;
 };
-int multiprocessors();
 PreparedClusterKernel prepared_cluster_kernel() {
   constexpr int kStages = 6, kThreads = 384;
   const size_t shared_bytes = size_t(kStages) * (128 + 128) * kBlockK * sizeof(__nv_bfloat16) + 1024;
   GemmKernel kernel = grouped_gemm_persistent_kernel<2, 128, kStages, true>;
   static const int clusters = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-    ClusterPairLaunch launch({kernel, kThreads, shared_bytes}, unsigned(multiprocessors()), nullptr);
+    ClusterPairLaunch launch({kernel, kThreads, shared_bytes}, unsigned(multiprocessor_count()), nullptr);
     int n = 0;
     LMX_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &launch.config));
     return std::max(n, 1);
@@ -2457,15 +2456,6 @@ PreparedClusterKernel prepared_cluster_kernel() {
   return {{kernel, kThreads, shared_bytes}, clusters};
 }
 
-int multiprocessors() {
-  static const int count = [] {
-    int device = 0, value = 0;
-    LMX_CUDA_CHECK(cudaGetDevice(&device));
-    LMX_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-    return value;
-  }();
-  return count;
-}
 
 template <int kConsumers, int kBlockN, int kStages>
 PreparedKernel prepared_ws_kernel(bool even_k) {
@@ -2690,7 +2680,7 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
         return;
       }
       const int64_t items = max_tiles * column_blocks;
-      const int64_t sms = max_sms > 0 ? std::min(max_sms, multiprocessors()) : multiprocessors();
+      const int64_t sms = max_sms > 0 ? std::min(max_sms, multiprocessor_count()) : multiprocessor_count();
       const unsigned ctas = unsigned(std::min<int64_t>(items, sms * pk.ctas_per_sm));
       if (with_maps.sk_partials != nullptr) {  // MoeStreamK's sizes hold this grid: two pieces a CTA, a counter a unit
         const int64_t consumers = large ? 2 : 1;
@@ -2763,7 +2753,7 @@ void set_moe_gemm_early_trigger(bool on) { gemm_early_trigger = on; }
 void set_moe_lora_gemm_wgmma(bool on) { lora_gemm_wgmma = on; }
 // The most partial accumulators one SM's persistent CTAs hold: two pieces × 256 consumer threads × 128 (BLOCK_M
 // 128 × BLOCK_N 256), or two CTAs of half that (BLOCK_M 64).
-int64_t moe_stream_k_floats() { return int64_t(multiprocessors()) * 2 * 256 * 128; }
+int64_t moe_stream_k_floats() { return int64_t(multiprocessor_count()) * 2 * 256 * 128; }
 int64_t moe_stream_k_counters() { return kStreamKCounters; }
 void set_moe_block_a_in_tile_order(bool on) { a_in_tile_order = on; }
 void set_moe_lora_shrink_runs_hint(bool on) { shrink_runs_hint = on; }

@@ -29,6 +29,7 @@
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device.cuh"
+#include "backends/cuda/launch.cuh"
 
 namespace lmx::cuda {
 namespace {
@@ -41,7 +42,8 @@ constexpr int kChunk = 64;      // shrink: inputs per pipeline stage (16 per war
 constexpr int kStages = 3;      // shrink: cp.async ring depth
 constexpr int kRowBf16 = 72;    // shared row stride in bf16 (144 B), see the file comment
 constexpr int kExpandStages = 3;  // expand: ring depth over BLOCK_N chunks (6 measured slower: perf-log run 226)
-constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit)
+constexpr int kSms = 132;  // H200; sizes the auto split and the expand's pieces (a heuristic, not a limit; the persistent
+                           // expand's grid uses the device's count, multiprocessor_count)
 constexpr int kPersistentPieceChunks = 16;  // the persistent expand's chunks per piece when expand_chunks is 0
 
 // ---- device helpers -----------------------------------------------------------------------------------
@@ -1372,7 +1374,8 @@ void moe_lora_expand(const MoeLoraParams& p, cudaStream_t stream) {
         return n;
       }();
       launch.blockDim = dim3(kStreamThreads);
-      launch.gridDim = dim3(unsigned(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * kSms, 1, grid_of(c))));
+      launch.gridDim =
+          dim3(unsigned(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * multiprocessor_count(), 1, grid_of(c))));
     }
     LMX_CUDA_CHECK(cudaLaunchKernelEx(&launch, kernel, c.params));
   };
