@@ -50,7 +50,9 @@
 namespace lmx::cuda {
 namespace {
 
+using detail::exp2_ftz;
 using detail::fence_operands;
+using detail::rcp_approx;
 using detail::fence_proxy_async;
 using detail::sw128_descriptor;
 using detail::wgmma_commit;
@@ -149,12 +151,19 @@ __device__ __forceinline__ int2 cta_tile(const GemmKernelParams& p, int block_n)
   return work_tile(p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), int(gridDim.y), block_n);
 }
 
-// Same formulas and order as the CPU oracle (cpu_moe.cpp, cpu_util.h sigmoid/silu).
+// The CPU oracle's formulas (cpu_moe.cpp, cpu_util.h sigmoid/silu) with the sigmoid by the MUFU alone:
+// 1 / (1 + 2^(-x·log2 e)), each step within 2 ulp of fp32, far below the bf16 rounding of the output. The IEEE
+// expf and division cost gate_up's epilogue 12% of the GEMM at GPT-OSS T 1600 (perf-log run 244). x << 0:
+// 2^big = inf, 1/inf = 0, so silu gives -0 as the oracle's x / inf does.
+__device__ __forceinline__ float sigmoid_mufu(float x) {
+  constexpr float kMinusLog2E = -1.4426950408889634f;
+  return rcp_approx(1.0f + exp2_ftz(x * kMinusLog2E));
+}
 __device__ __forceinline__ float activate(float gate, float up, bool gpt_oss, float alpha, float limit) {
-  if (!gpt_oss) return gate / (1.0f + expf(-gate)) * up;
+  if (!gpt_oss) return gate * sigmoid_mufu(gate) * up;
   gate = fminf(gate, limit);
   up = fminf(fmaxf(up, -limit), limit);
-  return (up + 1.0f) * (gate * (1.0f / (1.0f + expf(-(gate * alpha)))));
+  return (up + 1.0f) * (gate * sigmoid_mufu(gate * alpha));
 }
 
 __device__ __forceinline__ void cp_async16(void* shared, const void* global, bool valid) {
@@ -303,8 +312,13 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     // Padding rows are computed too (the fused form's shuffles need the whole warp) but never stored; the
-    // four lanes of a row share its pair, so they skip together.
+    // four lanes of a row share its pair, so they skip together. A warp whose 8 rows of this half are all
+    // padding (an expert's last tile) skips the half whole: the activation's arithmetic is most of the fused
+    // epilogue (perf-log run 244).
     const bool store = pair[half] < p.pairs;
+    if constexpr (kActivated) {
+      if (!__any_sync(0xffffffffu, store)) continue;
+    }
     __nv_bfloat16* out = p.out + int64_t(store ? out_row[half] : 0) * out_stride;
     float activated[kBlockN / 8];  // kActivated: the thread's outputs, column (column0 + 8j) / 2
 #pragma unroll
