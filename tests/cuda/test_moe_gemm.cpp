@@ -1149,6 +1149,43 @@ TEST_F(CudaMoeGemm, ActivationMatchesReference) {
   }
 }
 
+// The sigmoid by the MUFU (ex2, rcp) at the extremes: gates far past the clamp on both sides, zeros, tiny and
+// huge values, each against every up. Each output is within one bf16 step of the formula in double, or below
+// 1e-30 in magnitude (a gate near -88: 1 / (1 + e^88) is subnormal and the reciprocal flushes it to 0).
+TEST_F(CudaMoeGemm, ActivationAtExtremesMatchesReference) {
+  const std::vector<float> gates = {-1e30f, -1e4f, -100.0f, -88.5f, -87.0f, -50.0f, -20.0f, -7.5f,
+                                    -1.0f,  -1e-30f, -0.0f, 0.0f,   1e-30f, 0.5f,   1.0f,   3.0f,
+                                    6.99f,  7.0f,   7.5f,   20.0f,  50.0f,  88.5f,  1e4f,   1e30f};
+  const std::vector<float> ups = {-8.0f, -1.0f, -0.0f, 0.25f, 1.0f, 7.5f, 100.0f};
+  const int64_t I = int64_t(gates.size()), rows = int64_t(ups.size());  // I % 8 == 0: the vector path
+  OwnedTensor h = OwnedTensor::host(DType::BF16, {rows, 2 * I});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < I; ++i) {  // halves: gate i, up I + i
+      h.view.ptr<bf16>()[r * 2 * I + i] = f32_to_bf16(gates[size_t(i)]);
+      h.view.ptr<bf16>()[r * 2 * I + I + i] = f32_to_bf16(ups[size_t(r)]);
+    }
+  }
+  for (MoeActivation activation : {kSilu, kGptOss}) {
+    SCOPED_TRACE(activation == kSilu ? "silu" : "gpt-oss");
+    OwnedTensor d_h = cuda::upload(h), a = poisoned(DType::BF16, {rows, I});
+    cuda::moe_activation({.h = d_h, .activation = activation, .layout = kHalves, .swiglu_alpha = 1.702f,
+                          .swiglu_limit = 7.0f, .a = a},
+                         stream_);
+    sync();
+    const OwnedTensor got = cuda::download(a);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < I; ++i) {
+        const double gate = bf16_to_f32(h.view.ptr<bf16>()[r * 2 * I + i]);
+        const double up = bf16_to_f32(h.view.ptr<bf16>()[r * 2 * I + I + i]);
+        const double want = act_ref(gate, up, activation);
+        const double value = bf16_to_f32(got.view.ptr<bf16>()[r * I + i]);
+        EXPECT_LE(std::abs(value - want), std::abs(want) / 128.0 + 1e-30)
+            << "gate " << gate << ", up " << up << ": got " << value << ", want " << want;
+      }
+    }
+  }
+}
+
 TEST_F(CudaMoeGemm, CombineMatchesReference) {
   // H % 8 == 0 (16-byte path) and odd H (scalar path); K = 1 .. 8.
   for (const auto& [tokens, top_k, hidden] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{

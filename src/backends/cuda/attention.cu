@@ -24,6 +24,7 @@
 namespace lmx::cuda {
 namespace {
 
+using detail::exp2_ftz;
 using detail::fence_operands;
 using detail::fence_proxy_async;
 using detail::sw128_descriptor;
@@ -86,14 +87,6 @@ __device__ __forceinline__ unsigned pack_f16(float x, float y) {
   unsigned packed;
   asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(y), "f"(x));
   return packed;
-}
-
-// 2^x by the MUFU alone, results below 2^-126 flushed to 0 (exp2f adds a range test and two multiplies to
-// keep them; a softmax weight that small is 0 against the row's sum of at least 1).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // A bf16 pair (a fragment register) as the fp16 pair of the same values.

@@ -16,6 +16,22 @@ namespace lmx::cuda::detail {
 // accesses). PRECOND: p is 16-byte aligned.
 constexpr int kBf16PerVector = 8;
 
+// 2^x by the MUFU alone, results below 2^-126 flushed to 0 (exp2f adds a range test and two multiplies to
+// keep them; a softmax weight that small is 0 against the row's sum of at least 1). Within 2 ulp.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 1/x by the MUFU alone (within 1 ulp; 1/inf = 0). The IEEE division `1.0f / x` adds a Newton step, a range
+// test and a slow-path call.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The 8 bf16 of one 16-byte vector (already in registers) as floats.
 __device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
   const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);

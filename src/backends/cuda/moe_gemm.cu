@@ -50,7 +50,9 @@
 namespace lmx::cuda {
 namespace {
 
+using detail::exp2_ftz;
 using detail::fence_operands;
+using detail::rcp_approx;
 using detail::fence_proxy_async;
 using detail::sw128_descriptor;
 using detail::wgmma_commit;
@@ -149,12 +151,19 @@ __device__ __forceinline__ int2 cta_tile(const GemmKernelParams& p, int block_n)
   return work_tile(p, int(blockIdx.y * gridDim.x + blockIdx.x), int(gridDim.x), int(gridDim.y), block_n);
 }
 
-// Same formulas and order as the CPU oracle (cpu_moe.cpp, cpu_util.h sigmoid/silu).
+// The CPU oracle's formulas (cpu_moe.cpp, cpu_util.h sigmoid/silu) with the sigmoid by the MUFU alone:
+// 1 / (1 + 2^(-x·log2 e)), each step within 2 ulp of fp32, far below the bf16 rounding of the output. The IEEE
+// expf and division cost gate_up's epilogue 12% of the GEMM at GPT-OSS T 1600 (perf-log run 244). x << 0:
+// 2^big = inf, 1/inf = 0, so silu gives -0 as the oracle's x / inf does.
+__device__ __forceinline__ float sigmoid_mufu(float x) {
+  constexpr float kMinusLog2E = -1.4426950408889634f;
+  return rcp_approx(1.0f + exp2_ftz(x * kMinusLog2E));
+}
 __device__ __forceinline__ float activate(float gate, float up, bool gpt_oss, float alpha, float limit) {
-  if (!gpt_oss) return gate / (1.0f + expf(-gate)) * up;
+  if (!gpt_oss) return gate * sigmoid_mufu(gate) * up;
   gate = fminf(gate, limit);
   up = fminf(fmaxf(up, -limit), limit);
-  return (up + 1.0f) * (gate * (1.0f / (1.0f + expf(-(gate * alpha)))));
+  return (up + 1.0f) * (gate * sigmoid_mufu(gate * alpha));
 }
 
 __device__ __forceinline__ void cp_async16(void* shared, const void* global, bool valid) {
@@ -249,11 +258,29 @@ __device__ __forceinline__ Epilogue epilogue_case(const GemmKernelParams& p, int
   return p.n % 2 == 0 ? Epilogue::kStore : Epilogue::kGeneral;
 }
 
+// A 4 × 4 transpose among a row's four lanes (t = lane % 4) by two butterfly rounds of shuffles: v[k] holds
+// element 4k + t of a group of 16 on entry, element 4t + k on exit. PRECOND: the whole warp calls.
+template <typename T>
+__device__ __forceinline__ void transpose_quad(T* v) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int s = 2; s >= 1; s /= 2) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k & s) continue;  // the pair (k, k + s)
+      const bool upper = (t & s) != 0;
+      const T received = __shfl_xor_sync(0xffffffffu, upper ? v[k] : v[k + s], s);
+      if (upper) v[k] = received;
+      else v[k + s] = received;
+    }
+  }
+}
+
 // The fused form's outputs of one row: lane t (= lane % 4) holds activated[j] at output column
-// (column0 + 8j) / 2 = c + 4j + t (c = the block's first output column, a multiple of 64). A 4 × 4
-// transpose among the row's four lanes per group of 16 columns (two butterfly rounds of shuffles) leaves
-// lane t with columns c + 16m + 4t .. + 3, stored as one 8-byte word instead of four 2-byte stores
-// (perf-log run 65: gate_up at T 1600 536 µs, 580–649 before; at T 4096 within the run-to-run spread).
+// (column0 + 8j) / 2 = c + 4j + t (c = the block's first output column, a multiple of 64). The quad transpose
+// per group of 16 columns leaves lane t with columns c + 16m + 4t .. + 3, stored as one 8-byte word instead
+// of four 2-byte stores (perf-log run 65: gate_up at T 1600 536 µs, 580–649 before; at T 4096 within the
+// run-to-run spread).
 // PRECOND: the whole warp calls (shuffles); `store` is the same across a row's four lanes.
 template <int kBlockN>
 __device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0, bool store,
@@ -263,18 +290,7 @@ __device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0,
 #pragma unroll
   for (int m = 0; m < kBlockN / 32; ++m) {
     float* v = activated + 4 * m;  // lane t: columns c + 16m + 4k + t, k = 0..3
-#pragma unroll
-    for (int s = 2; s >= 1; s /= 2) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (k & s) continue;  // the pair (k, k + s)
-        const bool upper = (t & s) != 0;
-        const float received = __shfl_xor_sync(0xffffffffu, upper ? v[k] : v[k + s], s);
-        if (upper) v[k] = received;
-        else v[k + s] = received;
-      }
-    }
-    // lane t now holds columns c + 16m + 4t + k in v[k]
+    transpose_quad(v);             // lane t: columns c + 16m + 4t + k
     if (store) {
       __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
       uint2 word;
@@ -285,13 +301,31 @@ __device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0,
   }
 }
 
+// The store form's outputs of one row: words[j] holds the bf16 pair of columns column0 + 8j and + 1
+// (column0 = c + 2t). The quad transpose per group of 32 columns leaves lane t with columns c + 32m + 8t .. + 7,
+// stored as one 16-byte word: a warp's store instruction then fills whole 32-byte sectors (8 rows × 64 bytes)
+// where four 4-byte stores each wrote half of 8 sectors (perf-log run 244: down's stores cost ~8% of it).
+// PRECOND: the whole warp calls; `store` is the same across a row's four lanes; out 16-byte aligned (n % 8 == 0).
+template <int kBlockN>
+__device__ __forceinline__ void store_words(__nv_bfloat16* out, int column0, bool store,
+                                            unsigned (&words)[kBlockN / 8]) {
+  const int t = threadIdx.x % 4;
+  const int first = column0 - 2 * t;  // c
+#pragma unroll
+  for (int m = 0; m < kBlockN / 32; ++m) {
+    unsigned* w = words + 4 * m;  // lane t: the pairs at columns c + 32m + 8k + 2t, k = 0..3
+    transpose_quad(w);            // lane t: the pairs at columns c + 32m + 8t + 2k
+    if (store) *reinterpret_cast<uint4*>(out + first + 32 * m + 8 * t) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // A warpgroup's 64 × kBlockN accumulators (wgmma layout: thread lane holds rows lane / 4 and + 8 of its warp's
 // 16, columns 8j + 2(lane % 4) and + 1) through the kFused or kStore form; the same arithmetic as
 // store_columns (bias added in fp32, h rounded to bf16 before the activation). pair[half]: the rows' pairs
 // (>= p.pairs on padding, not stored); column0: the thread's first column; bias[j]: the biases of columns
 // column0 + 8j and + 1 (zeros without a bias); delta[half][j] (kFusedDelta): lora_h of those columns, added
 // where has_delta[half] (the row's token has a slot); out_row[half]: the rows' output rows (pair, or tile row).
-template <Epilogue kCase, int kBlockN, int kDelta>
+template <Epilogue kCase, int kBlockN, int kDelta, bool kWide = false>
 __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int (&pair)[2], const int (&out_row)[2],
                                            int column0,
                                            const __nv_bfloat162 (&bias)[kBlockN / 8],
@@ -299,14 +333,20 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
                                            const float (&acc)[kBlockN / 2]) {
   static_assert(kCase != Epilogue::kGeneral && (kCase != Epilogue::kFusedDelta || kDelta == kBlockN / 8));
   constexpr bool kActivated = kCase == Epilogue::kFused || kCase == Epilogue::kFusedDelta;
+  constexpr bool kWideStores = kWide && !kActivated && kBlockN % 32 == 0;  // store_words' groups of 32 columns
+  const bool wide = kWideStores && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   const int64_t out_stride = kActivated ? p.n / 2 : p.n;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    // Padding rows are computed too (the fused form's shuffles need the whole warp) but never stored; the
-    // four lanes of a row share its pair, so they skip together.
+    // Padding rows are computed too (the shuffles of the fused and wide forms need the whole warp) but never
+    // stored; the four lanes of a row share its pair, so they skip together. A warp whose 8 rows of this half are all
+    // padding (an expert's last tile) skips the half whole: the activation's arithmetic is most of the fused
+    // epilogue (perf-log run 244).
     const bool store = pair[half] < p.pairs;
+    if (!__any_sync(0xffffffffu, store)) continue;
     __nv_bfloat16* out = p.out + int64_t(store ? out_row[half] : 0) * out_stride;
-    float activated[kBlockN / 8];  // kActivated: the thread's outputs, column (column0 + 8j) / 2
+    [[maybe_unused]] float activated[kBlockN / 8];  // kActivated: the outputs, column (column0 + 8j) / 2
+    [[maybe_unused]] unsigned words[kBlockN / 8];   // wide: the bf16 pairs of columns column0 + 8j and + 1
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
       const int column = column0 + 8 * j;
@@ -323,11 +363,17 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
         const float gate = __bfloat162float(__float2bfloat16_rn(v0));
         const float up = __bfloat162float(__float2bfloat16_rn(v1));
         activated[j] = activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
-      } else if (store) {
-        *reinterpret_cast<__nv_bfloat162*>(out + column) = __floats2bfloat162_rn(v0, v1);
+      } else {
+        __nv_bfloat162 bits = __floats2bfloat162_rn(v0, v1);
+        if (wide) words[j] = *reinterpret_cast<unsigned*>(&bits);
+        else if (store) *reinterpret_cast<__nv_bfloat162*>(out + column) = bits;
       }
     }
-    if constexpr (kActivated) store_activated<kBlockN>(out, column0, store, activated);
+    if constexpr (kActivated) {
+      store_activated<kBlockN>(out, column0, store, activated);
+    } else if constexpr (kWideStores) {
+      if (wide) store_words<kBlockN>(out, column0, store, words);
+    }
   }
 }
 
@@ -1517,8 +1563,10 @@ struct EpilogueInputs {
   }
 };
 
-// The persistent kernel's epilogue of one work item (the form chosen per item: Epilogue).
-template <int kBlockM, int kBlockN>
+// The persistent kernel's epilogue of one work item (the form chosen per item: Epilogue). kWide: the store form
+// by store_words (the kernels without the LoRA or stream-K, which have the registers for it: with them the
+// words spill).
+template <bool kWide, int kBlockM, int kBlockN>
 __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, const EpilogueInputs<kBlockM, kBlockN>& in,
                                                     const float (&acc)[kBlockN / 2]) {
   using In = EpilogueInputs<kBlockM, kBlockN>;
@@ -1532,8 +1580,8 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
     }
   }
   if (in.how == Epilogue::kStore) {
-    store_tile<Epilogue::kStore, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
-                                                      in.has_delta, acc);
+    store_tile<Epilogue::kStore, kBlockN, In::kDelta, kWide>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
+                                                             in.has_delta, acc);
   } else if (In::kDeltaForm && in.how == Epilogue::kFusedDelta) {
     if constexpr (In::kDeltaForm) {
       store_tile<Epilogue::kFusedDelta, kBlockN, In::kDelta>(p, in.pair, in.out_row, in.column0, in.bias, in.delta,
@@ -1862,14 +1910,14 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         finish(acc);
         if (!completes()) return;
         if constexpr (kLora) add_lora(in);
-        persistent_epilogue(p, in, acc);
+        persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       } else {
         k_loop();
         finish(acc);
         if (!completes()) return;
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
         if constexpr (kLora) add_lora(in);
-        persistent_epilogue(p, in, acc);
+        persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       }
     });
   }
