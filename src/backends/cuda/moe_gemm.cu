@@ -304,8 +304,10 @@ __device__ __forceinline__ void store_activated(__nv_bfloat16* out, int column0,
 // The store form's outputs of one row: words[j] holds the bf16 pair of columns column0 + 8j and + 1
 // (column0 = c + 2t). The quad transpose per group of 32 columns leaves lane t with columns c + 32m + 8t .. + 7,
 // stored as one 16-byte word: a warp's store instruction then fills whole 32-byte sectors (8 rows × 64 bytes)
-// where four 4-byte stores each wrote half of 8 sectors (perf-log run 244: down's stores cost ~8% of it).
-// PRECOND: the whole warp calls; `store` is the same across a row's four lanes; out 16-byte aligned (n % 8 == 0).
+// where four 4-byte stores each wrote half of 8 sectors (perf-log run 244: down's stores cost ~8% of it). A
+// last group of 16 columns (BLOCK_N 240) keeps the 4-byte stores.
+// PRECOND: the whole warp calls; `store` is the same across a row's four lanes; out 16-byte aligned (n % 8 == 0)
+// and c a multiple of 8.
 template <int kBlockN>
 __device__ __forceinline__ void store_words(__nv_bfloat16* out, int column0, bool store,
                                             unsigned (&words)[kBlockN / 8]) {
@@ -316,6 +318,10 @@ __device__ __forceinline__ void store_words(__nv_bfloat16* out, int column0, boo
     unsigned* w = words + 4 * m;  // lane t: the pairs at columns c + 32m + 8k + 2t, k = 0..3
     transpose_quad(w);            // lane t: the pairs at columns c + 32m + 8t + 2k
     if (store) *reinterpret_cast<uint4*>(out + first + 32 * m + 8 * t) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+#pragma unroll
+  for (int j = kBlockN / 32 * 4; j < kBlockN / 8; ++j) {
+    if (store) *reinterpret_cast<unsigned*>(out + column0 + 8 * j) = words[j];
   }
 }
 
@@ -333,7 +339,7 @@ __device__ __forceinline__ void store_tile(const GemmKernelParams& p, const int 
                                            const float (&acc)[kBlockN / 2]) {
   static_assert(kCase != Epilogue::kGeneral && (kCase != Epilogue::kFusedDelta || kDelta == kBlockN / 8));
   constexpr bool kActivated = kCase == Epilogue::kFused || kCase == Epilogue::kFusedDelta;
-  constexpr bool kWideStores = kWide && !kActivated && kBlockN % 32 == 0;  // store_words' groups of 32 columns
+  constexpr bool kWideStores = kWide && !kActivated && kBlockN % 16 == 0;  // store_words: 32-column groups + 16
   const bool wide = kWideStores && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   const int64_t out_stride = kActivated ? p.n / 2 : p.n;
 #pragma unroll
