@@ -314,6 +314,22 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
               time([&](int i) { block_on(wide[size_t(i) % wide.size()]); }));
   }
+  if (const char* rounds = std::getenv("BENCH_EPILOGUE_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
+    // Only moe_block with gate_up's fused epilogue by the consumers and by the producer warpgroup's idle warps
+    // (set_moe_gemm_epilogue_warps) in turn, `rounds` times, then the next T.
+    for (int r = 0; r < std::atoi(rounds); ++r) {
+      for (bool on : {false, true}) {
+        cuda::set_moe_gemm_epilogue_warps(on);
+        block(0);  // kernel attributes, outside the graph
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        print_row(on ? "block (no LoRA), epilogue warps" : "block (no LoRA), epilogue by the consumers", tokens,
+                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { block(i % kCopies); }));
+      }
+    }
+    cuda::set_moe_gemm_epilogue_warps(false);
+    return;
+  }
   if (const char* rounds = std::getenv("BENCH_DOWN_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
     // Only moe_block's down at BLOCK_N 192 and 240 in turn, `rounds` times (rows of one section spread by
     // 20–40 µs on an H100: an A/B needs them side by side), then the next T.
@@ -577,6 +593,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     lora_block_rows("in the accumulators, rows by slot");
     print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+    cuda::set_moe_gemm_epilogue_warps(true);  // after: the activation by the producer warpgroup's idle warps
+    cuda::moe_gate_up(gate_up_gathered(0, 0, 8), stream);  // kernel attributes, outside the graph
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    print_row("  gate_up fused, persistent (no LoRA), epilogue warps", tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+    cuda::set_moe_gemm_epilogue_warps(false);
     print_row("  down N 256, persistent (no LoRA)", tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 256, 8), stream); }));
   }

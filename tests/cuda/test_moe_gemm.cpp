@@ -784,6 +784,45 @@ TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
   cuda::set_moe_gemm_stream_k(false);
 }
 
+// The fused gate_up epilogue by the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps; off by default
+// until the device measures it): the same arithmetic per element as the consumers' kFused form, so moe_block's
+// output is bit-identical with and without it, at both gate_up widths that take it, with gate_up's a in tile order
+// (the default) and by pair; items that do not take the stage (a partial last column block, output rows not a
+// multiple of 16 bytes) stay with the consumers. GPT-OSS-20B and Qwen3-30B-A3B shapes, a partial block, and one
+// case against the CPU oracle.
+TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
+  const std::vector<BlockCase> cases = {
+      {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // GPT-OSS-20B
+      {4096, 128, 8, 2048, 768, kSilu, kHalves, false},         // Qwen3-30B-A3B
+      {1024, 8, 2, 512, 1000, kSilu, kInterleaved, true},       // n 2000: a partial last column block
+      {600, 8, 2, 256, 996, kGptOss, kInterleaved, true},       // n / 2 = 996: rows not 16-byte multiples
+  };
+  for (const BlockCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const BlockData b = make_block_data(rng(), c);
+    for (int block_n : {0, 128, 192}) {
+      cuda::set_moe_gemm_large_block_n(block_n);
+      for (bool tile_order : {true, false}) {
+        SCOPED_TRACE("gate_up BLOCK_N " + std::to_string(block_n) + (tile_order ? ", a in tile order" : ", a by pair"));
+        cuda::set_moe_block_a_in_tile_order(tile_order);
+        const OwnedTensor consumers = run_block(c, b, false, stream_);
+        cuda::set_moe_gemm_epilogue_warps(true);
+        const OwnedTensor staged = run_block(c, b, false, stream_);
+        cuda::set_moe_gemm_epilogue_warps(false);
+        EXPECT_TRUE(bitwise_equal(staged, consumers));
+      }
+    }
+    cuda::set_moe_block_a_in_tile_order(true);
+    cuda::set_moe_gemm_large_block_n(0);
+  }
+  const BlockCase c{1024, 8, 2, 512, 1000, kGptOss, kInterleaved, true};
+  const BlockData b = make_block_data(rng(), c);
+  const OwnedTensor want = cpu_block(cpu_, c, b, 16);
+  cuda::set_moe_gemm_epilogue_warps(true);
+  EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(c, b, false, stream_), 16), want)) << "against the CPU oracle";
+  cuda::set_moe_gemm_epilogue_warps(false);
+}
+
 // The MoE-LoRA's main slot by warpgroup MMAs from a TMA'd B slice (set_moe_lora_gemm_wgmma; off by default until
 // the H200 measures it) at 128-row tiles, each BLOCK_N, the accumulator path forced. make_stack gives slot 4 the
 // full capacity (16, 32 or 64: eligible) and NaN in every padding rank; three token patterns: every token on

@@ -98,6 +98,8 @@ struct GemmKernelParams {
   bool early_trigger;           // with wait_before_epilogue: launch_dependents at the start (MoeGateUpParams)
   bool lora_l1_prefetch;        // persistent kernel: each warp's z rows and first slot's B slice into L1 during
                                 // the item's k-loop (LoraL1Prefetch)
+  bool epilogue_warps;          // persistent kernel with kEpilogueWarps: fused items' activation and stores by the
+                                // producer warpgroup's idle warps (EpilogueStage)
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -1600,6 +1602,77 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
   }
 }
 
+// The fused epilogue handed to the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps). The consumers
+// add the bias and round (gate, up) to bf16 as store_tile does, write the pairs into a shared staging tile and
+// go straight on to the next item's wgmmas; warps 1–3 of the producer warpgroup (warp 0's lane 0 issues the
+// copies) apply the activation and store the outputs 16 bytes a thread while those wgmmas run. Perf-log run 244:
+// the activation's arithmetic was 67 of gate_up's 549 µs at GPT-OSS-20B T 1600, with the tensor cores idle.
+// The staging tile: [kBlockM rows][kBlockN / 2 + 4] 32-bit words, word w of a row = the bf16 (gate, up) pair
+// of output column work.y / 2 + w; the 4 words of padding put the 8 rows of a consumer store's lanes on distinct
+// banks (row stride ≡ 4 words mod 32).
+template <int kBlockM, int kBlockN>
+struct EpilogueStage {
+  static constexpr int kStride = kBlockN / 2 + 4;                    // words a staged row
+  static constexpr int kBytes = kBlockM * kStride * 4;
+  static constexpr int kChunks = kBlockN / 16;                       // 8-output chunks a row
+  static constexpr int kThreads = 96;                                // warps 1–3 of the producer warpgroup
+
+  // Whether the item at column block `first_column` goes through the stage: the fused form (epilogue_case, as
+  // EpilogueInputs picks it) with 16-byte aligned output rows. Consumers and epilogue warps decide alike.
+  __device__ __forceinline__ static bool takes(const GemmKernelParams& p, int first_column) {
+    return p.epilogue_warps && p.compact_epilogue &&
+           epilogue_case(p, first_column, kBlockN, kBlockM == 128 && kBlockN == 128) == Epilogue::kFused &&
+           (p.n / 2) % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  }
+
+  // Consumer side: the thread's accumulators (rows row0 + lane / 4 and + 8) plus bias, rounded, into the stage.
+  __device__ __forceinline__ static void put(uint32_t* stage, const int (&pair)[2], int pairs, int row0, int lane,
+                                             const __nv_bfloat162 (&bias)[kBlockN / 8],
+                                             const float (&acc)[kBlockN / 2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (pair[half] >= pairs) continue;  // padding: never read
+      uint32_t* row = stage + (row0 + lane / 4 + 8 * half) * kStride + lane % 4;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const float2 b = __bfloat1622float2(bias[j]);
+        __nv_bfloat162 bits = __floats2bfloat162_rn(acc[4 * j + 2 * half] + b.x, acc[4 * j + 2 * half + 1] + b.y);
+        row[4 * j] = *reinterpret_cast<uint32_t*>(&bits);
+      }
+    }
+  }
+
+  // Epilogue-warp side: thread e (0 .. kThreads - 1) activates and stores chunks e, e + kThreads, ... of the
+  // staged tile of `work`.
+  __device__ __forceinline__ static void drain(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
+    const int64_t inter = p.n / 2;
+    for (int c = e; c < kBlockM * kChunks; c += kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks;
+      const int tile_row = work.x * kBlockM + row;
+      const int pair = p.sorted_pairs[tile_row];
+      if (pair >= p.pairs) continue;
+      const uint4* src = reinterpret_cast<const uint4*>(stage + row * kStride + 8 * chunk);
+      uint32_t in[8];
+      *reinterpret_cast<uint4*>(in) = src[0];
+      *reinterpret_cast<uint4*>(in + 4) = src[1];
+      uint32_t out[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float a[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float2 gu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&in[2 * k + i]));
+          a[i] = activate(gu.x, gu.y, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
+        }
+        __nv_bfloat162 bits = __floats2bfloat162_rn(a[0], a[1]);
+        out[k] = *reinterpret_cast<uint32_t*>(&bits);
+      }
+      const int64_t out_row = p.out_by_row ? tile_row : pair;
+      *reinterpret_cast<uint4*>(p.out + out_row * inter + work.y / 2 + 8 * chunk) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+  }
+};
+
 // The slot whose B slice lora_wgmma_pass adds for a tile of kBlockM rows: that of its middle row (a prompt's
 // run fills it), else of its first; -1 where neither has one, or where that slot's rank is not a nonzero
 // multiple of 16 up to 64 (the pass takes whole k16 steps of the 64-rank box, and a stack's padding ranks may
@@ -1726,10 +1799,14 @@ __device__ __forceinline__ bool stream_k_merge(const GemmKernelParams& p, const 
 // no thread exits before the closing cluster barrier (a peer may still write into this CTA's shared memory
 // or arrive on its barriers). An odd last column block makes rank 1 compute a block past `n`, never stored.
 // kLora: add_lora_terms between each item's k-loop and its epilogue (p.lora_z etc. set).
+// kEpilogueWarps with p.epilogue_warps: the fused items' epilogue through EpilogueStage (one staging tile after the
+// stages: the consumers wait for it to be drained, ~one item ago, then fill it; warps 1–3 of the producer warpgroup
+// walk the same units, wait for it to be filled, drain it, then release it).
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
 // a_map's box is 64 rows; kLora: lora_* set, lora_r even.
-template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false, bool kStreamK = false>
+template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false, bool kStreamK = false,
+          bool kEpilogueWarps = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
@@ -1747,11 +1824,16 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   constexpr unsigned kLoraTileBytes = kBlockN * kBlockK * sizeof(__nv_bfloat16);
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   static_assert(!kStreamK || !kClusterA, "stream-K: one CTA per unit");
+  static_assert(!kEpilogueWarps || (kConsumers == 2 && !kClusterA && !kLora && !kStreamK && kBlockN % 32 == 0),
+                "epilogue warps: the plain BLOCK_M 128 kernel");
+  using Stage = EpilogueStage<kBlockM, kBlockN>;
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
   __nv_bfloat16* lora_b_tile = stages + kStages * kStageElems;  // kLoraWgmma: [kBlockN][kBlockK] swizzled
+  auto* epilogue_stage = reinterpret_cast<uint32_t*>(stages + kStages * kStageElems);  // kEpilogueWarps: Stage
   __shared__ uint64_t full[kStages], empty[kStages];
+  __shared__ uint64_t stage_full, stage_empty;  // kEpilogueWarps: the staging tile filled / drained
   __shared__ uint64_t lora_full, lora_empty;  // kLoraWgmma: lora_b_tile loaded / released by every consumer warp
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -1761,6 +1843,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     if constexpr (kLoraWgmma) {
       mbarrier_init(&lora_full, 1);
       mbarrier_init(&lora_empty, 4 * kConsumers);
+    }
+    if constexpr (kEpilogueWarps) {
+      mbarrier_init(&stage_full, 128 * kConsumers);  // every consumer thread after its stores
+      mbarrier_init(&stage_empty, Stage::kThreads);  // every epilogue thread after its reads
     }
     if constexpr (kClusterA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1828,6 +1914,16 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           ++lora_loads;
         }
       });
+    } else if (kEpilogueWarps && p.epilogue_warps && threadIdx.x >= 32) {  // warps 1–3: the staged epilogues
+      int drained = 0;
+      for (int id = first; id < units; id += stride) {
+        const int2 work = work_of(id);
+        if (work.x >= num_tiles || !Stage::takes(p, work.y)) continue;
+        mbarrier_wait(&stage_full, drained & 1);
+        Stage::drain(p, epilogue_stage, work, int(threadIdx.x) - 32);
+        mbarrier_arrive(&stage_empty);
+        ++drained;
+      }
     }
   } else {  // consumer warpgroups
     if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
@@ -1839,7 +1935,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       if constexpr (kClusterA) mbarrier_arrive_cluster(&empty[stage], rank ^ 1u);
     };
     const int row0 = consumer * 64 + warp_in_group * 16;
-    int it = 0, lora_loads = 0;
+    int it = 0, lora_loads = 0, staged = 0;
     // One k-tile of the item in `acc`: issue() waits for its stage and issues its wgmmas; retire(), after
     // whatever runs while they are in flight, releases the previous k-tile's stage once its wgmmas retired.
     auto issue = [&](float (&acc)[kAcc]) {
@@ -1904,12 +2000,26 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         else return piece < 0 || stream_k_merge<128 * kConsumers>(p, plan, acc, id - plan.dp_units, piece, first, kb,
                                                                   ke, k_tiles, int(threadIdx.x) - 128, &sk_last);
       };
+      // kEpilogueWarps: a fused item's outputs into the staging tile (drained by now, normally long since) for
+      // the epilogue warps; whether it went there
+      auto staged_epilogue = [&](const EpilogueInputs<kBlockM, kBlockN>& in) {
+        if constexpr (kEpilogueWarps) {
+          if (!Stage::takes(p, work.y)) return false;
+          mbarrier_wait(&stage_empty, (staged & 1) ^ 1);
+          Stage::put(epilogue_stage, in.pair, p.pairs, row0, lane, in.bias, acc);
+          mbarrier_arrive(&stage_full);
+          ++staged;
+          return true;
+        }
+        return false;
+      };
       if constexpr (kBlockN == 128 && kConsumers == 2) {
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
         k_loop();
         finish(acc);
         if (!completes()) return;
         if constexpr (kLora) add_lora(in);
+        if (staged_epilogue(in)) return;
         persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       } else {
         k_loop();
@@ -1917,6 +2027,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         if (!completes()) return;
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
         if constexpr (kLora) add_lora(in);
+        if (staged_epilogue(in)) return;
         persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       }
     });
@@ -2247,6 +2358,7 @@ MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
+bool gemm_epilogue_warps = false;                   // set_moe_gemm_epilogue_warps
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
@@ -2448,13 +2560,16 @@ struct PreparedPersistentKernel {
   PreparedKernel kernel;
   int ctas_per_sm;
 };
-template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kStreamK = false>
+template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kStreamK = false,
+          bool kEpilogueWarps = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
   // + the BLOCK_M 128 LoRA kernels' B slice buffer (lora_wgmma): 16–32 KB, within the 227 KB a CTA may hold
   const size_t lora_tile_bytes = kLora && kConsumers == 2 ? size_t(kBlockN) * kBlockK * sizeof(__nv_bfloat16) : 0;
-  const size_t shared_bytes =
-      size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + lora_tile_bytes + 1024;
-  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kStreamK>;
+  // + the epilogue warps' staging tile (EpilogueStage: 51 KB at BLOCK_N 192, 35 KB at 128)
+  const size_t stage_bytes = kEpilogueWarps ? size_t(EpilogueStage<64 * kConsumers, kBlockN>::kBytes) : 0;
+  const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) +
+                              lora_tile_bytes + stage_bytes + 1024;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kStreamK, kEpilogueWarps>;
   constexpr int kThreads = 128 * (kConsumers + 1);
   static const int ctas_per_sm = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
@@ -2697,8 +2812,14 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
         with_maps.lora_wgmma = true;
         with_maps.lora_b_map = tensor_map_2d(params.lora_b, b_rows, params.lora_r, block_n, "the MoE-LoRA B stack");
       }
+      // set_moe_gemm_epilogue_warps: the fused activation by the producer warpgroup's idle warps, at one stage
+      // fewer (the staging tile takes its place in shared memory)
+      with_maps.epilogue_warps = gemm_epilogue_warps && large && !lora && !sk && params.fuse_activation &&
+                                 (block_n == 192 || block_n == 128);
       const PreparedPersistentKernel pk =
-          sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
+          with_maps.epilogue_warps ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, false, false, true>()
+                                                     : prepared_persistent_kernel<2, 128, 5, false, false, true>())
+          : sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
                         : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true, true>()
                                          : prepared_persistent_kernel<2, 128, 6, true, true>())
                      : (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, false, true>()
@@ -2775,6 +2896,7 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
+void set_moe_gemm_epilogue_warps(bool on) { gemm_epilogue_warps = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
 void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }
