@@ -787,9 +787,9 @@ TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
 // The fused gate_up epilogue by the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps; off by default
 // until the device measures it): the same arithmetic per element as the consumers' kFused form, so moe_block's
 // output is bit-identical with and without it, at both gate_up widths that take it, with gate_up's a in tile order
-// (the default) and by pair; items that do not take the stage (a partial last column block, output rows not a
-// multiple of 16 bytes) stay with the consumers. GPT-OSS-20B and Qwen3-30B-A3B shapes, a partial block, and one
-// case against the CPU oracle.
+// (the default) and by pair, with and without the MoE-LoRA in the accumulators; items that do not take the stage
+// (a partial last column block, output rows not a multiple of 16 bytes) stay with the consumers. GPT-OSS-20B and
+// Qwen3-30B-A3B shapes, a partial block, and one case against the CPU oracle.
 TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
   const std::vector<BlockCase> cases = {
       {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // GPT-OSS-20B
@@ -815,6 +815,23 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     cuda::set_moe_block_a_in_tile_order(true);
     cuda::set_moe_gemm_large_block_n(0);
   }
+  // With the MoE-LoRA in the accumulators (the path of a prompt with an adapter): bit-identical too, at both widths
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  for (const BlockCase& c : {BlockCase{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32},
+                             BlockCase{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}}) {
+    SCOPED_TRACE(describe(c) + ", LoRA in the accumulators");
+    const BlockData b = make_block_data(rng(), c);
+    for (int block_n : {0, 128, 192}) {
+      cuda::set_moe_gemm_large_block_n(block_n);
+      const OwnedTensor consumers = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_warps(true);
+      const OwnedTensor staged = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      EXPECT_TRUE(bitwise_equal(staged, consumers)) << "gate_up BLOCK_N " << block_n;
+    }
+    cuda::set_moe_gemm_large_block_n(0);
+  }
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
   const BlockCase c{1024, 8, 2, 512, 1000, kGptOss, kInterleaved, true};
   const BlockData b = make_block_data(rng(), c);
   const OwnedTensor want = cpu_block(cpu_, c, b, 16);

@@ -1819,13 +1819,14 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // LoraL1Prefetch's few registers only where they do not add spills (ptxas: BLOCK_M 64 and BLOCK_N 256 spill
   // in their LoRA section already)
   constexpr bool kLoraL1 = kLora && kConsumers == 2 && kBlockN <= 192;
-  // lora_wgmma's B slice buffer exists in the BLOCK_M 128 LoRA kernels (prepared_persistent_kernel sizes it)
-  constexpr bool kLoraWgmma = kLora && kConsumers == 2 && !kClusterA;
+  // lora_wgmma's B slice buffer exists in the BLOCK_M 128 LoRA kernels (prepared_persistent_kernel sizes it),
+  // except with kEpilogueWarps (the staging tile takes that shared memory)
+  constexpr bool kLoraWgmma = kLora && kConsumers == 2 && !kClusterA && !kEpilogueWarps;
   constexpr unsigned kLoraTileBytes = kBlockN * kBlockK * sizeof(__nv_bfloat16);
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   static_assert(!kStreamK || !kClusterA, "stream-K: one CTA per unit");
-  static_assert(!kEpilogueWarps || (kConsumers == 2 && !kClusterA && !kLora && !kStreamK && kBlockN % 32 == 0),
-                "epilogue warps: the plain BLOCK_M 128 kernel");
+  static_assert(!kEpilogueWarps || (kConsumers == 2 && !kClusterA && !kStreamK && kBlockN % 32 == 0),
+                "epilogue warps: the BLOCK_M 128 kernel without multicast or stream-K");
   using Stage = EpilogueStage<kBlockM, kBlockN>;
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
@@ -2564,8 +2565,9 @@ template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kSt
           bool kEpilogueWarps = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
   // + the BLOCK_M 128 LoRA kernels' B slice buffer (lora_wgmma): 16–32 KB, within the 227 KB a CTA may hold
-  const size_t lora_tile_bytes = kLora && kConsumers == 2 ? size_t(kBlockN) * kBlockK * sizeof(__nv_bfloat16) : 0;
-  // + the epilogue warps' staging tile (EpilogueStage: 51 KB at BLOCK_N 192, 35 KB at 128)
+  const size_t lora_tile_bytes =
+      kLora && kConsumers == 2 && !kEpilogueWarps ? size_t(kBlockN) * kBlockK * sizeof(__nv_bfloat16) : 0;
+  // + the epilogue warps' staging tile (EpilogueStage: 51 KB at BLOCK_N 192, 35 KB at 128), in place of that slice
   const size_t stage_bytes = kEpilogueWarps ? size_t(EpilogueStage<64 * kConsumers, kBlockN>::kBytes) : 0;
   const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) +
                               lora_tile_bytes + stage_bytes + 1024;
@@ -2814,11 +2816,15 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
       }
       // set_moe_gemm_epilogue_warps: the fused activation by the producer warpgroup's idle warps, at one stage
       // fewer (the staging tile takes its place in shared memory)
-      with_maps.epilogue_warps = gemm_epilogue_warps && large && !lora && !sk && params.fuse_activation &&
-                                 (block_n == 192 || block_n == 128);
+      // (with LoRA terms, not beside the main slot's B slice: lora_wgmma)
+      with_maps.epilogue_warps = gemm_epilogue_warps && large && !sk && params.fuse_activation &&
+                                 (block_n == 192 || block_n == 128) && !with_maps.lora_wgmma;
       const PreparedPersistentKernel pk =
-          with_maps.epilogue_warps ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, false, false, true>()
-                                                     : prepared_persistent_kernel<2, 128, 5, false, false, true>())
+          with_maps.epilogue_warps
+              ? (lora ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, true, false, true>()
+                                        : prepared_persistent_kernel<2, 128, 5, true, false, true>())
+                      : (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, false, false, true>()
+                                        : prepared_persistent_kernel<2, 128, 5, false, false, true>()))
           : sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
                         : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true, true>()
                                          : prepared_persistent_kernel<2, 128, 6, true, true>())
