@@ -51,9 +51,10 @@ void set_moe_lora_gemm_wgmma(bool on);
 // units cut along k over every CTA (on), or run whole (off, the default until the H200 measures it).
 // Process-wide.
 void set_moe_gemm_stream_k(bool on);
-// The persistent gate_up GEMMs with the fused activation (BLOCK_M 128; not beside the stream-K tail or set_moe_lora_gemm_wgmma): the activation and the
-// output stores by the producer warpgroup's idle warps from a shared staging tile (on), so the consumers go on
-// to the next item's MMAs, or by the consumers (off, the default until the device measures it). Process-wide.
+// The persistent gate_up GEMMs with the fused activation (BLOCK_M 128; not beside the stream-K tail or
+// set_moe_lora_gemm_wgmma): the activation and the output stores by the producer warpgroup's idle warps from a
+// shared staging tile (on), so the consumers go on to the next item's MMAs, or by the consumers (off, the default
+// until the device measures it). Process-wide.
 void set_moe_gemm_epilogue_warps(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
