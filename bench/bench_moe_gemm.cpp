@@ -587,6 +587,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       BENCH_CUDA(cudaStreamSynchronize(stream));
       print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name).c_str(), tokens, gate_up_bytes,
                 gate_up_flops, time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_warps(true);  // after: the activation by the producer warpgroup's idle warps
+      cuda::moe_gate_up(gate_up_lora(0), stream);  // kernel attributes, outside the graph
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", epilogue warps").c_str(), tokens,
+                gate_up_bytes, gate_up_flops, time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_warps(false);
       print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
     }
