@@ -2014,7 +2014,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         }
         return false;
       };
-      if constexpr (kBlockN == 128 && kConsumers == 2) {
+      // The epilogue's inputs before the k-loop where the registers allow (BLOCK_N 128; with kEpilogueWarps at 192
+      // too, whose consumers hold no activation: ptxas, no spills), else after it
+      if constexpr ((kBlockN == 128 || kEpilogueWarps) && kConsumers == 2) {
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
         k_loop();
         finish(acc);
