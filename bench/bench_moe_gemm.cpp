@@ -592,6 +592,11 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       BENCH_CUDA(cudaStreamSynchronize(stream));
       print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", epilogue warps").c_str(), tokens,
                 gate_up_bytes, gate_up_flops, time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_lora(true);  // after: the LoRA terms by those warps too
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", LoRA by the epilogue warps").c_str(),
+                tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_lora(false);
       cuda::set_moe_gemm_epilogue_warps(false);
       print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));

@@ -815,19 +815,43 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     cuda::set_moe_block_a_in_tile_order(true);
     cuda::set_moe_gemm_large_block_n(0);
   }
-  // With the MoE-LoRA in the accumulators (the path of a prompt with an adapter): bit-identical too, at both widths
+  // With the MoE-LoRA in the accumulators (the path of a prompt with an adapter): bit-identical too, at both widths.
+  // With the LoRA terms by the epilogue warps as well (set_moe_gemm_epilogue_lora), h is rounded twice where a
+  // token has an adapter: against the CPU oracle, and tokens without one bit-identical to the consumers' result.
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
-  for (const BlockCase& c : {BlockCase{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32},
-                             BlockCase{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}}) {
+  struct LoraCase {
+    BlockCase c;
+    int64_t stride;  // the oracle on every stride-th token
+  };
+  for (const LoraCase& k : {LoraCase{{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},
+                            LoraCase{{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}, 4}}) {
+    const BlockCase& c = k.c;
     SCOPED_TRACE(describe(c) + ", LoRA in the accumulators");
     const BlockData b = make_block_data(rng(), c);
+    const OwnedTensor want = cpu_block(cpu_, c, b, k.stride);
     for (int block_n : {0, 128, 192}) {
+      SCOPED_TRACE("gate_up BLOCK_N " + std::to_string(block_n));
       cuda::set_moe_gemm_large_block_n(block_n);
       const OwnedTensor consumers = run_block(c, b, true, stream_, 0);
       cuda::set_moe_gemm_epilogue_warps(true);
       const OwnedTensor staged = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_lora(true);
+      const OwnedTensor by_warps = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_lora(false);
       cuda::set_moe_gemm_epilogue_warps(false);
-      EXPECT_TRUE(bitwise_equal(staged, consumers)) << "gate_up BLOCK_N " << block_n;
+      EXPECT_TRUE(bitwise_equal(staged, consumers));
+      EXPECT_TRUE(close_to_oracle(every_nth_row(by_warps.view, k.stride), want)) << "LoRA by the epilogue warps";
+      int64_t base_rows = 0;
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        if (b.token_slot.view.ptr<int32_t>()[t] >= 0) continue;
+        ++base_rows;
+        const size_t row_bytes = size_t(c.hidden) * 2;
+        EXPECT_EQ(std::memcmp(static_cast<const char*>(by_warps.view.data) + size_t(t) * row_bytes,
+                              static_cast<const char*>(consumers.view.data) + size_t(t) * row_bytes, row_bytes),
+                  0)
+            << "token " << t << " (no adapter), LoRA by the epilogue warps";
+      }
+      EXPECT_GT(base_rows, 0);  // the data mixes tokens without an adapter in
     }
     cuda::set_moe_gemm_large_block_n(0);
   }

@@ -100,6 +100,8 @@ struct GemmKernelParams {
                                 // the item's k-loop (LoraL1Prefetch)
   bool epilogue_warps;          // persistent kernel with kEpilogueWarps: fused items' activation and stores by the
                                 // producer warpgroup's idle warps (EpilogueStage)
+  bool epilogue_lora;           // with epilogue_warps and kLora: the MoE-LoRA terms by those warps too
+                                // (EpilogueStage::drain_lora), none by the consumers
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -1671,6 +1673,56 @@ struct EpilogueStage {
       *reinterpret_cast<uint4*>(p.out + out_row * inter + work.y / 2 + 8 * chunk) = make_uint4(out[0], out[1], out[2], out[3]);
     }
   }
+
+  // Epilogue-warp side with the MoE-LoRA (p.epilogue_lora; the consumers staged acc + bias without it): epilogue
+  // warp w (0 .. 2) takes units w, w + 3, ... of 16 rows × 32 columns. Each lane holds its unit's staged values in
+  // the mma C layout (rows lane / 4 and + 8, columns 8j + 2(lane % 4) and + 1), adds z·B[slot, expert]ᵀ by
+  // add_lora_terms (mma.sync, one pass per distinct slot of the 16 rows), rounds h to bf16 again, applies the
+  // activation and stores through store_activated. h is rounded twice where a row has a slot (acc + bias, then
+  // + the LoRA term; NUMERICS.md), as PEFT adds a LoRA layer's output to the base layer's bf16 output; rows
+  // without a slot get exactly the consumers' result.
+  __device__ __forceinline__ static void drain_lora(const GemmKernelParams& p, const uint32_t* stage, int2 work,
+                                                    int expert, int w, int lane) {
+    constexpr int kColumns = 32, kUnitsPerRowGroup = kBlockN / kColumns;
+    static_assert(kBlockN % kColumns == 0);
+    const int g = lane / 4, t = lane % 4;
+    const int64_t inter = p.n / 2;
+    for (int u = w; u < (kBlockM / 16) * kUnitsPerRowGroup; u += kThreads / 32) {
+      const int rows16 = u / kUnitsPerRowGroup, c0 = (u % kUnitsPerRowGroup) * kColumns;  // c0: the unit's first column
+      int pair[2], tile_row[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        tile_row[half] = work.x * kBlockM + rows16 * 16 + g + 8 * half;
+        pair[half] = p.sorted_pairs[tile_row[half]];
+      }
+      if (!__any_sync(0xffffffffu, pair[0] < p.pairs || pair[1] < p.pairs)) continue;  // all padding
+      float acc[kColumns / 2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t* row = stage + (rows16 * 16 + g + 8 * half) * kStride + c0 / 2 + t;
+#pragma unroll
+        for (int j = 0; j < kColumns / 8; ++j) {
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + 4 * j));
+          acc[4 * j + 2 * half] = v.x;
+          acc[4 * j + 2 * half + 1] = v.y;
+        }
+      }
+      add_lora_terms<kColumns, kColumns / 8>(p, expert, work.y + c0, pair, lane, acc, LoraRows(p, pair));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool store = pair[half] < p.pairs;
+        float activated[kColumns / 8];
+#pragma unroll
+        for (int j = 0; j < kColumns / 8; ++j) {
+          const float gate = __bfloat162float(__float2bfloat16_rn(acc[4 * j + 2 * half]));
+          const float up = __bfloat162float(__float2bfloat16_rn(acc[4 * j + 2 * half + 1]));
+          activated[j] = activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
+        }
+        const int64_t out_row = p.out_by_row ? tile_row[half] : pair[half];
+        store_activated<kColumns>(p.out + (store ? out_row : 0) * inter, work.y + c0 + 2 * t, store, activated);
+      }
+    }
+  }
 };
 
 // The slot whose B slice lora_wgmma_pass adds for a tile of kBlockM rows: that of its middle row (a prompt's
@@ -1921,7 +1973,15 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         const int2 work = work_of(id);
         if (work.x >= num_tiles || !Stage::takes(p, work.y)) continue;
         mbarrier_wait(&stage_full, drained & 1);
-        Stage::drain(p, epilogue_stage, work, int(threadIdx.x) - 32);
+        bool lora_drained = false;
+        if constexpr (kLora) {
+          if (p.epilogue_lora) {
+            Stage::drain_lora(p, epilogue_stage, work, p.tile_group[work.x], int(threadIdx.x) / 32 - 1,
+                              int(threadIdx.x) % 32);
+            lora_drained = true;
+          }
+        }
+        if (!lora_drained) Stage::drain(p, epilogue_stage, work, int(threadIdx.x) - 32);
         mbarrier_arrive(&stage_empty);
         ++drained;
       }
@@ -2001,6 +2061,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         else return piece < 0 || stream_k_merge<128 * kConsumers>(p, plan, acc, id - plan.dp_units, piece, first, kb,
                                                                   ke, k_tiles, int(threadIdx.x) - 128, &sk_last);
       };
+      // kEpilogueWarps with p.epilogue_lora: the item's LoRA terms are the epilogue warps' (EpilogueStage::drain_lora)
+      auto lora_by_epilogue_warps = [&]() { return kEpilogueWarps && p.epilogue_lora && Stage::takes(p, work.y); };
       // kEpilogueWarps: a fused item's outputs into the staging tile (drained by now, normally long since) for
       // the epilogue warps; whether it went there
       auto staged_epilogue = [&](const EpilogueInputs<kBlockM, kBlockN>& in) {
@@ -2021,7 +2083,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         k_loop();
         finish(acc);
         if (!completes()) return;
-        if constexpr (kLora) add_lora(in);
+        if constexpr (kLora) {
+          if (!lora_by_epilogue_warps()) add_lora(in);
+        }
         if (staged_epilogue(in)) return;
         persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       } else {
@@ -2029,7 +2093,9 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         finish(acc);
         if (!completes()) return;
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
-        if constexpr (kLora) add_lora(in);
+        if constexpr (kLora) {
+          if (!lora_by_epilogue_warps()) add_lora(in);
+        }
         if (staged_epilogue(in)) return;
         persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       }
@@ -2362,6 +2428,7 @@ bool gemm_multicast = false;                        // set_moe_gemm_multicast (m
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_epilogue_warps = false;                   // set_moe_gemm_epilogue_warps
+bool gemm_epilogue_lora = false;                    // set_moe_gemm_epilogue_lora
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
@@ -2821,6 +2888,8 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
       // (with LoRA terms, not beside the main slot's B slice: lora_wgmma)
       with_maps.epilogue_warps = gemm_epilogue_warps && large && !sk && params.fuse_activation &&
                                  (block_n == 192 || block_n == 128) && !with_maps.lora_wgmma;
+      // set_moe_gemm_epilogue_lora: the LoRA terms of the staged items by those warps too
+      with_maps.epilogue_lora = with_maps.epilogue_warps && lora && gemm_epilogue_lora;
       const PreparedPersistentKernel pk =
           with_maps.epilogue_warps
               ? (lora ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, true, false, true>()
@@ -2905,6 +2974,7 @@ void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_epilogue_warps(bool on) { gemm_epilogue_warps = on; }
+void set_moe_gemm_epilogue_lora(bool on) { gemm_epilogue_lora = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
 void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }

@@ -56,6 +56,11 @@ void set_moe_gemm_stream_k(bool on);
 // shared staging tile (on), so the consumers go on to the next item's MMAs, or by the consumers (off, the default
 // until the device measures it). Process-wide.
 void set_moe_gemm_epilogue_warps(bool on);
+// With the epilogue warps and the MoE-LoRA in the persistent gate_up GEMM's accumulators: the LoRA terms of the
+// staged items added by the epilogue warps as well (on), after the consumers staged acc + bias, so h is rounded
+// to bf16 twice where a row has an adapter (NUMERICS.md), or by the consumers before staging (off, the default
+// until the device measures it). Process-wide.
+void set_moe_gemm_epilogue_lora(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
