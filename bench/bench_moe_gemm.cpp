@@ -317,16 +317,21 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
   if (const char* rounds = std::getenv("BENCH_EPILOGUE_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
     // Only moe_block with gate_up's fused epilogue by the consumers and by the producer warpgroup's idle warps
     // (set_moe_gemm_epilogue_warps) in turn, `rounds` times, then the next T.
+    // Third row: down's store form through them too (set_moe_gemm_epilogue_down; down at BLOCK_N 192, not 240).
     for (int r = 0; r < std::atoi(rounds); ++r) {
-      for (bool on : {false, true}) {
-        cuda::set_moe_gemm_epilogue_warps(on);
+      for (int form = 0; form < 3; ++form) {
+        cuda::set_moe_gemm_epilogue_warps(form > 0);
+        cuda::set_moe_gemm_epilogue_down(form == 2);
         block(0);  // kernel attributes, outside the graph
         BENCH_CUDA(cudaStreamSynchronize(stream));
-        print_row(on ? "block (no LoRA), epilogue warps" : "block (no LoRA), epilogue by the consumers", tokens,
-                  align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+        print_row(form == 0   ? "block (no LoRA), epilogue by the consumers"
+                  : form == 1 ? "block (no LoRA), epilogue warps"
+                              : "block (no LoRA), epilogue warps, down too",
+                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
                   time([&](int i) { block(i % kCopies); }));
       }
     }
+    cuda::set_moe_gemm_epilogue_down(false);
     cuda::set_moe_gemm_epilogue_warps(false);
     return;
   }

@@ -788,8 +788,9 @@ TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
 // until the device measures it): the same arithmetic per element as the consumers' kFused form, so moe_block's
 // output is bit-identical with and without it, at both gate_up widths that take it, with gate_up's a in tile order
 // (the default) and by pair, with and without the MoE-LoRA in the accumulators; items that do not take the stage
-// (a partial last column block, output rows not a multiple of 16 bytes) stay with the consumers. GPT-OSS-20B and
-// Qwen3-30B-A3B shapes, a partial block, and one case against the CPU oracle.
+// (a partial last column block, output rows not a multiple of 16 bytes) stay with the consumers; down's store form
+// through them too (set_moe_gemm_epilogue_down). GPT-OSS-20B and Qwen3-30B-A3B shapes, a partial block, and one
+// case against the CPU oracle.
 TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
   const std::vector<BlockCase> cases = {
       {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // GPT-OSS-20B
@@ -814,6 +815,18 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     }
     cuda::set_moe_block_a_in_tile_order(true);
     cuda::set_moe_gemm_large_block_n(0);
+    // down through the epilogue warps too (set_moe_gemm_epilogue_down), against the consumers at the same width
+    for (int down_n : {128, 192}) {
+      cuda::set_moe_block_down_block_n(down_n);
+      const OwnedTensor consumers = run_block(c, b, false, stream_);
+      cuda::set_moe_gemm_epilogue_warps(true);
+      cuda::set_moe_gemm_epilogue_down(true);
+      const OwnedTensor staged = run_block(c, b, false, stream_);
+      cuda::set_moe_gemm_epilogue_down(false);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      EXPECT_TRUE(bitwise_equal(staged, consumers)) << "down at BLOCK_N " << down_n << " by the epilogue warps";
+    }
+    cuda::set_moe_block_down_block_n(0);
   }
   // With the MoE-LoRA in the accumulators (the path of a prompt with an adapter): bit-identical too, at both widths.
   // With the LoRA terms by the epilogue warps as well (set_moe_gemm_epilogue_lora), h is rounded twice where a

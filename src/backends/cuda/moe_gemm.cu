@@ -1607,7 +1607,8 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
 // The fused epilogue handed to the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps). The consumers
 // add the bias and round (gate, up) to bf16 as store_tile does, write the pairs into a shared staging tile and
 // go straight on to the next item's wgmmas; warps 1–3 of the producer warpgroup (warp 0's lane 0 issues the
-// copies) apply the activation and store the outputs 16 bytes a thread while those wgmmas run. Perf-log run 244:
+// copies) apply the activation and store the outputs 16 bytes a thread while those wgmmas run. The store form
+// (down, set_moe_gemm_epilogue_down) stages its bf16 pairs the same way, and those warps only store them. Perf-log run 244:
 // the activation's arithmetic was 67 of gate_up's 549 µs at GPT-OSS-20B T 1600, with the tensor cores idle.
 // The staging tile: [kBlockM rows][kBlockN / 2 + 4] 32-bit words, word w of a row = the bf16 (gate, up) pair
 // of output column work.y / 2 + w; the 4 words of padding put the 8 rows of a consumer store's lanes on distinct
@@ -1619,12 +1620,13 @@ struct EpilogueStage {
   static constexpr int kChunks = kBlockN / 16;                       // 8-output chunks a row
   static constexpr int kThreads = 96;                                // warps 1–3 of the producer warpgroup
 
-  // Whether the item at column block `first_column` goes through the stage: the fused form (epilogue_case, as
-  // EpilogueInputs picks it) with 16-byte aligned output rows. Consumers and epilogue warps decide alike.
+  // Whether the item at column block `first_column` goes through the stage: the fused form or the store form
+  // (down; epilogue_case, as EpilogueInputs picks it) with 16-byte aligned output rows. Consumers and epilogue
+  // warps decide alike.
   __device__ __forceinline__ static bool takes(const GemmKernelParams& p, int first_column) {
-    return p.epilogue_warps && p.compact_epilogue &&
-           epilogue_case(p, first_column, kBlockN, kBlockM == 128 && kBlockN == 128) == Epilogue::kFused &&
-           (p.n / 2) % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+    if (!p.epilogue_warps || !p.compact_epilogue || reinterpret_cast<uintptr_t>(p.out) % 16 != 0) return false;
+    const Epilogue how = epilogue_case(p, first_column, kBlockN, kBlockM == 128 && kBlockN == 128);
+    return (how == Epilogue::kFused && (p.n / 2) % 8 == 0) || (how == Epilogue::kStore && p.n % 8 == 0);
   }
 
   // Consumer side: the thread's accumulators (rows row0 + lane / 4 and + 8) plus bias, rounded, into the stage.
@@ -1641,6 +1643,23 @@ struct EpilogueStage {
         __nv_bfloat162 bits = __floats2bfloat162_rn(acc[4 * j + 2 * half] + b.x, acc[4 * j + 2 * half + 1] + b.y);
         row[4 * j] = *reinterpret_cast<uint32_t*>(&bits);
       }
+    }
+  }
+
+  // Epilogue-warp side of the store form (down: the staged bf16 pairs are the outputs): thread e stores chunks e,
+  // e + kThreads, ... of 16 columns, 32 bytes each.
+  __device__ __forceinline__ static void drain_store(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
+    for (int c = e; c < kBlockM * kChunks; c += kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks;
+      const int tile_row = work.x * kBlockM + row;
+      const int pair = p.sorted_pairs[tile_row];
+      if (pair >= p.pairs) continue;
+      const uint4* src = reinterpret_cast<const uint4*>(stage + row * kStride + 8 * chunk);
+      const uint4 lo = src[0], hi = src[1];
+      const int64_t out_row = p.out_by_row ? tile_row : pair;
+      auto* dst = reinterpret_cast<uint4*>(p.out + out_row * p.n + work.y + 16 * chunk);
+      dst[0] = lo;
+      dst[1] = hi;
     }
   }
 
@@ -1981,7 +2000,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
             lora_drained = true;
           }
         }
-        if (!lora_drained) Stage::drain(p, epilogue_stage, work, int(threadIdx.x) - 32);
+        if (!lora_drained) {
+          if (p.fuse_activation) Stage::drain(p, epilogue_stage, work, int(threadIdx.x) - 32);
+          else Stage::drain_store(p, epilogue_stage, work, int(threadIdx.x) - 32);
+        }
         mbarrier_arrive(&stage_empty);
         ++drained;
       }
@@ -2429,6 +2451,7 @@ bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epil
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_epilogue_warps = false;                   // set_moe_gemm_epilogue_warps
 bool gemm_epilogue_lora = false;                    // set_moe_gemm_epilogue_lora
+bool gemm_epilogue_down = false;                    // set_moe_gemm_epilogue_down
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
@@ -2457,9 +2480,12 @@ int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : ot
 // T 1600 64 tiles × 12 blocks are 5.8 rounds of 132 CTAs (6 paid) where × 15 blocks of 192 are 7.3 (8 paid).
 // Measured on an H100 (perf-log run 187, three rounds each): block T 1600 896 → 877 µs, T 4096 1870 → 1851,
 // T 3072 1443 → 1419, T 2048 level; prefill of one 1600-token prompt 30.38 → 29.91 ms.
+// With the epilogue warps on down (set_moe_gemm_epilogue_down) it stays at 192: 240's 4 stages of 47 KB leave no
+// room for the staging tile.
 int down_block_n_for(int64_t n, bool plain) {
   const int by_width = large_block_n_for(n, 256);
-  return plain && by_width == 192 && n % 240 == 0 ? 240 : by_width;
+  const bool staged = gemm_epilogue_warps && gemm_epilogue_down;
+  return plain && by_width == 192 && n % 240 == 0 && !staged ? 240 : by_width;
 }
 // The fold measured slower with the per-column epilogue (perf-log runs 34-35: prefill 1600 with an adapter
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
@@ -2886,10 +2912,11 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
       // set_moe_gemm_epilogue_warps: the fused activation by the producer warpgroup's idle warps, at one stage
       // fewer (the staging tile takes its place in shared memory)
       // (with LoRA terms, not beside the main slot's B slice: lora_wgmma)
-      with_maps.epilogue_warps = gemm_epilogue_warps && large && !sk && params.fuse_activation &&
+      // (set_moe_gemm_epilogue_down: the store form too)
+      with_maps.epilogue_warps = gemm_epilogue_warps && large && !sk && (params.fuse_activation || gemm_epilogue_down) &&
                                  (block_n == 192 || block_n == 128) && !with_maps.lora_wgmma;
-      // set_moe_gemm_epilogue_lora: the LoRA terms of the staged items by those warps too
-      with_maps.epilogue_lora = with_maps.epilogue_warps && lora && gemm_epilogue_lora;
+      // set_moe_gemm_epilogue_lora: the LoRA terms of the staged items by those warps too (fused form only)
+      with_maps.epilogue_lora = with_maps.epilogue_warps && lora && gemm_epilogue_lora && params.fuse_activation;
       const PreparedPersistentKernel pk =
           with_maps.epilogue_warps
               ? (lora ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, true, false, true>()
@@ -2975,6 +3002,7 @@ void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_epilogue_warps(bool on) { gemm_epilogue_warps = on; }
 void set_moe_gemm_epilogue_lora(bool on) { gemm_epilogue_lora = on; }
+void set_moe_gemm_epilogue_down(bool on) { gemm_epilogue_down = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
 void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }

@@ -61,6 +61,10 @@ void set_moe_gemm_epilogue_warps(bool on);
 // to bf16 twice where a row has an adapter (NUMERICS.md), or by the consumers before staging (off, the default
 // until the device measures it). Process-wide.
 void set_moe_gemm_epilogue_lora(bool on);
+// With the epilogue warps: the persistent GEMMs' store form (moe_block's down) through them too (on; down then
+// stays at BLOCK_N 192 instead of 240, whose stages leave no room for the staging tile), or by the consumers
+// (off, the default until the device measures it). Process-wide.
+void set_moe_gemm_epilogue_down(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
