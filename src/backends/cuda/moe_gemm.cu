@@ -1646,33 +1646,37 @@ struct EpilogueStage {
     }
   }
 
-  // Epilogue-warp side of the store form (down: the staged bf16 pairs are the outputs): thread e stores chunks e,
-  // e + kThreads, ... of 16 columns, 32 bytes each.
-  __device__ __forceinline__ static void drain_store(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
+  // Calls f(src, out_row, chunk) for thread e's staged chunks e, e + kThreads, ... of real rows (32 bytes each:
+  // the 16 bf16 values of columns 16·chunk ..): src in the staging tile, out_row the row of p.out they go to.
+  template <typename F>
+  __device__ __forceinline__ static void for_staged_chunks(const GemmKernelParams& p, const uint32_t* stage, int2 work,
+                                                           int e, F&& f) {
     for (int c = e; c < kBlockM * kChunks; c += kThreads) {
       const int row = c / kChunks, chunk = c % kChunks;
       const int tile_row = work.x * kBlockM + row;
       const int pair = p.sorted_pairs[tile_row];
       if (pair >= p.pairs) continue;
-      const uint4* src = reinterpret_cast<const uint4*>(stage + row * kStride + 8 * chunk);
+      f(reinterpret_cast<const uint4*>(stage + row * kStride + 8 * chunk),
+        p.out_by_row ? int64_t(tile_row) : int64_t(pair), chunk);
+    }
+  }
+
+  // Epilogue-warp side of the store form (down: the staged bf16 pairs are the outputs): thread e stores chunks e,
+  // e + kThreads, ... of 16 columns, 32 bytes each.
+  __device__ __forceinline__ static void drain_store(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
+    for_staged_chunks(p, stage, work, e, [&](const uint4* src, int64_t out_row, int chunk) {
       const uint4 lo = src[0], hi = src[1];
-      const int64_t out_row = p.out_by_row ? tile_row : pair;
       auto* dst = reinterpret_cast<uint4*>(p.out + out_row * p.n + work.y + 16 * chunk);
       dst[0] = lo;
       dst[1] = hi;
-    }
+    });
   }
 
   // Epilogue-warp side: thread e (0 .. kThreads - 1) activates and stores chunks e, e + kThreads, ... of the
   // staged tile of `work`.
   __device__ __forceinline__ static void drain(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
     const int64_t inter = p.n / 2;
-    for (int c = e; c < kBlockM * kChunks; c += kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks;
-      const int tile_row = work.x * kBlockM + row;
-      const int pair = p.sorted_pairs[tile_row];
-      if (pair >= p.pairs) continue;
-      const uint4* src = reinterpret_cast<const uint4*>(stage + row * kStride + 8 * chunk);
+    for_staged_chunks(p, stage, work, e, [&](const uint4* src, int64_t out_row, int chunk) {
       uint32_t in[8];
       *reinterpret_cast<uint4*>(in) = src[0];
       *reinterpret_cast<uint4*>(in + 4) = src[1];
@@ -1688,9 +1692,8 @@ struct EpilogueStage {
         __nv_bfloat162 bits = __floats2bfloat162_rn(a[0], a[1]);
         out[k] = *reinterpret_cast<uint32_t*>(&bits);
       }
-      const int64_t out_row = p.out_by_row ? tile_row : pair;
       *reinterpret_cast<uint4*>(p.out + out_row * inter + work.y / 2 + 8 * chunk) = make_uint4(out[0], out[1], out[2], out[3]);
-    }
+    });
   }
 
   // Epilogue-warp side with the MoE-LoRA (p.epilogue_lora; the consumers staged acc + bias without it): epilogue
