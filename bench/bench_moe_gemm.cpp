@@ -573,18 +573,22 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     OwnedTensor z_host = OwnedTensor::host(DType::F32, {pairs, kRank});
     for (int64_t i = 0; i < z_host.view.numel(); ++i) z_host.view.ptr<float>()[i] = rng.normal();
     const OwnedTensor lora_z = cuda::upload(z_host);
+    const OwnedTensor lora_z_rows = cuda::empty(DType::BF16, {capacity, 64});  // set_moe_gemm_lora_ktile's scratch
+    const OwnedTensor lora_tile_slots = cuda::empty(DType::I32, {capacity / block_m});
     // (not for the halves layout: its gate_up never carries LoRA terms in the GEMM, moe_gate_up refuses them)
     for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters"}}) {
       if (m.layout == ops::GateUpLayout::kHalves) break;
       auto gate_up_lora = [&](int layer) {
         cuda::MoeGateUpParams p = gate_up_gathered(layer, 0, 8);
-        p.lora = {.z = lora_z, .b = lora_b_gate_up, .rank = lora_rank, .token_slot = *slots};
+        p.lora = {.z = lora_z, .b = lora_b_gate_up, .rank = lora_rank, .token_slot = *slots, .z_rows = lora_z_rows,
+                  .tile_slots = lora_tile_slots};
         return p;
       };
       auto down_lora = [&](int layer) {
         cuda::MoeDownParams p = down_gathered(layer, 256, 8);
         p.top_k = K;
-        p.lora = {.z = lora_z, .b = lora_b_down, .rank = lora_rank, .token_slot = *slots};
+        p.lora = {.z = lora_z, .b = lora_b_down, .rank = lora_rank, .token_slot = *slots, .z_rows = lora_z_rows,
+                  .tile_slots = lora_tile_slots};
         return p;
       };
       cuda::moe_gate_up(gate_up_lora(0), stream);  // kernel attributes, outside the graph
@@ -603,8 +607,17 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
       cuda::set_moe_gemm_epilogue_lora(false);
       cuda::set_moe_gemm_epilogue_warps(false);
+      cuda::set_moe_gemm_lora_ktile(true);  // after: the main slot's term as one more k-tile of the ring
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", main slot as a k-tile").c_str(),
+                tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_lora_ktile(false);
       print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_lora_ktile(true);
+      print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name + ", main slot as a k-tile").c_str(),
+                tokens, down_bytes, down_flops, time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_lora_ktile(false);
     }
     lora_block_rows("in the accumulators, rows by slot");
     print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,

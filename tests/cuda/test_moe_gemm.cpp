@@ -923,6 +923,59 @@ TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
 }
 
+// set_moe_gemm_lora_ktile: each tile's main slot of full rank (slot 4 here: make_stack gives it the capacity R;
+// slots 1 and 5 rank R - 3, slot 2 rank 8, slot 3 random) as one more k-tile of the persistent ring, the other
+// slots' rows by add_lora_terms, against the oracle (on every stride-th token): one slot everywhere (every tile
+// by the k-tile), half the tokens on it (tiles of mixed slots: the other rows by add_lora_terms), random slots
+// (main slots of every rank: tiles without the k-tile); at each BLOCK_N, with the stream-K tail on (the form
+// stands aside: whole units only), beside the epilogue warps (their LoRA form stands aside too), and where R is
+// 16 / 64 (the whole box) or not a multiple of 16 (no main slot: add_lora_terms alone).
+TEST_F(CudaMoeGemm, LoraKtileMatchesCpu) {
+  struct Case {
+    BlockCase c;
+    int64_t stride;  // the oracle on every stride-th token
+  };
+  const std::vector<Case> cases = {
+      {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
+      {{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 6, 16, 64}, 1},      // R 16 and 64 (the whole box)
+      {{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 24}, 4},      // down's R 24: no main slot
+  };
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  for (const Case& k : cases) {
+    BlockData b = make_block_data(rng(), k.c);
+    const std::vector<int32_t> random_slots(b.token_slot.view.ptr<int32_t>(),
+                                            b.token_slot.view.ptr<int32_t>() + k.c.tokens);
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      SCOPED_TRACE(describe(k.c) + (pattern == 0 ? " slot 4 everywhere" : pattern == 1 ? " half on slot 4" : " random slots"));
+      for (int64_t t = 0; t < k.c.tokens; ++t) {
+        const bool on_4 = pattern == 0 || (pattern == 1 && t < k.c.tokens / 2);
+        b.token_slot.view.ptr<int32_t>()[t] = on_4 ? 4 : random_slots[size_t(t)];
+      }
+      b.d_slot = cuda::upload(b.token_slot);
+      const OwnedTensor want = cpu_block(cpu_, k.c, b, k.stride);
+      cuda::set_moe_gemm_lora_ktile(true);
+      for (int block_n : {128, 192, 256}) {
+        cuda::set_moe_gemm_large_block_n(block_n);
+        EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+            << "BLOCK_N " << block_n;
+      }
+      cuda::set_moe_gemm_large_block_n(0);
+      cuda::set_moe_gemm_stream_k(true);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "with the stream-K tail";
+      cuda::set_moe_gemm_stream_k(false);
+      cuda::set_moe_gemm_epilogue_warps(true);
+      cuda::set_moe_gemm_epilogue_lora(true);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "beside the epilogue warps";
+      cuda::set_moe_gemm_epilogue_lora(false);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      cuda::set_moe_gemm_lora_ktile(false);
+    }
+  }
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+}
+
 // LoRA stacks present but no token with an adapter (all slots -1, or only the rank-0 slot 0): the output
 // is bit-identical to moe_block without the stacks (fused path), so a base request does not depend on
 // the other requests of its batch.

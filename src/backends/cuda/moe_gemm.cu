@@ -125,6 +125,15 @@ struct GemmKernelParams {
   bool lora_wgmma;
   int lora_slots;  // S of lora_b (the map's rows: S · weight_rows)
   CUtensorMap lora_b_map;
+  // Persistent kernel with kLora (set_moe_gemm_lora_ktile): the main slot's term as one more k-tile of the ring
+  // (lora_ktile_slot), A = the slot's z rows in tile order in bf16 (z_map over MoeGemmLora::z_rows, [capacity,
+  // 64], ranks past R zero) and B = B[slot, expert] by lora_b_map (columns past R zero-filled by TMA).
+  bool lora_ktile;
+  CUtensorMap z_map;
+  __nv_bfloat16* lora_z_rows;  // MoeGemmLora::z_rows: z_rows_kernel's output, z_map's tensor (host: null = no k-tile)
+  int64_t lora_z_rows_capacity;
+  int32_t* lora_tile_slots;    // MoeGemmLora::tile_slots: each tile's lora_ktile_slot, written by z_rows_kernel
+  int64_t lora_tile_slots_capacity;
   // The BLOCK_M 16 decode GEMM on MXFP4 experts (MoeMxfp4Weight; null: the bf16 weight): the weight in the
   // decode layout of ops/mxfp4.h, blocks [E, in/64, n, 32] and scales [E, in/64, n, 2] U8.
   const uint8_t* fp4_blocks;
@@ -1765,6 +1774,43 @@ __device__ __forceinline__ int lora_main_slot(const GemmKernelParams& p, int til
   return -1;
 }
 
+// lora_ktile: the slot whose term a tile of kBlockM rows adds as one more k-tile, or -1: its main slot where that
+// slot's rank is the stack's whole capacity R (B's ranks past a smaller rank may hold anything, NaN included, and
+// the k-tile multiplies all 64 columns; those tiles keep add_lora_terms). The producer and the consumers ask it
+// alike (through z_rows_kernel's lora_tile_slots), so both see the same k-tile count.
+template <int kBlockM>
+__device__ __forceinline__ int lora_ktile_slot(const GemmKernelParams& p, int tile) {
+  const int slot = lora_main_slot<kBlockM>(p, tile);
+  return slot >= 0 && __ldg(p.lora_rank + slot) == p.lora_r ? slot : -1;
+}
+
+// lora_ktile's A operand: row r of the tiles (8 threads a row, 8 ranks each) = z[pair] in bf16 at ranks < R where
+// the row's slot is its tile's lora_ktile_slot, zeros elsewhere (rows of other slots or none, padding rows, ranks
+// R .. 63); and each tile's lora_ktile_slot into lora_tile_slots, which the GEMM's producer and consumers read
+// (one load an item instead of lora_main_slot's chain of three). Rows of tiles past num_tiles are left alone.
+// PRECOND: R % 8 == 0, R <= 64; lora_z 8-byte aligned; lora_z_rows 16-byte aligned; blockDim.x == 256.
+template <int kBlockM>
+__global__ static void __launch_bounds__(256) z_rows_kernel(const __grid_constant__ GemmKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh), behind the shrink that wrote z
+  const int row = int(blockIdx.x) * 32 + int(threadIdx.x) / 8, chunk = int(threadIdx.x) % 8;
+  if (row >= *p.num_tiles * kBlockM) return;
+  const int slot = lora_ktile_slot<kBlockM>(p, row / kBlockM);
+  if (row % kBlockM == 0 && chunk == 0) p.lora_tile_slots[row / kBlockM] = slot;
+  const int pair = p.sorted_pairs[row];
+  const bool take = slot >= 0 && pair < p.pairs && __ldg(p.lora_slot + pair / p.lora_top_k) == slot;
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = chunk * 8 + 2 * i;
+    const float2 v = take && k < p.lora_r ? *reinterpret_cast<const float2*>(p.lora_z + int64_t(pair) * p.lora_r + k)
+                                          : make_float2(0.0f, 0.0f);
+    const __nv_bfloat162 bits = __floats2bfloat162_rn(v.x, v.y);
+    words[i] = *reinterpret_cast<const uint32_t*>(&bits);
+  }
+  *reinterpret_cast<uint4*>(p.lora_z_rows + int64_t(row) * 64 + chunk * 8) = make_uint4(words[0], words[1], words[2],
+                                                                                         words[3]);
+}
+
 // acc += z·B[slot]ᵀ for the warp's rows of `slot` (rank `rank`, a multiple of 16), B from the tile's TMA'd
 // slice b_tile [kBlockN, 64] (128-byte swizzle, K-major); the rows of other slots, without one, or padding add
 // exact zeros. z goes in as bf16 hi + lo (16 significant bits), as in add_lora_terms: per 16 ranks two
@@ -1979,6 +2025,20 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
             tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
           }
         }
+        // lora_ktile: the main slot's term as one more k-tile (whole units only, as the consumers)
+        if constexpr (kLora) {
+          const int ktile_slot = p.lora_ktile && piece < 0 ? p.lora_tile_slots[work.x] : -1;
+          if (ktile_slot >= 0) {
+            const int stage = it % kStages;
+            __nv_bfloat16* a_dst = stages + stage * kStageElems;
+            mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+            mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
+            tma_load_2d(a_dst, &p.z_map, 0, work.x * kBlockM, &full[stage]);
+            tma_load_2d(a_dst + kBlockM * kBlockK, &p.lora_b_map, 0,
+                        int(ktile_slot * p.weight_rows + int64_t(expert) * p.n + work.y), &full[stage]);
+            ++it;
+          }
+        }
         // lora_wgmma: the main slot's B slice of this whole unit, issued once its k-tiles are (the consumers
         // are then about kStages k-tiles from needing it; they released the previous unit's long before)
         if (lora_slot >= 0) {
@@ -2057,6 +2117,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       // lora_wgmma: the tile's main slot (as the producer chose it) and its rank, read while the k-loop runs
       const int main_slot = lora_wgmma && piece < 0 ? lora_main_slot<kBlockM>(p, work.x) : -1;
       const int main_rank = main_slot >= 0 ? __ldg(p.lora_rank + main_slot) : 0;
+      // lora_ktile: the slot whose term runs as the item's last k-tile (the producer's rule), read before the loop
+      const int ktile_slot = kLora && p.lora_ktile && piece < 0 ? p.lora_tile_slots[work.x] : -1;
       // kLora: the main slot's rows by warpgroup MMAs (lora_wgmma), then every other slot's by add_lora_terms
       auto add_lora = [&](const EpilogueInputs<kBlockM, kBlockN>& in) {
         LoraRows rows(p, in.pair);
@@ -2071,6 +2133,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
             for (int half = 0; half < 2; ++half) rows.pending[half] = rows.pending[half] && rows.slot[half] != main_slot;
           }
         }
+        if (ktile_slot >= 0) {  // those rows' term came with the k-loop
+#pragma unroll
+          for (int half = 0; half < 2; ++half) rows.pending[half] = rows.pending[half] && rows.slot[half] != ktile_slot;
+        }
         add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc, rows);
       };
       auto k_loop = [&]() {
@@ -2078,6 +2144,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           issue(acc);
           if (l1_prefetch && kt == min(kLoraPrefetchAt, k_tiles - 1)) lora_l1.issue<kBlockN>(p, work.y, lane);
           retire(acc, kt - kb);
+        }
+        if (ktile_slot >= 0) {  // z·B[slot, expert]ᵀ of the main slot's rows as one more k-tile
+          issue(acc);
+          retire(acc, ke - kb);
         }
       };
       // A stream-K piece: whether this CTA finishes the unit (acc then holds every piece's sum)
@@ -2454,6 +2524,7 @@ bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epil
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
 bool gemm_epilogue_warps = false;                   // set_moe_gemm_epilogue_warps
 bool gemm_epilogue_lora = false;                    // set_moe_gemm_epilogue_lora
+bool gemm_lora_ktile = false;                       // set_moe_gemm_lora_ktile
 bool gemm_epilogue_down = false;                    // set_moe_gemm_epilogue_down
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
@@ -2912,6 +2983,30 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
         with_maps.lora_wgmma = true;
         with_maps.lora_b_map = tensor_map_2d(params.lora_b, b_rows, params.lora_r, block_n, "the MoE-LoRA B stack");
       }
+      // set_moe_gemm_lora_ktile: each tile's main slot of full rank as one more k-tile of the ring (whole units: not
+      // with the stream-K tail; R a multiple of 8 up to 64 for the maps' rows; not beside lora_wgmma), its A rows
+      // written by z_rows_kernel first
+      if (lora && gemm_lora_ktile && params.lora_z_rows != nullptr && !sk && !params.halves && params.lora_r % 8 == 0 &&
+          params.lora_r <= 64 && !with_maps.lora_wgmma) {
+        if (params.lora_z_rows_capacity < max_tiles * block_m) {
+          fail("moe_gemm", "lora.z_rows has " + std::to_string(params.lora_z_rows_capacity) +
+                               " rows, expected at least the tiles' capacity " + std::to_string(max_tiles * block_m));
+        }
+        if (params.lora_tile_slots_capacity < max_tiles) {
+          fail("moe_gemm", "lora.tile_slots has " + std::to_string(params.lora_tile_slots_capacity) +
+                               " entries, expected at least the tiles' count " + std::to_string(max_tiles));
+        }
+        const int64_t b_rows = int64_t(params.lora_slots) * params.weight_rows;
+        LMX_CHECK(b_rows < 0x7fffffff);
+        with_maps.lora_ktile = true;
+        with_maps.lora_b_map = tensor_map_2d(params.lora_b, b_rows, params.lora_r, block_n, "the MoE-LoRA B stack");
+        with_maps.z_map = tensor_map_2d(params.lora_z_rows, params.lora_z_rows_capacity, 64, block_m,
+                                        "the main slot's z rows");
+        const unsigned ctas = unsigned((max_tiles * block_m + 31) / 32);
+        if (large) detail::launch(z_rows_kernel<kMoeGemmBlockMLarge>, dim3(ctas), dim3(256), 0, stream, with_maps);
+        else detail::launch(z_rows_kernel<kMoeGemmBlockMPrefill>, dim3(ctas), dim3(256), 0, stream, with_maps);
+        LMX_CUDA_CHECK_LAUNCH();
+      }
       // set_moe_gemm_epilogue_warps: the fused activation by the producer warpgroup's idle warps, at one stage
       // fewer (the staging tile takes its place in shared memory)
       // (with LoRA terms, not beside the main slot's B slice: lora_wgmma)
@@ -2919,7 +3014,8 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
       with_maps.epilogue_warps = gemm_epilogue_warps && large && !sk && (params.fuse_activation || gemm_epilogue_down) &&
                                  (block_n == 192 || block_n == 128) && !with_maps.lora_wgmma;
       // set_moe_gemm_epilogue_lora: the LoRA terms of the staged items by those warps too (fused form only)
-      with_maps.epilogue_lora = with_maps.epilogue_warps && lora && gemm_epilogue_lora && params.fuse_activation;
+      with_maps.epilogue_lora =
+          with_maps.epilogue_warps && lora && gemm_epilogue_lora && params.fuse_activation && !with_maps.lora_ktile;
       const PreparedPersistentKernel pk =
           with_maps.epilogue_warps
               ? (lora ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, true, false, true>()
@@ -3005,6 +3101,7 @@ void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
 void set_moe_gemm_epilogue_warps(bool on) { gemm_epilogue_warps = on; }
 void set_moe_gemm_epilogue_lora(bool on) { gemm_epilogue_lora = on; }
+void set_moe_gemm_lora_ktile(bool on) { gemm_lora_ktile = on; }
 void set_moe_gemm_epilogue_down(bool on) { gemm_epilogue_down = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
@@ -3224,6 +3321,20 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
   params.lora_slots = int(lora.b.dim(0));
   params.lora_l1_prefetch = lora_l1_prefetch;
+  if (lora.z_rows.defined()) {  // set_moe_gemm_lora_ktile's scratch (used where launch_gemm takes that form)
+    if (lora.z_rows.dtype != DType::BF16 || lora.z_rows.ndim != 2 || lora.z_rows.dim(1) != 64 ||
+        !detail::aligned16(lora.z_rows.data)) {
+      detail::contract_failure(op, "lora.z_rows", lora.z_rows, "[capacity, 64] BF16, 16-byte aligned");
+    }
+    if (lora.tile_slots.dtype != DType::I32 || lora.tile_slots.ndim != 1) {
+      detail::contract_failure(op, "lora.tile_slots", lora.tile_slots, "[tiles] I32 (with z_rows)");
+    }
+    detail::require_cuda(op, {{"lora.z_rows", &lora.z_rows}, {"lora.tile_slots", &lora.tile_slots}});
+    params.lora_z_rows = static_cast<__nv_bfloat16*>(lora.z_rows.data);
+    params.lora_z_rows_capacity = lora.z_rows.dim(0);
+    params.lora_tile_slots = static_cast<int32_t*>(lora.tile_slots.data);
+    params.lora_tile_slots_capacity = lora.tile_slots.dim(0);
+  }
 }
 
 }  // namespace
@@ -3514,6 +3625,7 @@ struct WorkspaceLayout {
   size_t sorted_x = 0, sorted_a = 0;  // BLOCK_M 64/128: the warp-specialized kernel's gathered A rows
   size_t pair_rows = 0;               // BLOCK_M 64/128: each pair's row in sorted_a (a in tile order)
   size_t stream_k_partials = 0;       // BLOCK_M 64/128: MoeStreamK::partials (set_moe_gemm_stream_k)
+  size_t z_rows = 0, tile_slots = 0;  // BLOCK_M 64/128 with LoRA: MoeGemmLora::z_rows / tile_slots
   size_t total = 0;
 };
 
@@ -3567,6 +3679,10 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     l.lora_count = take(4);
     l.lora_scratch = take(moe_align_workspace_bytes(pairs, lora_groups));
     l.h = take(size_t(pairs) * 2 * s.inter * 2);
+    if (block_m != kMoeGemmBlockMDecode) {
+      l.z_rows = take(size_t(l.expert_capacity) * 64 * 2);
+      l.tile_slots = take(size_t(l.expert_capacity / block_m) * 4);
+    }
   }
   l.total = offset;
   return l;
@@ -3762,7 +3878,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                      .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
                      .config = lora_config, .tile_counters = tile_counters},
                     stream);
-    return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot};
+    return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot,
+                       .z_rows = view(l.z_rows, DType::BF16, {l.expert_capacity, 64}),
+                       .tile_slots = view(l.tile_slots, DType::I32, {l.expert_capacity / block_m})};
   };
   auto zero_z = [&](const MoeGemmLora& lora) {
     LMX_CUDA_CHECK(cudaMemsetAsync(lora.z.data, 0, lora.z.nbytes(), stream));
