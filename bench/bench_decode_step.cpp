@@ -12,6 +12,7 @@
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
+//                     [--moe-epilogue-warps 1] [--moe-epilogue-lora 1] [--moe-epilogue-down 1] [--moe-lora-ktile 1]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
 //                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always] [--down-decode-stages 6]
 //                     [--gate-up-decode-block-n 64|128] [--down-decode-block-n 64|128] [--pdl 0]
@@ -106,6 +107,10 @@ struct Options {
   int knockout = 0;                   // --knockout MASK with --only: set_small_lora_knockout (wrong results)
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
+  int moe_epilogue_warps = 0;         // 1: every row with gate_up's epilogue by idle warps (set_moe_gemm_epilogue_warps)
+  int moe_epilogue_lora = 0;          // 1: with it, the MoE-LoRA terms by those warps too (set_moe_gemm_epilogue_lora)
+  int moe_epilogue_down = 0;          // 1: with it, down's stores by those warps too (set_moe_gemm_epilogue_down)
+  int moe_lora_ktile = 0;             // 1: the MoE-LoRA's main slot as one more k-tile (set_moe_gemm_lora_ktile)
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
   int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
   std::string moe_lora_in_gemm;       // --moe-lora-in-gemm MODE: set_moe_lora_in_gemm for every row (empty: the default)
@@ -179,6 +184,10 @@ Options parse(int argc, char** argv) {
     else if (key == "--wide-route") o.wide_route = std::atoi(value.c_str());
     else if (key == "--finish-by-chunks") o.finish_by_chunks = std::atoi(value.c_str());
     else if (key == "--moe-stream-k") o.moe_stream_k = std::atoi(value.c_str());
+    else if (key == "--moe-epilogue-warps") o.moe_epilogue_warps = std::atoi(value.c_str());
+    else if (key == "--moe-epilogue-lora") o.moe_epilogue_lora = std::atoi(value.c_str());
+    else if (key == "--moe-lora-ktile") o.moe_lora_ktile = std::atoi(value.c_str());
+    else if (key == "--moe-epilogue-down") o.moe_epilogue_down = std::atoi(value.c_str());
     else if (key == "--moe-lora-wgmma") o.moe_lora_wgmma = std::atoi(value.c_str());
     else if (key == "--fuse-route") o.fuse_route = std::atoi(value.c_str());
     else if (key == "--skinny-max-out") o.skinny_max_out = std::atoll(value.c_str());
@@ -563,6 +572,22 @@ int main(int argc, char** argv) {
   if (o.moe_stream_k) {
     cuda::set_moe_gemm_stream_k(true);
     std::printf("every row: the MoE GEMMs with a stream-K tail (--moe-stream-k 1)\n");
+  }
+  if (o.moe_epilogue_warps) {
+    cuda::set_moe_gemm_epilogue_warps(true);
+    std::printf("every row: gate_up's fused epilogue by the producer warpgroup's idle warps (--moe-epilogue-warps 1)\n");
+  }
+  if (o.moe_epilogue_lora) {
+    cuda::set_moe_gemm_epilogue_lora(true);
+    std::printf("every row: the MoE-LoRA terms by those warps too (--moe-epilogue-lora 1)\n");
+  }
+  if (o.moe_lora_ktile) {
+    cuda::set_moe_gemm_lora_ktile(true);
+    std::printf("every row: the MoE-LoRA's main slot as one more k-tile of the GEMMs' ring (--moe-lora-ktile 1)\n");
+  }
+  if (o.moe_epilogue_down) {
+    cuda::set_moe_gemm_epilogue_down(true);
+    std::printf("every row: down's stores by those warps too, down at BLOCK_N 192 (--moe-epilogue-down 1)\n");
   }
   if (o.moe_lora_wgmma) {
     cuda::set_moe_lora_gemm_wgmma(true);

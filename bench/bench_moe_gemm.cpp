@@ -314,6 +314,27 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     print_row(what.c_str(), tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
               time([&](int i) { block_on(wide[size_t(i) % wide.size()]); }));
   }
+  if (const char* rounds = std::getenv("BENCH_EPILOGUE_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
+    // Only moe_block with gate_up's fused epilogue by the consumers and by the producer warpgroup's idle warps
+    // (set_moe_gemm_epilogue_warps) in turn, `rounds` times, then the next T.
+    // Third row: down's store form through them too (set_moe_gemm_epilogue_down; down at BLOCK_N 192, not 240).
+    for (int r = 0; r < std::atoi(rounds); ++r) {
+      for (int form = 0; form < 3; ++form) {
+        cuda::set_moe_gemm_epilogue_warps(form > 0);
+        cuda::set_moe_gemm_epilogue_down(form == 2);
+        block(0);  // kernel attributes, outside the graph
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        print_row(form == 0   ? "block (no LoRA), epilogue by the consumers"
+                  : form == 1 ? "block (no LoRA), epilogue warps"
+                              : "block (no LoRA), epilogue warps, down too",
+                  tokens, align_bytes + gate_up_bytes + down_bytes + combine_bytes, gate_up_flops + down_flops,
+                  time([&](int i) { block(i % kCopies); }));
+      }
+    }
+    cuda::set_moe_gemm_epilogue_down(false);
+    cuda::set_moe_gemm_epilogue_warps(false);
+    return;
+  }
   if (const char* rounds = std::getenv("BENCH_DOWN_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
     // Only moe_block's down at BLOCK_N 192 and 240 in turn, `rounds` times (rows of one section spread by
     // 20–40 µs on an H100: an A/B needs them side by side), then the next T.
@@ -552,18 +573,22 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     OwnedTensor z_host = OwnedTensor::host(DType::F32, {pairs, kRank});
     for (int64_t i = 0; i < z_host.view.numel(); ++i) z_host.view.ptr<float>()[i] = rng.normal();
     const OwnedTensor lora_z = cuda::upload(z_host);
+    const OwnedTensor lora_z_rows = cuda::empty(DType::BF16, {capacity, 64});  // set_moe_gemm_lora_ktile's scratch
+    const OwnedTensor lora_tile_slots = cuda::empty(DType::I32, {capacity / block_m});
     // (not for the halves layout: its gate_up never carries LoRA terms in the GEMM, moe_gate_up refuses them)
     for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters"}}) {
       if (m.layout == ops::GateUpLayout::kHalves) break;
       auto gate_up_lora = [&](int layer) {
         cuda::MoeGateUpParams p = gate_up_gathered(layer, 0, 8);
-        p.lora = {.z = lora_z, .b = lora_b_gate_up, .rank = lora_rank, .token_slot = *slots};
+        p.lora = {.z = lora_z, .b = lora_b_gate_up, .rank = lora_rank, .token_slot = *slots, .z_rows = lora_z_rows,
+                  .tile_slots = lora_tile_slots};
         return p;
       };
       auto down_lora = [&](int layer) {
         cuda::MoeDownParams p = down_gathered(layer, 256, 8);
         p.top_k = K;
-        p.lora = {.z = lora_z, .b = lora_b_down, .rank = lora_rank, .token_slot = *slots};
+        p.lora = {.z = lora_z, .b = lora_b_down, .rank = lora_rank, .token_slot = *slots, .z_rows = lora_z_rows,
+                  .tile_slots = lora_tile_slots};
         return p;
       };
       cuda::moe_gate_up(gate_up_lora(0), stream);  // kernel attributes, outside the graph
@@ -571,12 +596,38 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       BENCH_CUDA(cudaStreamSynchronize(stream));
       print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name).c_str(), tokens, gate_up_bytes,
                 gate_up_flops, time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_warps(true);  // after: the activation by the producer warpgroup's idle warps
+      cuda::moe_gate_up(gate_up_lora(0), stream);  // kernel attributes, outside the graph
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", epilogue warps").c_str(), tokens,
+                gate_up_bytes, gate_up_flops, time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_lora(true);  // after: the LoRA terms by those warps too
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", LoRA by the epilogue warps").c_str(),
+                tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_epilogue_lora(false);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      cuda::set_moe_gemm_lora_ktile(true);  // after: the main slot's term as one more k-tile of the ring
+      print_row((std::string("  gate_up fused, persistent + MoE-LoRA, ") + name + ", main slot as a k-tile").c_str(),
+                tokens, gate_up_bytes, gate_up_flops,
+                time([&](int i) { cuda::moe_gate_up(gate_up_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_lora_ktile(false);
       print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name).c_str(), tokens, down_bytes, down_flops,
                 time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_lora_ktile(true);
+      print_row((std::string("  down N 256, persistent + MoE-LoRA, ") + name + ", main slot as a k-tile").c_str(),
+                tokens, down_bytes, down_flops, time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
+      cuda::set_moe_gemm_lora_ktile(false);
     }
     lora_block_rows("in the accumulators, rows by slot");
     print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+    cuda::set_moe_gemm_epilogue_warps(true);  // after: the activation by the producer warpgroup's idle warps
+    cuda::moe_gate_up(gate_up_gathered(0, 0, 8), stream);  // kernel attributes, outside the graph
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    print_row("  gate_up fused, persistent (no LoRA), epilogue warps", tokens, gate_up_bytes, gate_up_flops,
+              time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
+    cuda::set_moe_gemm_epilogue_warps(false);
     print_row("  down N 256, persistent (no LoRA)", tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 256, 8), stream); }));
   }

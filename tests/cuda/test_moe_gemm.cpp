@@ -784,6 +784,99 @@ TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
   cuda::set_moe_gemm_stream_k(false);
 }
 
+// The fused gate_up epilogue by the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps; off by default
+// until the device measures it): the same arithmetic per element as the consumers' kFused form, so moe_block's
+// output is bit-identical with and without it, at both gate_up widths that take it, with gate_up's a in tile order
+// (the default) and by pair, with and without the MoE-LoRA in the accumulators; items that do not take the stage
+// (a partial last column block, output rows not a multiple of 16 bytes) stay with the consumers; down's store form
+// through them too (set_moe_gemm_epilogue_down). GPT-OSS-20B and Qwen3-30B-A3B shapes, a partial block, and one
+// case against the CPU oracle.
+TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
+  const std::vector<BlockCase> cases = {
+      {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // GPT-OSS-20B
+      {4096, 128, 8, 2048, 768, kSilu, kHalves, false},         // Qwen3-30B-A3B
+      {1024, 8, 2, 512, 1000, kSilu, kInterleaved, true},       // n 2000: a partial last column block
+      {600, 8, 2, 256, 996, kGptOss, kInterleaved, true},       // n / 2 = 996: rows not 16-byte multiples
+  };
+  for (const BlockCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const BlockData b = make_block_data(rng(), c);
+    for (int block_n : {0, 128, 192}) {
+      cuda::set_moe_gemm_large_block_n(block_n);
+      for (bool tile_order : {true, false}) {
+        SCOPED_TRACE("gate_up BLOCK_N " + std::to_string(block_n) + (tile_order ? ", a in tile order" : ", a by pair"));
+        cuda::set_moe_block_a_in_tile_order(tile_order);
+        const OwnedTensor consumers = run_block(c, b, false, stream_);
+        cuda::set_moe_gemm_epilogue_warps(true);
+        const OwnedTensor staged = run_block(c, b, false, stream_);
+        cuda::set_moe_gemm_epilogue_warps(false);
+        EXPECT_TRUE(bitwise_equal(staged, consumers));
+      }
+    }
+    cuda::set_moe_block_a_in_tile_order(true);
+    cuda::set_moe_gemm_large_block_n(0);
+    // down through the epilogue warps too (set_moe_gemm_epilogue_down), against the consumers at the same width
+    for (int down_n : {128, 192}) {
+      cuda::set_moe_block_down_block_n(down_n);
+      const OwnedTensor consumers = run_block(c, b, false, stream_);
+      cuda::set_moe_gemm_epilogue_warps(true);
+      cuda::set_moe_gemm_epilogue_down(true);
+      const OwnedTensor staged = run_block(c, b, false, stream_);
+      cuda::set_moe_gemm_epilogue_down(false);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      EXPECT_TRUE(bitwise_equal(staged, consumers)) << "down at BLOCK_N " << down_n << " by the epilogue warps";
+    }
+    cuda::set_moe_block_down_block_n(0);
+  }
+  // With the MoE-LoRA in the accumulators (the path of a prompt with an adapter): bit-identical too, at both widths.
+  // With the LoRA terms by the epilogue warps as well (set_moe_gemm_epilogue_lora), h is rounded twice where a
+  // token has an adapter: against the CPU oracle, and tokens without one bit-identical to the consumers' result.
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  struct LoraCase {
+    BlockCase c;
+    int64_t stride;  // the oracle on every stride-th token
+  };
+  for (const LoraCase& k : {LoraCase{{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},
+                            LoraCase{{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}, 4}}) {
+    const BlockCase& c = k.c;
+    SCOPED_TRACE(describe(c) + ", LoRA in the accumulators");
+    const BlockData b = make_block_data(rng(), c);
+    const OwnedTensor want = cpu_block(cpu_, c, b, k.stride);
+    for (int block_n : {0, 128, 192}) {
+      SCOPED_TRACE("gate_up BLOCK_N " + std::to_string(block_n));
+      cuda::set_moe_gemm_large_block_n(block_n);
+      const OwnedTensor consumers = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_warps(true);
+      const OwnedTensor staged = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_lora(true);
+      const OwnedTensor by_warps = run_block(c, b, true, stream_, 0);
+      cuda::set_moe_gemm_epilogue_lora(false);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      EXPECT_TRUE(bitwise_equal(staged, consumers));
+      EXPECT_TRUE(close_to_oracle(every_nth_row(by_warps.view, k.stride), want)) << "LoRA by the epilogue warps";
+      int64_t base_rows = 0;
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        if (b.token_slot.view.ptr<int32_t>()[t] >= 0) continue;
+        ++base_rows;
+        const size_t row_bytes = size_t(c.hidden) * 2;
+        EXPECT_EQ(std::memcmp(static_cast<const char*>(by_warps.view.data) + size_t(t) * row_bytes,
+                              static_cast<const char*>(consumers.view.data) + size_t(t) * row_bytes, row_bytes),
+                  0)
+            << "token " << t << " (no adapter), LoRA by the epilogue warps";
+      }
+      EXPECT_GT(base_rows, 0);  // the data mixes tokens without an adapter in
+    }
+    cuda::set_moe_gemm_large_block_n(0);
+  }
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+  const BlockCase c{1024, 8, 2, 512, 1000, kGptOss, kInterleaved, true};
+  const BlockData b = make_block_data(rng(), c);
+  const OwnedTensor want = cpu_block(cpu_, c, b, 16);
+  cuda::set_moe_gemm_epilogue_warps(true);
+  EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(c, b, false, stream_), 16), want)) << "against the CPU oracle";
+  cuda::set_moe_gemm_epilogue_warps(false);
+}
+
 // The MoE-LoRA's main slot by warpgroup MMAs from a TMA'd B slice (set_moe_lora_gemm_wgmma; off by default until
 // the H200 measures it) at 128-row tiles, each BLOCK_N, the accumulator path forced. make_stack gives slot 4 the
 // full capacity (16, 32 or 64: eligible) and NaN in every padding rank; three token patterns: every token on
@@ -827,6 +920,59 @@ TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
     }
   }
   cuda::set_moe_lora_gemm_wgmma(false);
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+}
+
+// set_moe_gemm_lora_ktile: each tile's main slot of full rank (slot 4 here: make_stack gives it the capacity R;
+// slots 1 and 5 rank R - 3, slot 2 rank 8, slot 3 random) as one more k-tile of the persistent ring, the other
+// slots' rows by add_lora_terms, against the oracle (on every stride-th token): one slot everywhere (every tile
+// by the k-tile), half the tokens on it (tiles of mixed slots: the other rows by add_lora_terms), random slots
+// (main slots of every rank: tiles without the k-tile); at each BLOCK_N, with the stream-K tail on (the form
+// stands aside: whole units only), beside the epilogue warps (their LoRA form stands aside too), and where R is
+// 16 / 64 (the whole box) or not a multiple of 16 (no main slot: add_lora_terms alone).
+TEST_F(CudaMoeGemm, LoraKtileMatchesCpu) {
+  struct Case {
+    BlockCase c;
+    int64_t stride;  // the oracle on every stride-th token
+  };
+  const std::vector<Case> cases = {
+      {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
+      {{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 6, 16, 64}, 1},      // R 16 and 64 (the whole box)
+      {{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 24}, 4},      // down's R 24: no main slot
+  };
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  for (const Case& k : cases) {
+    BlockData b = make_block_data(rng(), k.c);
+    const std::vector<int32_t> random_slots(b.token_slot.view.ptr<int32_t>(),
+                                            b.token_slot.view.ptr<int32_t>() + k.c.tokens);
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      SCOPED_TRACE(describe(k.c) + (pattern == 0 ? " slot 4 everywhere" : pattern == 1 ? " half on slot 4" : " random slots"));
+      for (int64_t t = 0; t < k.c.tokens; ++t) {
+        const bool on_4 = pattern == 0 || (pattern == 1 && t < k.c.tokens / 2);
+        b.token_slot.view.ptr<int32_t>()[t] = on_4 ? 4 : random_slots[size_t(t)];
+      }
+      b.d_slot = cuda::upload(b.token_slot);
+      const OwnedTensor want = cpu_block(cpu_, k.c, b, k.stride);
+      cuda::set_moe_gemm_lora_ktile(true);
+      for (int block_n : {128, 192, 256}) {
+        cuda::set_moe_gemm_large_block_n(block_n);
+        EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+            << "BLOCK_N " << block_n;
+      }
+      cuda::set_moe_gemm_large_block_n(0);
+      cuda::set_moe_gemm_stream_k(true);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "with the stream-K tail";
+      cuda::set_moe_gemm_stream_k(false);
+      cuda::set_moe_gemm_epilogue_warps(true);
+      cuda::set_moe_gemm_epilogue_lora(true);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "beside the epilogue warps";
+      cuda::set_moe_gemm_epilogue_lora(false);
+      cuda::set_moe_gemm_epilogue_warps(false);
+      cuda::set_moe_gemm_lora_ktile(false);
+    }
+  }
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
 }
 

@@ -98,6 +98,10 @@ struct GemmKernelParams {
   bool early_trigger;           // with wait_before_epilogue: launch_dependents at the start (MoeGateUpParams)
   bool lora_l1_prefetch;        // persistent kernel: each warp's z rows and first slot's B slice into L1 during
                                 // the item's k-loop (LoraL1Prefetch)
+  bool epilogue_warps;          // persistent kernel with kEpilogueWarps: fused items' activation and stores by the
+                                // producer warpgroup's idle warps (EpilogueStage)
+  bool epilogue_lora;           // with epilogue_warps and kLora: the MoE-LoRA terms by those warps too
+                                // (EpilogueStage::drain_lora), none by the consumers
   CUtensorMap weight_map;       // (64-byte aligned type) [E·n, in] bf16, box [BLOCK_N rows, 64], 128-byte swizzle
   CUtensorMap a_map;            // the gathered rows [capacity, in] bf16, box [BLOCK_M rows, 64], 128-byte swizzle
   const __nv_bfloat16* lora_h;  // fused activation: [T*K, n] bf16 MoE-LoRA delta (weight layout), or null
@@ -121,6 +125,15 @@ struct GemmKernelParams {
   bool lora_wgmma;
   int lora_slots;  // S of lora_b (the map's rows: S · weight_rows)
   CUtensorMap lora_b_map;
+  // Persistent kernel with kLora (set_moe_gemm_lora_ktile): the main slot's term as one more k-tile of the ring
+  // (lora_ktile_slot), A = the slot's z rows in tile order in bf16 (z_map over MoeGemmLora::z_rows, [capacity,
+  // 64], ranks past R zero) and B = B[slot, expert] by lora_b_map (columns past R zero-filled by TMA).
+  bool lora_ktile;
+  CUtensorMap z_map;
+  __nv_bfloat16* lora_z_rows;  // MoeGemmLora::z_rows: z_rows_kernel's output, z_map's tensor (host: null = no k-tile)
+  int64_t lora_z_rows_capacity;
+  int32_t* lora_tile_slots;    // MoeGemmLora::tile_slots: each tile's lora_ktile_slot, written by z_rows_kernel
+  int64_t lora_tile_slots_capacity;
   // The BLOCK_M 16 decode GEMM on MXFP4 experts (MoeMxfp4Weight; null: the bf16 weight): the weight in the
   // decode layout of ops/mxfp4.h, blocks [E, in/64, n, 32] and scales [E, in/64, n, 2] U8.
   const uint8_t* fp4_blocks;
@@ -1606,6 +1619,149 @@ __device__ __forceinline__ void persistent_epilogue(const GemmKernelParams& p, c
   }
 }
 
+// The fused epilogue handed to the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps). The consumers
+// add the bias and round (gate, up) to bf16 as store_tile does, write the pairs into a shared staging tile and
+// go straight on to the next item's wgmmas; warps 1–3 of the producer warpgroup (warp 0's lane 0 issues the
+// copies) apply the activation and store the outputs 16 bytes a thread while those wgmmas run. The store form
+// (down, set_moe_gemm_epilogue_down) stages its bf16 pairs the same way, and those warps only store them. Perf-log run 244:
+// the activation's arithmetic was 67 of gate_up's 549 µs at GPT-OSS-20B T 1600, with the tensor cores idle.
+// The staging tile: [kBlockM rows][kBlockN / 2 + 4] 32-bit words, word w of a row = the bf16 (gate, up) pair
+// of output column work.y / 2 + w; the 4 words of padding put the 8 rows of a consumer store's lanes on distinct
+// banks (row stride ≡ 4 words mod 32).
+template <int kBlockM, int kBlockN>
+struct EpilogueStage {
+  static constexpr int kStride = kBlockN / 2 + 4;                    // words a staged row
+  static constexpr int kBytes = kBlockM * kStride * 4;
+  static constexpr int kChunks = kBlockN / 16;                       // 8-output chunks a row
+  static constexpr int kThreads = 96;                                // warps 1–3 of the producer warpgroup
+
+  // Whether the item at column block `first_column` goes through the stage: the fused form or the store form
+  // (down; epilogue_case, as EpilogueInputs picks it) with 16-byte aligned output rows. Consumers and epilogue
+  // warps decide alike.
+  __device__ __forceinline__ static bool takes(const GemmKernelParams& p, int first_column) {
+    if (!p.epilogue_warps || !p.compact_epilogue || reinterpret_cast<uintptr_t>(p.out) % 16 != 0) return false;
+    const Epilogue how = epilogue_case(p, first_column, kBlockN, kBlockM == 128 && kBlockN == 128);
+    return (how == Epilogue::kFused && (p.n / 2) % 8 == 0) || (how == Epilogue::kStore && p.n % 8 == 0);
+  }
+
+  // Consumer side: the thread's accumulators (rows row0 + lane / 4 and + 8) plus bias, rounded, into the stage.
+  __device__ __forceinline__ static void put(uint32_t* stage, const int (&pair)[2], int pairs, int row0, int lane,
+                                             const __nv_bfloat162 (&bias)[kBlockN / 8],
+                                             const float (&acc)[kBlockN / 2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (pair[half] >= pairs) continue;  // padding: never read
+      uint32_t* row = stage + (row0 + lane / 4 + 8 * half) * kStride + lane % 4;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const float2 b = __bfloat1622float2(bias[j]);
+        __nv_bfloat162 bits = __floats2bfloat162_rn(acc[4 * j + 2 * half] + b.x, acc[4 * j + 2 * half + 1] + b.y);
+        row[4 * j] = *reinterpret_cast<uint32_t*>(&bits);
+      }
+    }
+  }
+
+  // Calls f(src, out_row, chunk) for thread e's staged chunks e, e + kThreads, ... of real rows (32 bytes each:
+  // the 16 bf16 values of columns 16·chunk ..): src in the staging tile, out_row the row of p.out they go to.
+  template <typename F>
+  __device__ __forceinline__ static void for_staged_chunks(const GemmKernelParams& p, const uint32_t* stage, int2 work,
+                                                           int e, F&& f) {
+    for (int c = e; c < kBlockM * kChunks; c += kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks;
+      const int tile_row = work.x * kBlockM + row;
+      const int pair = p.sorted_pairs[tile_row];
+      if (pair >= p.pairs) continue;
+      f(reinterpret_cast<const uint4*>(stage + row * kStride + 8 * chunk),
+        p.out_by_row ? int64_t(tile_row) : int64_t(pair), chunk);
+    }
+  }
+
+  // Epilogue-warp side of the store form (down: the staged bf16 pairs are the outputs): thread e stores chunks e,
+  // e + kThreads, ... of 16 columns, 32 bytes each.
+  __device__ __forceinline__ static void drain_store(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
+    for_staged_chunks(p, stage, work, e, [&](const uint4* src, int64_t out_row, int chunk) {
+      const uint4 lo = src[0], hi = src[1];
+      auto* dst = reinterpret_cast<uint4*>(p.out + out_row * p.n + work.y + 16 * chunk);
+      dst[0] = lo;
+      dst[1] = hi;
+    });
+  }
+
+  // Epilogue-warp side: thread e (0 .. kThreads - 1) activates and stores chunks e, e + kThreads, ... of the
+  // staged tile of `work`.
+  __device__ __forceinline__ static void drain(const GemmKernelParams& p, const uint32_t* stage, int2 work, int e) {
+    const int64_t inter = p.n / 2;
+    for_staged_chunks(p, stage, work, e, [&](const uint4* src, int64_t out_row, int chunk) {
+      uint32_t in[8];
+      *reinterpret_cast<uint4*>(in) = src[0];
+      *reinterpret_cast<uint4*>(in + 4) = src[1];
+      uint32_t out[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float a[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float2 gu = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&in[2 * k + i]));
+          a[i] = activate(gu.x, gu.y, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
+        }
+        __nv_bfloat162 bits = __floats2bfloat162_rn(a[0], a[1]);
+        out[k] = *reinterpret_cast<uint32_t*>(&bits);
+      }
+      *reinterpret_cast<uint4*>(p.out + out_row * inter + work.y / 2 + 8 * chunk) = make_uint4(out[0], out[1], out[2], out[3]);
+    });
+  }
+
+  // Epilogue-warp side with the MoE-LoRA (p.epilogue_lora; the consumers staged acc + bias without it): epilogue
+  // warp w (0 .. 2) takes units w, w + 3, ... of 16 rows × 32 columns. Each lane holds its unit's staged values in
+  // the mma C layout (rows lane / 4 and + 8, columns 8j + 2(lane % 4) and + 1), adds z·B[slot, expert]ᵀ by
+  // add_lora_terms (mma.sync, one pass per distinct slot of the 16 rows), rounds h to bf16 again, applies the
+  // activation and stores through store_activated. h is rounded twice where a row has a slot (acc + bias, then
+  // + the LoRA term; NUMERICS.md), as PEFT adds a LoRA layer's output to the base layer's bf16 output; rows
+  // without a slot get exactly the consumers' result.
+  __device__ __forceinline__ static void drain_lora(const GemmKernelParams& p, const uint32_t* stage, int2 work,
+                                                    int expert, int w, int lane) {
+    constexpr int kColumns = 32, kUnitsPerRowGroup = kBlockN / kColumns;
+    static_assert(kBlockN % kColumns == 0);
+    const int g = lane / 4, t = lane % 4;
+    const int64_t inter = p.n / 2;
+    for (int u = w; u < (kBlockM / 16) * kUnitsPerRowGroup; u += kThreads / 32) {
+      const int rows16 = u / kUnitsPerRowGroup, c0 = (u % kUnitsPerRowGroup) * kColumns;  // c0: the unit's first column
+      int pair[2], tile_row[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        tile_row[half] = work.x * kBlockM + rows16 * 16 + g + 8 * half;
+        pair[half] = p.sorted_pairs[tile_row[half]];
+      }
+      if (!__any_sync(0xffffffffu, pair[0] < p.pairs || pair[1] < p.pairs)) continue;  // all padding
+      float acc[kColumns / 2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t* row = stage + (rows16 * 16 + g + 8 * half) * kStride + c0 / 2 + t;
+#pragma unroll
+        for (int j = 0; j < kColumns / 8; ++j) {
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + 4 * j));
+          acc[4 * j + 2 * half] = v.x;
+          acc[4 * j + 2 * half + 1] = v.y;
+        }
+      }
+      add_lora_terms<kColumns, kColumns / 8>(p, expert, work.y + c0, pair, lane, acc, LoraRows(p, pair));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool store = pair[half] < p.pairs;
+        float activated[kColumns / 8];
+#pragma unroll
+        for (int j = 0; j < kColumns / 8; ++j) {
+          const float gate = __bfloat162float(__float2bfloat16_rn(acc[4 * j + 2 * half]));
+          const float up = __bfloat162float(__float2bfloat16_rn(acc[4 * j + 2 * half + 1]));
+          activated[j] = activate(gate, up, p.gpt_oss, p.swiglu_alpha, p.swiglu_limit);
+        }
+        const int64_t out_row = p.out_by_row ? tile_row[half] : pair[half];
+        store_activated<kColumns>(p.out + (store ? out_row : 0) * inter, work.y + c0 + 2 * t, store, activated);
+      }
+    }
+  }
+};
+
 // The slot whose B slice lora_wgmma_pass adds for a tile of kBlockM rows: that of its middle row (a prompt's
 // run fills it), else of its first; -1 where neither has one, or where that slot's rank is not a nonzero
 // multiple of 16 up to 64 (the pass takes whole k16 steps of the 64-rank box, and a stack's padding ranks may
@@ -1622,6 +1778,43 @@ __device__ __forceinline__ int lora_main_slot(const GemmKernelParams& p, int til
     return rank > 0 && rank % 16 == 0 && rank <= 64 ? slot : -1;
   }
   return -1;
+}
+
+// lora_ktile: the slot whose term a tile of kBlockM rows adds as one more k-tile, or -1: its main slot where that
+// slot's rank is the stack's whole capacity R (B's ranks past a smaller rank may hold anything, NaN included, and
+// the k-tile multiplies all 64 columns; those tiles keep add_lora_terms). The producer and the consumers ask it
+// alike (through z_rows_kernel's lora_tile_slots), so both see the same k-tile count.
+template <int kBlockM>
+__device__ __forceinline__ int lora_ktile_slot(const GemmKernelParams& p, int tile) {
+  const int slot = lora_main_slot<kBlockM>(p, tile);
+  return slot >= 0 && __ldg(p.lora_rank + slot) == p.lora_r ? slot : -1;
+}
+
+// lora_ktile's A operand: row r of the tiles (8 threads a row, 8 ranks each) = z[pair] in bf16 at ranks < R where
+// the row's slot is its tile's lora_ktile_slot, zeros elsewhere (rows of other slots or none, padding rows, ranks
+// R .. 63); and each tile's lora_ktile_slot into lora_tile_slots, which the GEMM's producer and consumers read
+// (one load an item instead of lora_main_slot's chain of three). Rows of tiles past num_tiles are left alone.
+// PRECOND: R % 8 == 0, R <= 64; lora_z 8-byte aligned; lora_z_rows 16-byte aligned; blockDim.x == 256.
+template <int kBlockM>
+__global__ static void __launch_bounds__(256) z_rows_kernel(const __grid_constant__ GemmKernelParams p) {
+  detail::pdl_enter();  // first: launched by detail::launch (launch.cuh), behind the shrink that wrote z
+  const int row = int(blockIdx.x) * 32 + int(threadIdx.x) / 8, chunk = int(threadIdx.x) % 8;
+  if (row >= *p.num_tiles * kBlockM) return;
+  const int slot = lora_ktile_slot<kBlockM>(p, row / kBlockM);
+  if (row % kBlockM == 0 && chunk == 0) p.lora_tile_slots[row / kBlockM] = slot;
+  const int pair = p.sorted_pairs[row];
+  const bool take = slot >= 0 && pair < p.pairs && __ldg(p.lora_slot + pair / p.lora_top_k) == slot;
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = chunk * 8 + 2 * i;
+    const float2 v = take && k < p.lora_r ? *reinterpret_cast<const float2*>(p.lora_z + int64_t(pair) * p.lora_r + k)
+                                          : make_float2(0.0f, 0.0f);
+    const __nv_bfloat162 bits = __floats2bfloat162_rn(v.x, v.y);
+    words[i] = *reinterpret_cast<const uint32_t*>(&bits);
+  }
+  *reinterpret_cast<uint4*>(p.lora_z_rows + int64_t(row) * 64 + chunk * 8) = make_uint4(words[0], words[1], words[2],
+                                                                                         words[3]);
 }
 
 // acc += z·B[slot]ᵀ for the warp's rows of `slot` (rank `rank`, a multiple of 16), B from the tile's TMA'd
@@ -1732,10 +1925,14 @@ __device__ __forceinline__ bool stream_k_merge(const GemmKernelParams& p, const 
 // no thread exits before the closing cluster barrier (a peer may still write into this CTA's shared memory
 // or arrive on its barriers). An odd last column block makes rank 1 compute a block past `n`, never stored.
 // kLora: add_lora_terms between each item's k-loop and its epilogue (p.lora_z etc. set).
+// kEpilogueWarps with p.epilogue_warps: the fused items' epilogue through EpilogueStage (one staging tile after the
+// stages: the consumers wait for it to be drained, ~one item ago, then fill it; warps 1–3 of the producer warpgroup
+// walk the same units, wait for it to be filled, drain it, then release it).
 // PRECOND: as grouped_gemm_ws_kernel with a_by_tma and weight_by_tma; work_tiles == the tiles' max_tiles,
 // work_column_blocks == ceil(n / kBlockN); kClusterA: launched in clusters of 2 along x (gridDim.x even) and
 // a_map's box is 64 rows; kLora: lora_* set, lora_r even.
-template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false, bool kStreamK = false>
+template <int kConsumers, int kBlockN, int kStages, bool kClusterA = false, bool kLora = false, bool kStreamK = false,
+          bool kEpilogueWarps = false>
 __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1 && kBlockN == 128 ? 2 : 1)
     grouped_gemm_persistent_kernel(const __grid_constant__ GemmKernelParams p) {
   constexpr int kBlockM = 64 * kConsumers, kAcc = kBlockN / 2;
@@ -1748,16 +1945,22 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
   // LoraL1Prefetch's few registers only where they do not add spills (ptxas: BLOCK_M 64 and BLOCK_N 256 spill
   // in their LoRA section already)
   constexpr bool kLoraL1 = kLora && kConsumers == 2 && kBlockN <= 192;
-  // lora_wgmma's B slice buffer exists in the BLOCK_M 128 LoRA kernels (prepared_persistent_kernel sizes it)
-  constexpr bool kLoraWgmma = kLora && kConsumers == 2 && !kClusterA;
+  // lora_wgmma's B slice buffer exists in the BLOCK_M 128 LoRA kernels (prepared_persistent_kernel sizes it),
+  // except with kEpilogueWarps (the staging tile takes that shared memory)
+  constexpr bool kLoraWgmma = kLora && kConsumers == 2 && !kClusterA && !kEpilogueWarps;
   constexpr unsigned kLoraTileBytes = kBlockN * kBlockK * sizeof(__nv_bfloat16);
   static_assert(!kClusterA || (kConsumers == 2 && kBlockN == 128), "multicast A: BLOCK_M 128 × BLOCK_N 128");
   static_assert(!kStreamK || !kClusterA, "stream-K: one CTA per unit");
+  static_assert(!kEpilogueWarps || (kConsumers == 2 && !kClusterA && !kStreamK && kBlockN % 32 == 0),
+                "epilogue warps: the BLOCK_M 128 kernel without multicast or stream-K");
+  using Stage = EpilogueStage<kBlockM, kBlockN>;
   extern __shared__ uint4 dynamic_shared[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(dynamic_shared) + 1023) & ~uintptr_t(1023);
   auto* stages = reinterpret_cast<__nv_bfloat16*>(base);  // [kStages][kBlockM + kBlockN][kBlockK] swizzled
   __nv_bfloat16* lora_b_tile = stages + kStages * kStageElems;  // kLoraWgmma: [kBlockN][kBlockK] swizzled
+  auto* epilogue_stage = reinterpret_cast<uint32_t*>(stages + kStages * kStageElems);  // kEpilogueWarps: Stage
   __shared__ uint64_t full[kStages], empty[kStages];
+  __shared__ uint64_t stage_full, stage_empty;  // kEpilogueWarps: the staging tile filled / drained
   __shared__ uint64_t lora_full, lora_empty;  // kLoraWgmma: lora_b_tile loaded / released by every consumer warp
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -1767,6 +1970,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
     if constexpr (kLoraWgmma) {
       mbarrier_init(&lora_full, 1);
       mbarrier_init(&lora_empty, 4 * kConsumers);
+    }
+    if constexpr (kEpilogueWarps) {
+      mbarrier_init(&stage_full, 128 * kConsumers);  // every consumer thread after its stores
+      mbarrier_init(&stage_empty, Stage::kThreads);  // every epilogue thread after its reads
     }
     if constexpr (kClusterA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1824,6 +2031,20 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
             tma_load_2d(a_dst + kBlockM * kBlockK, &p.weight_map, kt * kBlockK, expert * p.n + work.y, &full[stage]);
           }
         }
+        // lora_ktile: the main slot's term as one more k-tile (whole units only, as the consumers)
+        if constexpr (kLora) {
+          const int ktile_slot = p.lora_ktile && piece < 0 ? p.lora_tile_slots[work.x] : -1;
+          if (ktile_slot >= 0) {
+            const int stage = it % kStages;
+            __nv_bfloat16* a_dst = stages + stage * kStageElems;
+            mbarrier_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+            mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
+            tma_load_2d(a_dst, &p.z_map, 0, work.x * kBlockM, &full[stage]);
+            tma_load_2d(a_dst + kBlockM * kBlockK, &p.lora_b_map, 0,
+                        int(ktile_slot * p.weight_rows + int64_t(expert) * p.n + work.y), &full[stage]);
+            ++it;
+          }
+        }
         // lora_wgmma: the main slot's B slice of this whole unit, issued once its k-tiles are (the consumers
         // are then about kStages k-tiles from needing it; they released the previous unit's long before)
         if (lora_slot >= 0) {
@@ -1834,6 +2055,27 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           ++lora_loads;
         }
       });
+    } else if (kEpilogueWarps && p.epilogue_warps && threadIdx.x >= 32) {  // warps 1–3: the staged epilogues
+      int drained = 0;
+      for (int id = first; id < units; id += stride) {
+        const int2 work = work_of(id);
+        if (work.x >= num_tiles || !Stage::takes(p, work.y)) continue;
+        mbarrier_wait(&stage_full, drained & 1);
+        bool lora_drained = false;
+        if constexpr (kLora) {
+          if (p.epilogue_lora) {
+            Stage::drain_lora(p, epilogue_stage, work, p.tile_group[work.x], int(threadIdx.x) / 32 - 1,
+                              int(threadIdx.x) % 32);
+            lora_drained = true;
+          }
+        }
+        if (!lora_drained) {
+          if (p.fuse_activation) Stage::drain(p, epilogue_stage, work, int(threadIdx.x) - 32);
+          else Stage::drain_store(p, epilogue_stage, work, int(threadIdx.x) - 32);
+        }
+        mbarrier_arrive(&stage_empty);
+        ++drained;
+      }
     }
   } else {  // consumer warpgroups
     if constexpr (kConsumers == 2) claim_registers<224>();  // 168 + 128·(168 - 56) / 256
@@ -1845,7 +2087,7 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       if constexpr (kClusterA) mbarrier_arrive_cluster(&empty[stage], rank ^ 1u);
     };
     const int row0 = consumer * 64 + warp_in_group * 16;
-    int it = 0, lora_loads = 0;
+    int it = 0, lora_loads = 0, staged = 0;
     // One k-tile of the item in `acc`: issue() waits for its stage and issues its wgmmas; retire(), after
     // whatever runs while they are in flight, releases the previous k-tile's stage once its wgmmas retired.
     auto issue = [&](float (&acc)[kAcc]) {
@@ -1881,6 +2123,8 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
       // lora_wgmma: the tile's main slot (as the producer chose it) and its rank, read while the k-loop runs
       const int main_slot = lora_wgmma && piece < 0 ? lora_main_slot<kBlockM>(p, work.x) : -1;
       const int main_rank = main_slot >= 0 ? __ldg(p.lora_rank + main_slot) : 0;
+      // lora_ktile: the slot whose term runs as the item's last k-tile (the producer's rule), read before the loop
+      const int ktile_slot = kLora && p.lora_ktile && piece < 0 ? p.lora_tile_slots[work.x] : -1;
       // kLora: the main slot's rows by warpgroup MMAs (lora_wgmma), then every other slot's by add_lora_terms
       auto add_lora = [&](const EpilogueInputs<kBlockM, kBlockN>& in) {
         LoraRows rows(p, in.pair);
@@ -1895,6 +2139,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
             for (int half = 0; half < 2; ++half) rows.pending[half] = rows.pending[half] && rows.slot[half] != main_slot;
           }
         }
+        if (ktile_slot >= 0) {  // those rows' term came with the k-loop
+#pragma unroll
+          for (int half = 0; half < 2; ++half) rows.pending[half] = rows.pending[half] && rows.slot[half] != ktile_slot;
+        }
         add_lora_terms<kBlockN, kLoraBatch>(p, in.expert, work.y, in.pair, lane, acc, rows);
       };
       auto k_loop = [&]() {
@@ -1903,6 +2151,10 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
           if (l1_prefetch && kt == min(kLoraPrefetchAt, k_tiles - 1)) lora_l1.issue<kBlockN>(p, work.y, lane);
           retire(acc, kt - kb);
         }
+        if (ktile_slot >= 0) {  // z·B[slot, expert]ᵀ of the main slot's rows as one more k-tile
+          issue(acc);
+          retire(acc, ke - kb);
+        }
       };
       // A stream-K piece: whether this CTA finishes the unit (acc then holds every piece's sum)
       auto completes = [&]() {
@@ -1910,19 +2162,42 @@ __global__ static void __launch_bounds__(128 * (kConsumers + 1), kConsumers == 1
         else return piece < 0 || stream_k_merge<128 * kConsumers>(p, plan, acc, id - plan.dp_units, piece, first, kb,
                                                                   ke, k_tiles, int(threadIdx.x) - 128, &sk_last);
       };
-      if constexpr (kBlockN == 128 && kConsumers == 2) {
+      // kEpilogueWarps with p.epilogue_lora: the item's LoRA terms are the epilogue warps' (EpilogueStage::drain_lora)
+      auto lora_by_epilogue_warps = [&]() { return kEpilogueWarps && p.epilogue_lora && Stage::takes(p, work.y); };
+      // kEpilogueWarps: a fused item's outputs into the staging tile (drained by now, normally long since) for
+      // the epilogue warps; whether it went there
+      auto staged_epilogue = [&](const EpilogueInputs<kBlockM, kBlockN>& in) {
+        if constexpr (kEpilogueWarps) {
+          if (!Stage::takes(p, work.y)) return false;
+          mbarrier_wait(&stage_empty, (staged & 1) ^ 1);
+          Stage::put(epilogue_stage, in.pair, p.pairs, row0, lane, in.bias, acc);
+          mbarrier_arrive(&stage_full);
+          ++staged;
+          return true;
+        }
+        return false;
+      };
+      // The epilogue's inputs before the k-loop where the registers allow (BLOCK_N 128; with kEpilogueWarps at 192
+      // too, whose consumers hold no activation: ptxas, no spills), else after it
+      if constexpr ((kBlockN == 128 || kEpilogueWarps) && kConsumers == 2) {
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);  // in flight through the k-loop
         k_loop();
         finish(acc);
         if (!completes()) return;
-        if constexpr (kLora) add_lora(in);
+        if constexpr (kLora) {
+          if (!lora_by_epilogue_warps()) add_lora(in);
+        }
+        if (staged_epilogue(in)) return;
         persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       } else {
         k_loop();
         finish(acc);
         if (!completes()) return;
         const EpilogueInputs<kBlockM, kBlockN> in(p, work, row0, lane);
-        if constexpr (kLora) add_lora(in);
+        if constexpr (kLora) {
+          if (!lora_by_epilogue_warps()) add_lora(in);
+        }
+        if (staged_epilogue(in)) return;
         persistent_epilogue<!kLora && !kStreamK>(p, in, acc);
       }
     });
@@ -2253,6 +2528,10 @@ MoeGemmKernel gemm_kernel = MoeGemmKernel::kAuto;  // set_moe_gemm_kernel
 bool gemm_multicast = false;                        // set_moe_gemm_multicast (measured slower: run 39)
 bool gemm_compact_epilogue = true;                  // set_moe_gemm_compact_epilogue
 bool gemm_stream_k = false;                         // set_moe_gemm_stream_k
+bool gemm_epilogue_warps = false;                   // set_moe_gemm_epilogue_warps
+bool gemm_epilogue_lora = false;                    // set_moe_gemm_epilogue_lora
+bool gemm_lora_ktile = false;                       // set_moe_gemm_lora_ktile
+bool gemm_epilogue_down = false;                    // set_moe_gemm_epilogue_down
 bool gemm_mxfp4 = true;                             // set_moe_gemm_mxfp4
 int gemm_mxfp4_block_n = 64, gemm_mxfp4_stages = 8, gemm_mxfp4_ctas = 6;  // set_moe_gemm_mxfp4_shape (runs 132-133)
 bool lora_in_mxfp4_gemm = false;                    // set_moe_lora_in_mxfp4_gemm
@@ -2281,9 +2560,12 @@ int large_block_n_for(int64_t n, int otherwise) { return n % 192 == 0 ? 192 : ot
 // T 1600 64 tiles × 12 blocks are 5.8 rounds of 132 CTAs (6 paid) where × 15 blocks of 192 are 7.3 (8 paid).
 // Measured on an H100 (perf-log run 187, three rounds each): block T 1600 896 → 877 µs, T 4096 1870 → 1851,
 // T 3072 1443 → 1419, T 2048 level; prefill of one 1600-token prompt 30.38 → 29.91 ms.
+// With the epilogue warps on down (set_moe_gemm_epilogue_down) it stays at 192: 240's 4 stages of 47 KB leave no
+// room for the staging tile.
 int down_block_n_for(int64_t n, bool plain) {
   const int by_width = large_block_n_for(n, 256);
-  return plain && by_width == 192 && n % 240 == 0 ? 240 : by_width;
+  const bool staged = gemm_epilogue_warps && gemm_epilogue_down;
+  return plain && by_width == 192 && n % 240 == 0 && !staged ? 240 : by_width;
 }
 // The fold measured slower with the per-column epilogue (perf-log runs 34-35: prefill 1600 with an adapter
 // 53.4 ms folded vs 47.6 added into h) and level with its kFusedDelta form (run 46: 42.63 vs 42.65 ms), so
@@ -2454,13 +2736,17 @@ struct PreparedPersistentKernel {
   PreparedKernel kernel;
   int ctas_per_sm;
 };
-template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kStreamK = false>
+template <int kConsumers, int kBlockN, int kStages, bool kLora = false, bool kStreamK = false,
+          bool kEpilogueWarps = false>
 PreparedPersistentKernel prepared_persistent_kernel() {
   // + the BLOCK_M 128 LoRA kernels' B slice buffer (lora_wgmma): 16–32 KB, within the 227 KB a CTA may hold
-  const size_t lora_tile_bytes = kLora && kConsumers == 2 ? size_t(kBlockN) * kBlockK * sizeof(__nv_bfloat16) : 0;
-  const size_t shared_bytes =
-      size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) + lora_tile_bytes + 1024;
-  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kStreamK>;
+  const size_t lora_tile_bytes =
+      kLora && kConsumers == 2 && !kEpilogueWarps ? size_t(kBlockN) * kBlockK * sizeof(__nv_bfloat16) : 0;
+  // + the epilogue warps' staging tile (EpilogueStage: 51 KB at BLOCK_N 192, 35 KB at 128), in place of that slice
+  const size_t stage_bytes = kEpilogueWarps ? size_t(EpilogueStage<64 * kConsumers, kBlockN>::kBytes) : 0;
+  const size_t shared_bytes = size_t(kStages) * (64 * kConsumers + kBlockN) * kBlockK * sizeof(__nv_bfloat16) +
+                              lora_tile_bytes + stage_bytes + 1024;
+  GemmKernel kernel = grouped_gemm_persistent_kernel<kConsumers, kBlockN, kStages, false, kLora, kStreamK, kEpilogueWarps>;
   constexpr int kThreads = 128 * (kConsumers + 1);
   static const int ctas_per_sm = [&] {
     LMX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
@@ -2703,8 +2989,46 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
         with_maps.lora_wgmma = true;
         with_maps.lora_b_map = tensor_map_2d(params.lora_b, b_rows, params.lora_r, block_n, "the MoE-LoRA B stack");
       }
+      // set_moe_gemm_lora_ktile: each tile's main slot of full rank as one more k-tile of the ring (whole units: not
+      // with the stream-K tail; R a multiple of 8 up to 64 for the maps' rows; not beside lora_wgmma), its A rows
+      // written by z_rows_kernel first
+      if (lora && gemm_lora_ktile && params.lora_z_rows != nullptr && !sk && !params.halves && params.lora_r % 8 == 0 &&
+          params.lora_r <= 64 && !with_maps.lora_wgmma) {
+        if (params.lora_z_rows_capacity < max_tiles * block_m) {
+          fail("moe_gemm", "lora.z_rows has " + std::to_string(params.lora_z_rows_capacity) +
+                               " rows, expected at least the tiles' capacity " + std::to_string(max_tiles * block_m));
+        }
+        if (params.lora_tile_slots_capacity < max_tiles) {
+          fail("moe_gemm", "lora.tile_slots has " + std::to_string(params.lora_tile_slots_capacity) +
+                               " entries, expected at least the tiles' count " + std::to_string(max_tiles));
+        }
+        const int64_t b_rows = int64_t(params.lora_slots) * params.weight_rows;
+        LMX_CHECK(b_rows < 0x7fffffff);
+        with_maps.lora_ktile = true;
+        with_maps.lora_b_map = tensor_map_2d(params.lora_b, b_rows, params.lora_r, block_n, "the MoE-LoRA B stack");
+        with_maps.z_map = tensor_map_2d(params.lora_z_rows, params.lora_z_rows_capacity, 64, block_m,
+                                        "the main slot's z rows");
+        const unsigned ctas = unsigned((max_tiles * block_m + 31) / 32);
+        if (large) detail::launch(z_rows_kernel<kMoeGemmBlockMLarge>, dim3(ctas), dim3(256), 0, stream, with_maps);
+        else detail::launch(z_rows_kernel<kMoeGemmBlockMPrefill>, dim3(ctas), dim3(256), 0, stream, with_maps);
+        LMX_CUDA_CHECK_LAUNCH();
+      }
+      // set_moe_gemm_epilogue_warps: the fused activation by the producer warpgroup's idle warps, at one stage
+      // fewer (the staging tile takes its place in shared memory)
+      // (with LoRA terms, not beside the main slot's B slice: lora_wgmma)
+      // (set_moe_gemm_epilogue_down: the store form too)
+      with_maps.epilogue_warps = gemm_epilogue_warps && large && !sk && (params.fuse_activation || gemm_epilogue_down) &&
+                                 (block_n == 192 || block_n == 128) && !with_maps.lora_wgmma;
+      // set_moe_gemm_epilogue_lora: the LoRA terms of the staged items by those warps too (fused form only)
+      with_maps.epilogue_lora =
+          with_maps.epilogue_warps && lora && gemm_epilogue_lora && params.fuse_activation && !with_maps.lora_ktile;
       const PreparedPersistentKernel pk =
-          sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
+          with_maps.epilogue_warps
+              ? (lora ? (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, true, false, true>()
+                                        : prepared_persistent_kernel<2, 128, 5, true, false, true>())
+                      : (block_n == 192 ? prepared_persistent_kernel<2, 192, 4, false, false, true>()
+                                        : prepared_persistent_kernel<2, 128, 5, false, false, true>()))
+          : sk ? (lora ? (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, true, true>()
                         : block_n == 192 ? prepared_persistent_kernel<2, 192, 5, true, true>()
                                          : prepared_persistent_kernel<2, 128, 6, true, true>())
                      : (block_n == 256   ? prepared_persistent_kernel<2, 256, 4, false, true>()
@@ -2781,6 +3105,10 @@ void set_moe_gemm_kernel(MoeGemmKernel kernel) { gemm_kernel = kernel; }
 void set_moe_gemm_multicast(bool on) { gemm_multicast = on; }
 void set_moe_gemm_compact_epilogue(bool on) { gemm_compact_epilogue = on; }
 void set_moe_gemm_stream_k(bool on) { gemm_stream_k = on; }
+void set_moe_gemm_epilogue_warps(bool on) { gemm_epilogue_warps = on; }
+void set_moe_gemm_epilogue_lora(bool on) { gemm_epilogue_lora = on; }
+void set_moe_gemm_lora_ktile(bool on) { gemm_lora_ktile = on; }
+void set_moe_gemm_epilogue_down(bool on) { gemm_epilogue_down = on; }
 void set_moe_gemm_mxfp4(bool on) { gemm_mxfp4 = on; }
 void set_moe_lora_in_mxfp4_gemm(bool on) { lora_in_mxfp4_gemm = on; }
 void set_moe_lora_fork_shrinks(bool on) { lora_fork_shrinks = on; }
@@ -2999,6 +3327,20 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   params.lora_top_k = int(pairs / std::max<int64_t>(tokens, 1));
   params.lora_slots = int(lora.b.dim(0));
   params.lora_l1_prefetch = lora_l1_prefetch;
+  if (lora.z_rows.defined()) {  // set_moe_gemm_lora_ktile's scratch (used where launch_gemm takes that form)
+    if (lora.z_rows.dtype != DType::BF16 || lora.z_rows.ndim != 2 || lora.z_rows.dim(1) != 64 ||
+        !detail::aligned16(lora.z_rows.data)) {
+      detail::contract_failure(op, "lora.z_rows", lora.z_rows, "[capacity, 64] BF16, 16-byte aligned");
+    }
+    if (lora.tile_slots.dtype != DType::I32 || lora.tile_slots.ndim != 1) {
+      detail::contract_failure(op, "lora.tile_slots", lora.tile_slots, "[tiles] I32 (with z_rows)");
+    }
+    detail::require_cuda(op, {{"lora.z_rows", &lora.z_rows}, {"lora.tile_slots", &lora.tile_slots}});
+    params.lora_z_rows = static_cast<__nv_bfloat16*>(lora.z_rows.data);
+    params.lora_z_rows_capacity = lora.z_rows.dim(0);
+    params.lora_tile_slots = static_cast<int32_t*>(lora.tile_slots.data);
+    params.lora_tile_slots_capacity = lora.tile_slots.dim(0);
+  }
 }
 
 }  // namespace
@@ -3289,6 +3631,7 @@ struct WorkspaceLayout {
   size_t sorted_x = 0, sorted_a = 0;  // BLOCK_M 64/128: the warp-specialized kernel's gathered A rows
   size_t pair_rows = 0;               // BLOCK_M 64/128: each pair's row in sorted_a (a in tile order)
   size_t stream_k_partials = 0;       // BLOCK_M 64/128: MoeStreamK::partials (set_moe_gemm_stream_k)
+  size_t z_rows = 0, tile_slots = 0;  // BLOCK_M 64/128 with LoRA: MoeGemmLora::z_rows / tile_slots
   size_t total = 0;
 };
 
@@ -3342,6 +3685,10 @@ WorkspaceLayout layout_for(const MoeWorkspaceShape& s, int64_t tokens, int block
     l.lora_count = take(4);
     l.lora_scratch = take(moe_align_workspace_bytes(pairs, lora_groups));
     l.h = take(size_t(pairs) * 2 * s.inter * 2);
+    if (block_m != kMoeGemmBlockMDecode) {
+      l.z_rows = take(size_t(l.expert_capacity) * 64 * 2);
+      l.tile_slots = take(size_t(l.expert_capacity / block_m) * 4);
+    }
   }
   l.total = offset;
   return l;
@@ -3537,7 +3884,9 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
                      .num_tiles = lora_count, .block_m = kMoeLoraBlockM, .z = z, .y = y,
                      .config = lora_config, .tile_counters = tile_counters},
                     stream);
-    return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot};
+    return MoeGemmLora{.z = z, .b = w.b, .rank = w.rank, .token_slot = p.token_slot,
+                       .z_rows = view(l.z_rows, DType::BF16, {l.expert_capacity, 64}),
+                       .tile_slots = view(l.tile_slots, DType::I32, {l.expert_capacity / block_m})};
   };
   auto zero_z = [&](const MoeGemmLora& lora) {
     LMX_CUDA_CHECK(cudaMemsetAsync(lora.z.data, 0, lora.z.nbytes(), stream));

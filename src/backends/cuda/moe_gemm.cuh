@@ -51,6 +51,28 @@ void set_moe_lora_gemm_wgmma(bool on);
 // units cut along k over every CTA (on), or run whole (off, the default until the H200 measures it).
 // Process-wide.
 void set_moe_gemm_stream_k(bool on);
+// The persistent gate_up GEMMs with the fused activation (BLOCK_M 128; not beside the stream-K tail or
+// set_moe_lora_gemm_wgmma): the activation and the output stores by the producer warpgroup's idle warps from a
+// shared staging tile (on), so the consumers go on to the next item's MMAs, or by the consumers (off, the default
+// until the device measures it). Process-wide.
+void set_moe_gemm_epilogue_warps(bool on);
+// With the epilogue warps and the MoE-LoRA in the persistent gate_up GEMM's accumulators: the LoRA terms of the
+// staged items added by the epilogue warps as well (on), after the consumers staged acc + bias, so h is rounded
+// to bf16 twice where a row has an adapter (NUMERICS.md), or by the consumers before staging (off, the default
+// until the device measures it). Process-wide.
+void set_moe_gemm_epilogue_lora(bool on);
+// The persistent GEMMs' MoE-LoRA (MoeGemmLora with z_rows): each tile's main slot, where its rank is the stack's
+// capacity R (a multiple of 8, at most 64), as one more k-tile of the ring — A its rows' z in bf16 in tile order
+// (z_rows_kernel, from z; other slots' rows zero), B = B[slot, expert] by TMA with the ranks past R zero-filled —
+// so the consumers run one more k-tile instead of add_lora_terms' pass for those rows; the other slots' rows
+// still take add_lora_terms (on); or add_lora_terms for every row (off, the default until measured). z rounds to
+// bf16 once (as PEFT's LoRA layer does); not with the stream-K tail, lora_wgmma, the halves layout, or the epilogue
+// warps' LoRA form (which it turns off).
+void set_moe_gemm_lora_ktile(bool on);
+// With the epilogue warps: the persistent GEMMs' store form (moe_block's down) through them too (on; down then
+// stays at BLOCK_N 192 instead of 240, whose stages leave no room for the staging tile), or by the consumers
+// (off, the default until the device measures it). Process-wide.
+void set_moe_gemm_epilogue_down(bool on);
 // moe_block's decode GEMMs (BLOCK_M 16) on the experts' MXFP4 copies where ops::MoeParams has them (on, the
 // default), or on the bf16 weights (the bench's before row). Process-wide.
 void set_moe_gemm_mxfp4(bool on);
@@ -206,6 +228,11 @@ struct MoeGemmLora {
   Tensor b;
   Tensor rank;
   Tensor token_slot;
+  // Optional scratch of set_moe_gemm_lora_ktile (undefined: that form is not taken), any contents: z_rows [at
+  // least the tiles' capacity, 64] BF16 (the main slot's z rows in tile order), tile_slots [at least the tiles'
+  // count] I32 (each tile's slot of that k-tile, or -1).
+  Tensor z_rows;
+  Tensor tile_slots;
   bool defined() const { return z.defined(); }
 };
 
