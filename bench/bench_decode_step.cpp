@@ -39,6 +39,8 @@
 // --cta-group N: moe_block's 128-row GEMMs in CTA groups of N tiles × every column block (0: plain order; default 8).
 // --down-block-n N: moe_block's 128-row down GEMM at BLOCK_N N (128, 192, 240, 256; default: its rule).
 // --fuse-prompt-route 0: a prompt's router as cuBLASLt's product, bias and top-k kernels (the before run).
+// --moe-lora-halves 1: gate_up's MoE-LoRA in the persistent GEMM's accumulators for the halves layout too
+// (Qwen3, Mixtral; set_moe_gemm_lora_halves).
 // --fuse-qkv-rope 0: q|k|v's split (and its bias) as its own kernel before the rotation (the before run).
 // --moe-block-m N: the MoE GEMMs' BLOCK_M at 64 or 128 wherever experts average 32 pairs or more (default:
 // the rule, moe_gemm_block_m).
@@ -126,6 +128,7 @@ struct Options {
   int cta_group = -1;                 // moe_block's CTA groups at 128-row tiles (set_moe_block_cta_group; -1: its 8)
   int down_block_n = 0;               // moe_block's 128-row down BLOCK_N (set_moe_block_down_block_n; 0: its rule)
   int fuse_prompt_route = 1;          // 0: a prompt's router as product + reduce + bias + top-k (set_fuse_prompt_route)
+  int moe_lora_halves = 0;            // 1: set_moe_gemm_lora_halves (the halves layout's gate_up LoRA in the GEMM)
   int fuse_qkv_rope = 1;              // 0: q|k|v's split as its own kernel before the rotation (set_fuse_qkv_rope)
   int moe_block_m = 0;                // 64 or 128: set_moe_gemm_block_m_override (0: the rule)
   int halves_by_tma = 1;              // 0: halves-layout gate_up on the ring kernel (set_moe_gemm_halves_by_tma)
@@ -175,6 +178,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--cta-group") o.cta_group = std::atoi(value.c_str());
     else if (key == "--down-block-n") o.down_block_n = std::atoi(value.c_str());
     else if (key == "--fuse-prompt-route") o.fuse_prompt_route = std::atoi(value.c_str());
+    else if (key == "--moe-lora-halves") o.moe_lora_halves = std::atoi(value.c_str());
     else if (key == "--fuse-qkv-rope") o.fuse_qkv_rope = std::atoi(value.c_str());
     else if (key == "--moe-block-m") o.moe_block_m = std::atoi(value.c_str());
     else if (key == "--halves-by-tma") o.halves_by_tma = std::atoi(value.c_str());
@@ -673,6 +677,10 @@ int main(int argc, char** argv) {
   if (!o.fuse_qkv_rope) {
     cuda_backend.set_fuse_qkv_rope(false);
     std::printf("every row: q|k|v's split as its own kernel before the rotation (--fuse-qkv-rope 0)\n");
+  }
+  if (o.moe_lora_halves) {
+    cuda::set_moe_gemm_lora_halves(true);
+    std::printf("every row: gate_up's MoE-LoRA in the GEMM's accumulators for the halves layout too (--moe-lora-halves 1)\n");
   }
   if (!o.fuse_prompt_route) {
     cuda_backend.set_fuse_prompt_route(false);

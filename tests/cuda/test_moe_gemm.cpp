@@ -352,7 +352,12 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     // small (seen: 134 of 11.8 M elements beyond 1/64, worst scaled error 0.028; and one element at 0.0317,
     // perf-log run 110), so the bound against the reference is the oracle's (close_to_oracle: 1/32, with
     // at most one element in 20000 up to 1/16), and every 64th token is checked against the CPU oracle too.
-    if (c.slots > 0) {
+    // With the halves layout the gate_up term goes into the accumulators only with set_moe_gemm_lora_halves (down
+    // always): both forms.
+    for (const bool lora_halves : {false, true}) {
+      if (c.slots == 0 || (lora_halves && c.layout != kHalves)) continue;
+      SCOPED_TRACE(lora_halves ? "gate_up's LoRA in the halves layout's accumulators too" : "");
+      cuda::set_moe_gemm_lora_halves(lora_halves);
       const OwnedTensor want = cpu_block(cpu_, c, b, 64);
       EXPECT_TRUE(close_to_oracle(every_nth_row(mma.view, 64), want)) << "reference vs the CPU oracle";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
@@ -374,6 +379,7 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
       cuda::set_moe_block_down_block_n(0);
       cuda::set_moe_gemm_large_block_n(0);
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+      cuda::set_moe_gemm_lora_halves(false);
     }
   }
 }
@@ -440,6 +446,15 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want))
         << "LoRA in the GEMM accumulators, decode GEMMs triggering their dependents early";
     cuda::set_moe_gemm_early_trigger(false);
+    // gate_up's LoRA in the accumulators for the halves layout too (set_moe_gemm_lora_halves; 128-row tiles
+    // only, elsewhere the same paths as above)
+    if (c.layout == kHalves && c.slots > 0) {
+      cuda::set_moe_gemm_lora_halves(true);
+      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the accumulators, halves too";
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, 0), want)) << "halves too, one-adapter runs";
+      cuda::set_moe_gemm_lora_halves(false);
+    }
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
     for (int64_t scattered : {int64_t(0), c.tokens / 8, c.tokens}) {  // T / 8: warp-aligned slot groups at 128 rows

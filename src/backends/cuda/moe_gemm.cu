@@ -518,9 +518,20 @@ struct LoraL1Prefetch {
     }
     const int s = __reduce_min_sync(0xffffffffu, mine);
     if (s == INT_MAX) return;  // warp-uniform
-    const auto* slice = reinterpret_cast<const char*>(
-        p.lora_b + ((int64_t(s) * p.weight_rows + int64_t(expert) * p.n + first_column) * p.lora_r));
-    const int64_t bytes = int64_t(min(p.n - first_column, kBlockN)) * p.lora_r * int64_t(sizeof(__nv_bfloat16));
+    // The item's B rows: its columns' own, or with the halves layout half as many gate rows and as many up rows
+    const int64_t expert_row = int64_t(s) * p.weight_rows + int64_t(expert) * p.n;
+    const int columns = min(p.n - first_column, kBlockN);
+    if (p.halves) {
+      prefetch_rows(p, expert_row + first_column / 2, (columns + 1) / 2, lane);
+      prefetch_rows(p, expert_row + p.n / 2 + first_column / 2, columns / 2, lane);
+    } else {
+      prefetch_rows(p, expert_row + first_column, columns, lane);
+    }
+  }
+  // B's rows [row, row + rows) of the stack (R bf16 each, contiguous) into L1, 128 bytes a lane at a time.
+  __device__ __forceinline__ static void prefetch_rows(const GemmKernelParams& p, int64_t row, int rows, int lane) {
+    const auto* slice = reinterpret_cast<const char*>(p.lora_b + row * p.lora_r);
+    const int64_t bytes = int64_t(rows) * p.lora_r * int64_t(sizeof(__nv_bfloat16));
     for (int64_t offset = int64_t(lane) * 128; offset < bytes; offset += 32 * 128) {
       asm volatile("prefetch.global.L1 [%0];" ::"l"(slice + offset));
     }
@@ -2574,6 +2585,7 @@ bool lora_in_epilogue = false;                     // set_moe_lora_in_epilogue
 MoeLoraInGemm lora_in_gemm = MoeLoraInGemm::kLongRuns;  // set_moe_lora_in_gemm
 bool lora_l1_prefetch = true;                      // set_moe_lora_l1_prefetch
 bool halves_by_tma = true;                         // set_moe_gemm_halves_by_tma
+bool lora_halves = false;                          // set_moe_gemm_lora_halves
 bool decode_weight_by_tma = true;                   // set_moe_decode_weight_by_tma (perf-log run 215)
 bool mxfp4_weight_by_bulk = false;                  // set_moe_mxfp4_weight_by_bulk
 
@@ -2585,6 +2597,8 @@ bool mxfp4_weight_by_bulk = false;                  // set_moe_mxfp4_weight_by_b
 // halves_by_tma (the default; tensor_map_halves). Not at 64: Qwen3-30B-A3B's T 1600 (BLOCK_M 64) gate_up took
 // ~490 µs a layer on the one-consumer persistent kernel against the ring's 380 (perf-log run 201).
 bool halves_on_tma(int block_m) { return halves_by_tma && block_m == kMoeGemmBlockMLarge; }
+// Whether the persistent kernel adds MoE-LoRA terms (MoeGemmLora) for a weight in the fused halves layout.
+bool lora_on_halves(int block_m) { return lora_halves && halves_on_tma(block_m); }
 MoeGemmKernel kernel_for(int block_m, bool gathered, bool halves) {
   if (gemm_kernel != MoeGemmKernel::kAuto || block_m == kMoeGemmBlockMDecode) return gemm_kernel;
   return gathered && (!halves || halves_on_tma(block_m)) ? MoeGemmKernel::kWgmmaWarpSpecialized : MoeGemmKernel::kWgmma;
@@ -2948,10 +2962,11 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
   if (kernel == MoeGemmKernel::kWgmmaWarpSpecialized && block_m != kMoeGemmBlockMDecode) {
     GemmKernelParams with_maps = params;
     with_maps.a_by_tma = sorted_rows.defined();
-    // The fused halves layout by TMA: the persistent kernel only (A gathered too), without LoRA terms (their B
-    // slices are in the weight's layout); otherwise its rows come one by one by cp.async.
+    // The fused halves layout by TMA: the persistent kernel only (A gathered too), with LoRA terms only where
+    // lora_on_halves (add_lora_terms maps B's rows as the layout does); otherwise its rows come one by one by
+    // cp.async.
     const bool halves_map = params.halves && halves_on_tma(block_m) && with_maps.a_by_tma &&
-                            params.lora_z == nullptr && block_n % 16 == 0;
+                            (params.lora_z == nullptr || lora_on_halves(block_m)) && block_n % 16 == 0;
     with_maps.weight_by_tma = !params.halves || halves_map;
     if (halves_map) {
       with_maps.weight_map = tensor_map_halves(params.weight, params.weight_rows / params.n, params.n / 2, params.in,
@@ -2982,8 +2997,9 @@ void launch_gemm(const GemmKernelParams& given, int block_m, int block_n, int de
       if (!large) with_maps.sk_partials = nullptr, with_maps.sk_counters = nullptr;
       const bool sk = with_maps.sk_partials != nullptr;
       // set_moe_lora_gemm_wgmma: the main slot's LoRA term by warpgroup MMAs from a TMA'd B slice (BLOCK_M 128;
-      // the map's rows are 16-byte strided: R a multiple of 8, as every stack the loader pads)
-      if (lora && large && lora_gemm_wgmma && params.lora_r % 8 == 0) {
+      // the map's rows are 16-byte strided: R a multiple of 8, as every stack the loader pads; its box is B's
+      // rows in the weight's order, so not for the halves layout)
+      if (lora && large && lora_gemm_wgmma && params.lora_r % 8 == 0 && !params.halves) {
         const int64_t b_rows = int64_t(params.lora_slots) * params.weight_rows;
         LMX_CHECK(b_rows < 0x7fffffff);
         with_maps.lora_wgmma = true;
@@ -3192,6 +3208,7 @@ void set_moe_lora_in_epilogue(bool on) { lora_in_epilogue = on; }
 void set_moe_lora_in_gemm(MoeLoraInGemm mode) { lora_in_gemm = mode; }
 void set_moe_lora_l1_prefetch(bool on) { lora_l1_prefetch = on; }
 void set_moe_gemm_halves_by_tma(bool on) { halves_by_tma = on; }
+void set_moe_gemm_lora_halves(bool on) { lora_halves = on; }
 void set_moe_decode_weight_by_tma(bool on) { decode_weight_by_tma = on; }
 void set_moe_mxfp4_weight_by_bulk(bool on) { mxfp4_weight_by_bulk = on; }
 bool moe_lora_in_gemm_for(MoeLoraInGemm mode, int64_t /*tokens*/, int64_t scattered, int block_m) {
@@ -3294,12 +3311,13 @@ void pack_gemm_lora(const char* op, const MoeGemmLora& lora, int64_t tokens, int
   if (!lora.defined()) return;
   const bool persistent = block_m != kMoeGemmBlockMDecode &&
                           kernel_for(block_m, gathered, halves) == MoeGemmKernel::kWgmmaWarpSpecialized && gathered &&
-                          !halves;
+                          (!halves || lora_on_halves(block_m));
   if (block_m != kMoeGemmBlockMDecode && !persistent) {
     fail(op, "lora.z is added by the BLOCK_M 16 decode kernel or the persistent TMA kernel only: BLOCK_M 16, or 64 / "
              "128 (got " + std::to_string(block_m) + ") with sorted_rows given (" + (gathered ? "yes" : "no") +
              "), the weight not in the fused halves layout (" + (halves ? "halves" : "ok") +
-             ") and the kAuto or warp-specialized kernel");
+             "; allowed at BLOCK_M 128 with set_moe_gemm_lora_halves and set_moe_gemm_halves_by_tma on) and the "
+             "kAuto or warp-specialized kernel");
   }
   if (lora.b.dtype != DType::BF16 || lora.b.ndim != 4 || lora.b.dim(1) != experts || lora.b.dim(2) != n ||
       lora.b.dim(3) % 2 != 0 || lora.b.dim(3) < 2) {
@@ -3764,7 +3782,8 @@ void moe_block(const ops::MoeParams& p, const MoeWorkspace& workspace, cudaStrea
   // output runs there (interleaved layout), down always; the shrink writes z, the GEMM reads it, and z is
   // zeroed after (the tiled shrink's invariant: z zero between calls).
   const bool in_gemm = moe_lora_in_gemm_for(lora_in_gemm, tokens, p.lora_scattered_tokens, block_m);
-  const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows && p.layout == ops::GateUpLayout::kInterleaved;
+  const bool gemm_lora_gu = lora_gu && !small && in_gemm && gather_rows &&
+                            (p.layout == ops::GateUpLayout::kInterleaved || lora_on_halves(block_m));
   const bool gemm_lora_down = lora_down && !small && in_gemm && gather_rows;
   // Decode (16-row tiles, the direct path): the direct shrinks write z, the decode GEMMs add z·Bᵀ (any
   // layout), gate_up keeps its fused activation, and the combine clears z. Without it: gate_up → h, shrink,

@@ -151,6 +151,13 @@ void set_moe_lora_in_epilogue(bool on);
 // default), or on the ring kernel with the rows loaded one by one (the bench's before row). 64-row tiles keep the
 // ring (perf-log run 201).
 void set_moe_gemm_halves_by_tma(bool on);
+// moe_block's MoE-LoRA of gate_up in the persistent GEMM's accumulators (MoeGemmLora) for the fused halves
+// layout too, where that layout runs on the persistent kernel (128-row tiles, set_moe_gemm_halves_by_tma): a
+// prompt with an adapter on Qwen3 / Mixtral then skips the pre-activation h, the expand kernel and
+// moe_activation, as GPT-OSS's interleaved layout does (on); or by the expand kernels into h (off, the default
+// until measured). add_lora_terms reads B's rows through the layout's map (logical column 2i → row i, 2i + 1 →
+// I + i); the main slot's pass by warpgroup MMAs (set_moe_lora_gemm_wgmma) stays interleaved-only.
+void set_moe_gemm_lora_halves(bool on);
 // The bf16 decode GEMM's weight tiles (BLOCK_M 16 × BLOCK_N 64, every caller) by one TMA box a stage, issued by
 // one thread and awaited on a per-stage mbarrier (on, the default), or by 16-byte cp.async copies from every
 // thread (the before row). Same bits either way. On an H100 (perf-log run 215) the GEMMs stream ~6% faster
