@@ -36,6 +36,7 @@
 // wrong results, for NCU_TIMES comparisons). --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the side
 // expands, the knock-outs) and the no-adapter row (a short device call).
 // --attention-overlap-kv 0: the prefill attention's wgmma tiles issue their K/V copies in order (the before run).
+// --attention-heads-inner 1: the flash kernels' CTAs row tile major, kv heads inner (set_attention_heads_inner).
 // --cta-group N: moe_block's 128-row GEMMs in CTA groups of N tiles × every column block (0: plain order; default 8).
 // --down-block-n N: moe_block's 128-row down GEMM at BLOCK_N N (128, 192, 240, 256; default: its rule).
 // --fuse-prompt-route 0: a prompt's router as cuBLASLt's product, bias and top-k kernels (the before run).
@@ -125,6 +126,7 @@ struct Options {
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
   int attention_overlap_kv = 1;       // 0: the wgmma tiles' K/V copies in order (set_attention_wgmma_overlap_kv)
+  int attention_heads_inner = 0;      // 1: the flash CTAs with the kv heads inner (set_attention_heads_inner)
   int cta_group = -1;                 // moe_block's CTA groups at 128-row tiles (set_moe_block_cta_group; -1: its 8)
   int down_block_n = 0;               // moe_block's 128-row down BLOCK_N (set_moe_block_down_block_n; 0: its rule)
   int fuse_prompt_route = 1;          // 0: a prompt's router as product + reduce + bias + top-k (set_fuse_prompt_route)
@@ -175,6 +177,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--new-rows-only") o.new_rows_only = std::atoi(value.c_str()) != 0;
     else if (key == "--attention-wgmma") o.attention_wgmma = std::atoi(value.c_str());
     else if (key == "--attention-overlap-kv") o.attention_overlap_kv = std::atoi(value.c_str());
+    else if (key == "--attention-heads-inner") o.attention_heads_inner = std::atoi(value.c_str());
     else if (key == "--cta-group") o.cta_group = std::atoi(value.c_str());
     else if (key == "--down-block-n") o.down_block_n = std::atoi(value.c_str());
     else if (key == "--fuse-prompt-route") o.fuse_prompt_route = std::atoi(value.c_str());
@@ -608,6 +611,10 @@ int main(int argc, char** argv) {
   if (!o.attention_overlap_kv) {
     cuda::set_attention_wgmma_overlap_kv(false);
     std::printf("every row: the wgmma attention tiles' K/V copies in order (--attention-overlap-kv 0)\n");
+  }
+  if (o.attention_heads_inner) {
+    cuda::set_attention_heads_inner(true);
+    std::printf("every row: the flash attention CTAs with the kv heads inner (--attention-heads-inner 1)\n");
   }
   if (o.cta_group >= 0) {
     cuda::set_moe_block_cta_group(o.cta_group);

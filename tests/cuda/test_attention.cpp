@@ -325,6 +325,7 @@ class CudaAttentionWgmma : public CudaAttention {
   void TearDown() override {
     cuda::set_attention_wgmma(true);
     cuda::set_attention_wgmma_overlap_kv(true);
+    cuda::set_attention_heads_inner(false);
     CudaAttention::TearDown();
   }
   // Both forms of the 128-row tiles: warpgroup MMAs (the default) and mma.sync (the knob off).
@@ -404,6 +405,44 @@ TEST_F(CudaAttentionWgmma, OverlappedCopiesGiveTheSameBits) {
     }
   }
   cuda::set_attention_wgmma_overlap_kv(true);
+}
+
+// set_attention_heads_inner changes which CTA takes which (row tile, kv head) and nothing else: the same bits
+// with the heads inner as by head, for every flash kernel (16-, 64- and 128-row tiles, by wgmma and by
+// mma.sync, one split and split over CTAs), several sequences of uneven lengths (each one's longest tile
+// first), GQA 1 / 4 / 8 and the yardstick's shapes; both meet the oracle.
+TEST_F(CudaAttentionWgmma, HeadsInnerGivesTheSameBits) {
+  const std::vector<Case> cases = {
+      {{{37, 37}, {101, 1}, {70, 20}}, 8, 2, 64, 16, 8, true},
+      {{{1600, 1600}}, 64, 8, 64, 16, 0, true},
+      {{{530, 64}, {200, 7}, {900, 33}}, 32, 4, 128, 16, 0, false},
+      {{{300, 300}, {80, 1}}, 4, 4, 128, 4, 0, false},
+      {{{1, 1}, {2, 2}, {129, 3}}, 4, 4, 64, 4, 0, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Batch batch = make_batch(c);
+    for (const int rows : {16, 64, 128}) {
+      for (const bool wgmma : {true, false}) {
+        if (rows != 128 && !wgmma) continue;  // the knob only moves the 128-row tiles
+        cuda::set_attention_wgmma(wgmma);
+        for (const bool split : {false, true}) {
+          SCOPED_TRACE("row tile " + std::to_string(rows) + (wgmma ? ", wgmma" : ", mma.sync") +
+                       (split ? ", split over CTAs" : ", one split"));
+          const AttentionKernel kernel = split ? AttentionKernel::kSplitKv : AttentionKernel::kFlash;
+          cuda::set_attention_heads_inner(false);
+          const OwnedTensor by_head = expect_matches(c, batch, kernel, split, rows);
+          cuda::set_attention_heads_inner(true);
+          const OwnedTensor heads_inner = expect_matches(c, batch, kernel, split, rows);
+          EXPECT_TRUE(bitwise_equal(by_head, heads_inner));
+        }
+      }
+    }
+    cuda::set_attention_heads_inner(true);
+    expect_matches(c, batch, AttentionKernel::kAuto, true);
+  }
+  cuda::set_attention_heads_inner(false);
+  cuda::set_attention_wgmma(true);
 }
 
 // The knob switches kernels and nothing else: off, the mma.sync kernel gives the same batch bit for bit before

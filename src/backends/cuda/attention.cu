@@ -264,7 +264,24 @@ struct FlashKernelParams {
   int page_shift;                // log2(page_size) when a power of two, else -1 (key → page by division)
   float scale_log2;              // softmax_scale · log2(e): scores in base-2 units, exp2f throughout
   bool one_barrier;              // a K/V tile's V converted before the loop's one barrier (set_attention_one_barrier)
+  bool heads_inner;              // CTA order (set_attention_heads_inner): see flash_cta
 };
+
+// The (row tile, kv head, split) of a flash CTA. heads_inner: a 1-D grid of row tile × kv head, kv head
+// fastest, so the CTAs start in order of context length over every head (each sequence's longest tiles
+// first: flash_tile_setup), and the short tiles fill the last wave; otherwise (row tiles, kv heads), where
+// head 0's shortest tiles start before the last head's longest.
+struct FlashCta {
+  int row_tile, kv_head, split;
+};
+__device__ __forceinline__ FlashCta flash_cta(const FlashKernelParams& p) {
+  if (p.heads_inner) return {int(blockIdx.x) / p.kv_heads, int(blockIdx.x) % p.kv_heads, int(blockIdx.z)};
+  return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+}
+inline dim3 flash_grid(const FlashKernelParams& p, unsigned row_tiles) {
+  if (p.heads_inner) return dim3(row_tiles * unsigned(p.kv_heads), 1u, unsigned(p.splits));
+  return dim3(row_tiles, unsigned(p.kv_heads), unsigned(p.splits));
+}
 
 // Q tile + kStages stages of a K and a V tile. Key split (16-row tiles, the warps share the rows and split
 // each K/V tile's keys): the Q tile is 16 rows.
@@ -286,14 +303,15 @@ struct FlashTile {
 
 // Row tiles are numbered sequence by sequence; within a sequence the last (longest-context) tile comes first.
 // Row r of a tile is pair first_row + r of the sequence's (token, group member) pairs, group member fastest:
-// q head kv_head·G + g. Fills `t` for CTA blockIdx.x (seq -1: past the last tile).
+// q head kv_head·G + g. Fills `t` for row tile `row_tile` (flash_cta; seq -1: past the last tile).
 // PRECOND: every thread of the CTA calls it (it holds two CTA barriers); blockDim.x >= kBlockM.
 template <int kBlockM>
-__device__ __forceinline__ void flash_tile_setup(const FlashKernelParams& p, int kv_head, FlashTile<kBlockM>& t) {
+__device__ __forceinline__ void flash_tile_setup(const FlashKernelParams& p, int row_tile, int kv_head,
+                                                 FlashTile<kBlockM>& t) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // 1. Which (sequence, row tile): warp 0 scans the sequences' tile counts 32 at a time.
   if (warp == 0) {
-    int target = blockIdx.x, seq = -1, rows_of_seq = 0, tile = 0;
+    int target = row_tile, seq = -1, rows_of_seq = 0, tile = 0;
     for (int base = 0; base < p.seqs; base += 32) {
       const int b = base + lane;
       const int rows = b < p.seqs ? (p.seq_start[b + 1] - p.seq_start[b]) * p.group : 0;
@@ -540,13 +558,14 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
   __shared__ FlashTile<kBlockM> tile;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.y, split = blockIdx.z;
+  const FlashCta cta = flash_cta(p);
+  const int kv_head = cta.kv_head, split = cta.split;
   // Before the PDL wait (launch.cuh: reads of data complete two launches back): the tile's metadata
   // (sequence starts, positions: the step's inputs, never written by a kernel) and the block table, and an
   // L2 prefetch of the K/V rows of the split's first kStages key tiles. A prefetch brings nothing into the
   // CTA, so the rows the kernel before (rope's cache write) may still be writing are read after the wait as
   // always; the metadata's round trips and the first tiles' DRAM latency overlap that kernel's tail.
-  flash_tile_setup(p, kv_head, tile);
+  flash_tile_setup(p, cta.row_tile, kv_head, tile);
   const int seq = tile.seq;
   const int valid_rows = tile.rows;
   const int key_begin = tile.kv_lo, key_end = tile.kv_hi;  // inclusive
@@ -833,6 +852,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 constexpr int kFlashWgmmaStages = 4;  // two CTAs a SM: tiles requested 2 ahead
 bool flash_wgmma = true;              // set_attention_wgmma
 bool flash_wgmma_overlap_kv = true;   // set_attention_wgmma_overlap_kv
+bool flash_heads_inner = false;       // set_attention_heads_inner
 
 template <int D, int kStages>
 constexpr size_t flash_wgmma_shared_bytes() {
@@ -860,8 +880,9 @@ __global__ static void __launch_bounds__(256, D == 64 ? 2 : 1) flash_wgmma_kerne
   __shared__ FlashTile<kBlockM> tile;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4;
-  const int kv_head = blockIdx.y, split = blockIdx.z;
-  flash_tile_setup(p, kv_head, tile);
+  const FlashCta cta = flash_cta(p);
+  const int kv_head = cta.kv_head, split = cta.split;
+  flash_tile_setup(p, cta.row_tile, kv_head, tile);
   if (tile.seq < 0) return;  // past the last tile (uniform over the CTA)
   const int key_begin = tile.kv_lo, key_end = tile.kv_hi;  // inclusive
   const int total_key_tiles = (key_end - key_begin + kFlashBlockN) / kFlashBlockN;
@@ -1149,9 +1170,8 @@ int flash_ctas_per_sm(int64_t head_dim, int warps, int stages, bool key_split = 
 template <int D, int kWarps, int kStages, bool kKeySplit = false>
 void launch_flash(const FlashKernelParams& params, unsigned row_tiles, cudaStream_t stream) {
   (void)flash_ctas_per_sm(D, kWarps, kStages, kKeySplit);
-  const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_attention_kernel<D, kWarps, kStages, kKeySplit>, dim3(grid), dim3(32 * kWarps),
-                 flash_shared_bytes<D, kWarps, kStages, kKeySplit>(), stream, params);
+  detail::launch(flash_attention_kernel<D, kWarps, kStages, kKeySplit>, flash_grid(params, row_tiles),
+                 dim3(32 * kWarps), flash_shared_bytes<D, kWarps, kStages, kKeySplit>(), stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 
@@ -1166,8 +1186,8 @@ void launch_flash_wgmma(const FlashKernelParams& params, unsigned row_tiles, cud
     return true;
   }();
   (void)prepared;
-  const dim3 grid(row_tiles, unsigned(params.kv_heads), unsigned(params.splits));
-  detail::launch(flash_wgmma_kernel<D, kStages, kOverlapKv>, grid, dim3(256), shared_bytes, stream, params);
+  detail::launch(flash_wgmma_kernel<D, kStages, kOverlapKv>, flash_grid(params, row_tiles), dim3(256), shared_bytes,
+                 stream, params);
   LMX_CUDA_CHECK_LAUNCH();
 }
 template <int D>
@@ -1265,6 +1285,7 @@ void kv_write(const ops::KvWriteParams& p, cudaStream_t stream) {
 void set_attention_one_barrier(bool on) { one_barrier = on; }
 void set_attention_wgmma(bool on) { flash_wgmma = on; }
 void set_attention_wgmma_overlap_kv(bool on) { flash_wgmma_overlap_kv = on; }
+void set_attention_heads_inner(bool on) { flash_heads_inner = on; }
 
 void attention(const ops::AttentionParams& p, cudaStream_t stream, const AttentionLaunch& launch) {
   ops::require(ops::check(p), "cuda::attention");
@@ -1339,7 +1360,7 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
   }
   int stages = warps == 8 || key_split ? 2 : launch.kv_stages != 0 ? launch.kv_stages : kFlashDefaultStages64Rows;
   const int64_t row_tiles = row_tiles_of(key_split ? 16 : 16 * warps);
-  LMX_CHECK(row_tiles <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
+  LMX_CHECK(row_tiles * kv_heads <= 0x7fffffffLL && kv_heads <= 65535 && tokens * q_heads <= 0x7fffffffLL);
 
   int splits = 1;
   const int64_t per_split = split_bytes(tokens * q_heads, head_dim);
@@ -1407,7 +1428,8 @@ void attention(const ops::AttentionParams& p, cudaStream_t stream, const Attenti
       .splits = splits,
       .page_shift = (page_size & (page_size - 1)) == 0 ? std::countr_zero(uint64_t(page_size)) : -1,
       .scale_log2 = p.softmax_scale * kLog2e,
-      .one_barrier = one_barrier && !key_split};
+      .one_barrier = one_barrier && !key_split,
+      .heads_inner = flash_heads_inner};
   if (key_split) {
     if (head_dim == 64) launch_flash<64, 4, 2, true>(params, unsigned(row_tiles), stream);
     else launch_flash<128, 4, 2, true>(params, unsigned(row_tiles), stream);
