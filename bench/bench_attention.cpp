@@ -124,7 +124,7 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     bool two_barriers = false;  // the K/V loop's two CTA barriers per tile (before set_attention_one_barrier)
     bool mma_sync = false;      // 128-row tiles by mma.sync (set_attention_wgmma(false): the before rows)
     bool copies_in_order = false;  // wgmma tiles' K/V copies between barrier and Q·Kᵀ (overlap_kv off: before)
-    bool heads_inner = false;      // CTAs row tile major, kv heads inner (set_attention_heads_inner)
+    bool by_head = false;          // CTAs by kv head (set_attention_heads_inner(false): the before row)
   };
   std::vector<Variant> variants = {
       {"simple (old)", {.kernel = cuda::AttentionKernel::kSimple}},
@@ -160,10 +160,11 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     variants.push_back({"flash, 128-row tiles, copies in order",
                         {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128}, false, false, true});
   }
-  // the CTA order: kv heads inner (set_attention_heads_inner), against "flash, 128-row tiles" / "auto + workspace"
-  variants.push_back({"flash, 128-row tiles, heads inner", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
+  // the CTA order by kv head (set_attention_heads_inner off; the default has the heads inner), against "flash,
+  // 128-row tiles" / "auto + workspace"
+  variants.push_back({"flash, 128-row tiles, by head", {.kernel = cuda::AttentionKernel::kFlash, .flash_rows = 128},
                       false, false, false, true});
-  variants.push_back({"auto + workspace, heads inner", {.workspace = workspace, .workspace_bytes = workspace_bytes},
+  variants.push_back({"auto + workspace, by head", {.workspace = workspace, .workspace_bytes = workspace_bytes},
                       false, false, false, true});
   for (const Variant& variant : variants) {
     auto enqueue = [&](int i) {
@@ -177,14 +178,14 @@ void run(const char* what, const Batch& batch, int window, void* workspace, size
     cuda::set_attention_one_barrier(!variant.two_barriers);
     cuda::set_attention_wgmma(!variant.mma_sync);
     cuda::set_attention_wgmma_overlap_kv(!variant.copies_in_order);
-    cuda::set_attention_heads_inner(variant.heads_inner);
+    cuda::set_attention_heads_inner(!variant.by_head);
     enqueue(0);  // eager first: shared-memory attributes are set outside the capture
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double seconds = bench::seconds_per_launch(stream, kIterations, kReplays, enqueue);
     cuda::set_attention_one_barrier(true);
     cuda::set_attention_wgmma(true);
     cuda::set_attention_wgmma_overlap_kv(true);
-    cuda::set_attention_heads_inner(false);
+    cuda::set_attention_heads_inner(true);
     const char* bound = bytes / kBytesPerSecond >= flops / kFlopsPerSecond ? "bytes" : "flops";
     std::printf("%-34s %-20s %9.2f us  %13.0f FLOP  %12.0f B  floor %7.2f us (%s)  %5.1f%% of floor\n", what,
                 variant.name.c_str(), seconds * 1e6, flops, bytes, floor * 1e6, bound, 100.0 * floor / seconds);

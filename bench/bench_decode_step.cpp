@@ -12,7 +12,7 @@
 //                     [--steady-steps 240] [--steady-output 600] [--vocab N] [--weight-seed 1] [--target-rows 1]
 //                     [--step-reps 5] [--only decode|decode-base|prefill|prefill-adapter|mixed|steady]
 //                     [--prefill-lane 1] [--prefill-lane-sm-share 0.75] [--prefill-lane-first 1] [--moe-stream-k 1]
-//                     [--moe-epilogue-warps 1] [--moe-epilogue-lora 1] [--moe-epilogue-down 1] [--moe-lora-ktile 1]
+//                     [--moe-epilogue-warps 0] [--moe-epilogue-lora 1] [--moe-epilogue-down 1] [--moe-lora-ktile 0]
 //                     [--moe-lora-wgmma 1] [--fuse-route 1] [--mxfp4-shape 128x6 | 128x4x8] [--floor-only 1]
 //                     [--skinny-max-out N] [--moe-lora-in-gemm off|long-runs|always] [--down-decode-stages 6]
 //                     [--gate-up-decode-block-n 64|128] [--down-decode-block-n 64|128] [--pdl 0]
@@ -36,12 +36,13 @@
 // wrong results, for NCU_TIMES comparisons). --new-rows-only 1: of the adapter rows only the first, the newest (the dense enqueue order, the side
 // expands, the knock-outs) and the no-adapter row (a short device call).
 // --attention-overlap-kv 0: the prefill attention's wgmma tiles issue their K/V copies in order (the before run).
-// --attention-heads-inner 1: the flash kernels' CTAs row tile major, kv heads inner (set_attention_heads_inner).
+// --attention-heads-inner 0: the flash kernels' CTAs by kv head (set_attention_heads_inner; the before run).
 // --cta-group N: moe_block's 128-row GEMMs in CTA groups of N tiles × every column block (0: plain order; default 8).
 // --down-block-n N: moe_block's 128-row down GEMM at BLOCK_N N (128, 192, 240, 256; default: its rule).
 // --fuse-prompt-route 0: a prompt's router as cuBLASLt's product, bias and top-k kernels (the before run).
-// --moe-lora-halves 1: gate_up's MoE-LoRA in the persistent GEMM's accumulators for the halves layout too
-// (Qwen3, Mixtral; set_moe_gemm_lora_halves).
+// --moe-lora-halves 0: gate_up's MoE-LoRA of the halves layout (Qwen3, Mixtral) by the expand kernels into h
+// instead of the persistent GEMM's accumulators (set_moe_gemm_lora_halves; the before run). --moe-epilogue-warps 0
+// (gate_up's epilogue by the consumers) and --moe-lora-ktile 0 (the main slot by add_lora_terms) likewise.
 // --fuse-qkv-rope 0: q|k|v's split (and its bias) as its own kernel before the rotation (the before run).
 // --moe-block-m N: the MoE GEMMs' BLOCK_M at 64 or 128 wherever experts average 32 pairs or more (default:
 // the rule, moe_gemm_block_m).
@@ -110,10 +111,12 @@ struct Options {
   int knockout = 0;                   // --knockout MASK with --only: set_small_lora_knockout (wrong results)
   int moe_stream_k = 0;               // 1: every row with the MoE GEMMs' stream-K tail (set_moe_gemm_stream_k)
   int moe_lora_wgmma = 0;             // 1: every row with the MoE-LoRA's main slot by wgmma (set_moe_lora_gemm_wgmma)
-  int moe_epilogue_warps = 0;         // 1: every row with gate_up's epilogue by idle warps (set_moe_gemm_epilogue_warps)
+  int moe_epilogue_warps = -1;        // 0 / 1: every row with gate_up's epilogue by the consumers / by idle warps
+                                      // (set_moe_gemm_epilogue_warps; -1: the default, idle warps)
   int moe_epilogue_lora = 0;          // 1: with it, the MoE-LoRA terms by those warps too (set_moe_gemm_epilogue_lora)
   int moe_epilogue_down = 0;          // 1: with it, down's stores by those warps too (set_moe_gemm_epilogue_down)
-  int moe_lora_ktile = 0;             // 1: the MoE-LoRA's main slot as one more k-tile (set_moe_gemm_lora_ktile)
+  int moe_lora_ktile = -1;            // 0 / 1: the MoE-LoRA's main slot by add_lora_terms / as one more k-tile
+                                      // (set_moe_gemm_lora_ktile; -1: the default, the k-tile)
   int fuse_route = 0;                 // 1: every row with the router's product and top-k as one kernel (set_fuse_route)
   int64_t skinny_max_out = 1024;      // every row: few-row products up to this width on the skinny kernel (5120: q|k|v)
   std::string moe_lora_in_gemm;       // --moe-lora-in-gemm MODE: set_moe_lora_in_gemm for every row (empty: the default)
@@ -126,11 +129,12 @@ struct Options {
   int attention_wgmma = 1;            // 0: every row with the prefill attention's 128-row tiles by mma.sync
                                       // (set_attention_wgmma(false): the before run)
   int attention_overlap_kv = 1;       // 0: the wgmma tiles' K/V copies in order (set_attention_wgmma_overlap_kv)
-  int attention_heads_inner = 0;      // 1: the flash CTAs with the kv heads inner (set_attention_heads_inner)
+  int attention_heads_inner = 1;      // 0: the flash CTAs by kv head (set_attention_heads_inner(false))
   int cta_group = -1;                 // moe_block's CTA groups at 128-row tiles (set_moe_block_cta_group; -1: its 8)
   int down_block_n = 0;               // moe_block's 128-row down BLOCK_N (set_moe_block_down_block_n; 0: its rule)
   int fuse_prompt_route = 1;          // 0: a prompt's router as product + reduce + bias + top-k (set_fuse_prompt_route)
-  int moe_lora_halves = 0;            // 1: set_moe_gemm_lora_halves (the halves layout's gate_up LoRA in the GEMM)
+  int moe_lora_halves = -1;           // 0 / 1: set_moe_gemm_lora_halves (the halves layout's gate_up LoRA in the GEMM;
+                                      // -1: the default, on)
   int fuse_qkv_rope = 1;              // 0: q|k|v's split as its own kernel before the rotation (set_fuse_qkv_rope)
   int moe_block_m = 0;                // 64 or 128: set_moe_gemm_block_m_override (0: the rule)
   int halves_by_tma = 1;              // 0: halves-layout gate_up on the ring kernel (set_moe_gemm_halves_by_tma)
@@ -580,17 +584,19 @@ int main(int argc, char** argv) {
     cuda::set_moe_gemm_stream_k(true);
     std::printf("every row: the MoE GEMMs with a stream-K tail (--moe-stream-k 1)\n");
   }
-  if (o.moe_epilogue_warps) {
-    cuda::set_moe_gemm_epilogue_warps(true);
-    std::printf("every row: gate_up's fused epilogue by the producer warpgroup's idle warps (--moe-epilogue-warps 1)\n");
+  if (o.moe_epilogue_warps >= 0) {
+    cuda::set_moe_gemm_epilogue_warps(o.moe_epilogue_warps == 1);
+    std::printf("every row: gate_up's fused epilogue by %s (--moe-epilogue-warps %d)\n",
+                o.moe_epilogue_warps == 1 ? "the producer warpgroup's idle warps" : "the consumers", o.moe_epilogue_warps);
   }
   if (o.moe_epilogue_lora) {
     cuda::set_moe_gemm_epilogue_lora(true);
     std::printf("every row: the MoE-LoRA terms by those warps too (--moe-epilogue-lora 1)\n");
   }
-  if (o.moe_lora_ktile) {
-    cuda::set_moe_gemm_lora_ktile(true);
-    std::printf("every row: the MoE-LoRA's main slot as one more k-tile of the GEMMs' ring (--moe-lora-ktile 1)\n");
+  if (o.moe_lora_ktile >= 0) {
+    cuda::set_moe_gemm_lora_ktile(o.moe_lora_ktile == 1);
+    std::printf("every row: the MoE-LoRA's main slot %s (--moe-lora-ktile %d)\n",
+                o.moe_lora_ktile == 1 ? "as one more k-tile of the GEMMs' ring" : "by add_lora_terms", o.moe_lora_ktile);
   }
   if (o.moe_epilogue_down) {
     cuda::set_moe_gemm_epilogue_down(true);
@@ -612,9 +618,9 @@ int main(int argc, char** argv) {
     cuda::set_attention_wgmma_overlap_kv(false);
     std::printf("every row: the wgmma attention tiles' K/V copies in order (--attention-overlap-kv 0)\n");
   }
-  if (o.attention_heads_inner) {
-    cuda::set_attention_heads_inner(true);
-    std::printf("every row: the flash attention CTAs with the kv heads inner (--attention-heads-inner 1)\n");
+  if (!o.attention_heads_inner) {
+    cuda::set_attention_heads_inner(false);
+    std::printf("every row: the flash attention CTAs by kv head (--attention-heads-inner 0)\n");
   }
   if (o.cta_group >= 0) {
     cuda::set_moe_block_cta_group(o.cta_group);
@@ -685,9 +691,10 @@ int main(int argc, char** argv) {
     cuda_backend.set_fuse_qkv_rope(false);
     std::printf("every row: q|k|v's split as its own kernel before the rotation (--fuse-qkv-rope 0)\n");
   }
-  if (o.moe_lora_halves) {
-    cuda::set_moe_gemm_lora_halves(true);
-    std::printf("every row: gate_up's MoE-LoRA in the GEMM's accumulators for the halves layout too (--moe-lora-halves 1)\n");
+  if (o.moe_lora_halves >= 0) {
+    cuda::set_moe_gemm_lora_halves(o.moe_lora_halves == 1);
+    std::printf("every row: gate_up's MoE-LoRA for the halves layout %s (--moe-lora-halves %d)\n",
+                o.moe_lora_halves == 1 ? "in the GEMM's accumulators" : "by the expand kernels", o.moe_lora_halves);
   }
   if (!o.fuse_prompt_route) {
     cuda_backend.set_fuse_prompt_route(false);

@@ -332,7 +332,7 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
       }
     }
     cuda::set_moe_gemm_epilogue_down(false);
-    cuda::set_moe_gemm_epilogue_warps(false);
+    cuda::set_moe_gemm_epilogue_warps(true);  // the default
     return;
   }
   if (const char* rounds = std::getenv("BENCH_DOWN_AB"); rounds != nullptr && block_m == cuda::kMoeGemmBlockMLarge) {
@@ -576,6 +576,10 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     const OwnedTensor lora_z_rows = cuda::empty(DType::BF16, {capacity, 64});  // set_moe_gemm_lora_ktile's scratch
     const OwnedTensor lora_tile_slots = cuda::empty(DType::I32, {capacity / block_m});
     // (not for the halves layout: its gate_up never carries LoRA terms in the GEMM, moe_gate_up refuses them)
+    // Each row's forms explicit (the defaults, epilogue warps and the k-tile, are restored after the rows): the first
+    // row with the consumers' epilogue and add_lora_terms for every row.
+    cuda::set_moe_gemm_epilogue_warps(false);
+    cuda::set_moe_gemm_lora_ktile(false);
     for (const auto& [slots, name] : {std::pair{&d_slot_one, "one adapter"}, std::pair{&d_slot_spread, "8 adapters"}}) {
       if (m.layout == ops::GateUpLayout::kHalves) break;
       auto gate_up_lora = [&](int layer) {
@@ -619,7 +623,12 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
                 tokens, down_bytes, down_flops, time([&](int i) { cuda::moe_down(down_lora(i % kCopies), stream); }));
       cuda::set_moe_gemm_lora_ktile(false);
     }
+    cuda::set_moe_gemm_lora_ktile(true);  // the defaults again
+    cuda::set_moe_gemm_epilogue_warps(true);
     lora_block_rows("in the accumulators, rows by slot");
+    cuda::set_moe_gemm_epilogue_warps(false);  // before: the consumers' epilogue
+    cuda::moe_gate_up(gate_up_gathered(0, 0, 8), stream);  // kernel attributes, outside the graph
+    BENCH_CUDA(cudaStreamSynchronize(stream));
     print_row("  gate_up fused, persistent (no LoRA)", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
     cuda::set_moe_gemm_epilogue_warps(true);  // after: the activation by the producer warpgroup's idle warps
@@ -627,7 +636,6 @@ void bench_tokens(const Model& m, int64_t tokens, const std::vector<Layer>& laye
     BENCH_CUDA(cudaStreamSynchronize(stream));
     print_row("  gate_up fused, persistent (no LoRA), epilogue warps", tokens, gate_up_bytes, gate_up_flops,
               time([&](int i) { cuda::moe_gate_up(gate_up_gathered(i % kCopies, 0, 8), stream); }));
-    cuda::set_moe_gemm_epilogue_warps(false);
     print_row("  down N 256, persistent (no LoRA)", tokens, down_bytes, down_flops,
               time([&](int i) { cuda::moe_down(down_gathered(i % kCopies, 256, 8), stream); }));
   }

@@ -325,7 +325,7 @@ class CudaAttentionWgmma : public CudaAttention {
   void TearDown() override {
     cuda::set_attention_wgmma(true);
     cuda::set_attention_wgmma_overlap_kv(true);
-    cuda::set_attention_heads_inner(false);
+    cuda::set_attention_heads_inner(true);  // the default
     CudaAttention::TearDown();
   }
   // Both forms of the 128-row tiles: warpgroup MMAs (the default) and mma.sync (the knob off).
@@ -441,7 +441,6 @@ TEST_F(CudaAttentionWgmma, HeadsInnerGivesTheSameBits) {
     cuda::set_attention_heads_inner(true);
     expect_matches(c, batch, AttentionKernel::kAuto, true);
   }
-  cuda::set_attention_heads_inner(false);
   cuda::set_attention_wgmma(true);
 }
 

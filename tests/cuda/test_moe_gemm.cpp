@@ -352,8 +352,8 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
     // small (seen: 134 of 11.8 M elements beyond 1/64, worst scaled error 0.028; and one element at 0.0317,
     // perf-log run 110), so the bound against the reference is the oracle's (close_to_oracle: 1/32, with
     // at most one element in 20000 up to 1/16), and every 64th token is checked against the CPU oracle too.
-    // With the halves layout the gate_up term goes into the accumulators only with set_moe_gemm_lora_halves (down
-    // always): both forms.
+    // With the halves layout the gate_up term goes into the accumulators only with set_moe_gemm_lora_halves (the
+    // default; down always): both forms.
     for (const bool lora_halves : {false, true}) {
       if (c.slots == 0 || (lora_halves && c.layout != kHalves)) continue;
       SCOPED_TRACE(lora_halves ? "gate_up's LoRA in the halves layout's accumulators too" : "");
@@ -379,7 +379,7 @@ TEST_F(CudaMoeGemm, WgmmaMatchesMmaSync) {
       cuda::set_moe_block_down_block_n(0);
       cuda::set_moe_gemm_large_block_n(0);
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
-      cuda::set_moe_gemm_lora_halves(false);
+      cuda::set_moe_gemm_lora_halves(true);  // the default
     }
   }
 }
@@ -446,14 +446,14 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want))
         << "LoRA in the GEMM accumulators, decode GEMMs triggering their dependents early";
     cuda::set_moe_gemm_early_trigger(false);
-    // gate_up's LoRA in the accumulators for the halves layout too (set_moe_gemm_lora_halves; 128-row tiles
-    // only, elsewhere the same paths as above)
+    // gate_up's LoRA for the halves layout by the expand kernels instead of the accumulators (set_moe_gemm_lora_halves
+    // off; on is the default, run above; 128-row tiles only, elsewhere the same paths as above)
     if (c.layout == kHalves && c.slots > 0) {
-      cuda::set_moe_gemm_lora_halves(true);
-      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the accumulators, halves too";
-      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
-      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, 0), want)) << "halves too, one-adapter runs";
       cuda::set_moe_gemm_lora_halves(false);
+      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the accumulators, halves by expands";
+      cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
+      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, 0), want)) << "halves by expands, one-adapter runs";
+      cuda::set_moe_gemm_lora_halves(true);  // the default
     }
     // The default (kLongRuns) with the batch's hint on both sides of its threshold.
     cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
@@ -799,19 +799,19 @@ TEST_F(CudaMoeGemm, StreamKTailMatchesCpu) {
   cuda::set_moe_gemm_stream_k(false);
 }
 
-// The fused gate_up epilogue by the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps; off by default
-// until the device measures it): the same arithmetic per element as the consumers' kFused form, so moe_block's
-// output is bit-identical with and without it, at both gate_up widths that take it, with gate_up's a in tile order
-// (the default) and by pair, with and without the MoE-LoRA in the accumulators; items that do not take the stage
-// (a partial last column block, output rows not a multiple of 16 bytes) stay with the consumers; down's store form
-// through them too (set_moe_gemm_epilogue_down). GPT-OSS-20B and Qwen3-30B-A3B shapes, a partial block, and one
-// case against the CPU oracle.
+// The fused gate_up epilogue by the producer warpgroup's idle warps (set_moe_gemm_epilogue_warps; the default since
+// perf-log run 246): the same arithmetic per element as the consumers' kFused form, so moe_block's output is
+// bit-identical with and without it, at both gate_up widths that take it, with gate_up's a in tile order (the
+// default) and by pair, with and without the MoE-LoRA in the accumulators; items that do not take the stage (a
+// partial last column block) stay with the consumers; down's store form through them too
+// (set_moe_gemm_epilogue_down). GPT-OSS-20B and Qwen3-30B-A3B shapes, partial blocks, and one case against the
+// CPU oracle. (Output rows that are not a multiple of 16 bytes cannot reach moe_block: moe_down needs I % 8 == 0.)
 TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
   const std::vector<BlockCase> cases = {
       {1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true},   // GPT-OSS-20B
       {4096, 128, 8, 2048, 768, kSilu, kHalves, false},         // Qwen3-30B-A3B
       {1024, 8, 2, 512, 1000, kSilu, kInterleaved, true},       // n 2000: a partial last column block
-      {600, 8, 2, 256, 996, kGptOss, kInterleaved, true},       // n / 2 = 996: rows not 16-byte multiples
+      {600, 8, 2, 256, 992, kGptOss, kInterleaved, true},       // n 1984: partial at 128 and 192
   };
   for (const BlockCase& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -821,10 +821,10 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
       for (bool tile_order : {true, false}) {
         SCOPED_TRACE("gate_up BLOCK_N " + std::to_string(block_n) + (tile_order ? ", a in tile order" : ", a by pair"));
         cuda::set_moe_block_a_in_tile_order(tile_order);
+        cuda::set_moe_gemm_epilogue_warps(false);
         const OwnedTensor consumers = run_block(c, b, false, stream_);
         cuda::set_moe_gemm_epilogue_warps(true);
         const OwnedTensor staged = run_block(c, b, false, stream_);
-        cuda::set_moe_gemm_epilogue_warps(false);
         EXPECT_TRUE(bitwise_equal(staged, consumers));
       }
     }
@@ -833,12 +833,12 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     // down through the epilogue warps too (set_moe_gemm_epilogue_down), against the consumers at the same width
     for (int down_n : {128, 192}) {
       cuda::set_moe_block_down_block_n(down_n);
+      cuda::set_moe_gemm_epilogue_warps(false);
       const OwnedTensor consumers = run_block(c, b, false, stream_);
       cuda::set_moe_gemm_epilogue_warps(true);
       cuda::set_moe_gemm_epilogue_down(true);
       const OwnedTensor staged = run_block(c, b, false, stream_);
       cuda::set_moe_gemm_epilogue_down(false);
-      cuda::set_moe_gemm_epilogue_warps(false);
       EXPECT_TRUE(bitwise_equal(staged, consumers)) << "down at BLOCK_N " << down_n << " by the epilogue warps";
     }
     cuda::set_moe_block_down_block_n(0);
@@ -860,13 +860,15 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     for (int block_n : {0, 128, 192}) {
       SCOPED_TRACE("gate_up BLOCK_N " + std::to_string(block_n));
       cuda::set_moe_gemm_large_block_n(block_n);
+      cuda::set_moe_gemm_lora_ktile(false);  // the LoRA form by the epilogue warps is not beside the k-tile
+      cuda::set_moe_gemm_epilogue_warps(false);
       const OwnedTensor consumers = run_block(c, b, true, stream_, 0);
       cuda::set_moe_gemm_epilogue_warps(true);
       const OwnedTensor staged = run_block(c, b, true, stream_, 0);
       cuda::set_moe_gemm_epilogue_lora(true);
       const OwnedTensor by_warps = run_block(c, b, true, stream_, 0);
       cuda::set_moe_gemm_epilogue_lora(false);
-      cuda::set_moe_gemm_epilogue_warps(false);
+      cuda::set_moe_gemm_lora_ktile(true);  // the default
       EXPECT_TRUE(bitwise_equal(staged, consumers));
       EXPECT_TRUE(close_to_oracle(every_nth_row(by_warps.view, k.stride), want)) << "LoRA by the epilogue warps";
       int64_t base_rows = 0;
@@ -887,9 +889,7 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
   const BlockCase c{1024, 8, 2, 512, 1000, kGptOss, kInterleaved, true};
   const BlockData b = make_block_data(rng(), c);
   const OwnedTensor want = cpu_block(cpu_, c, b, 16);
-  cuda::set_moe_gemm_epilogue_warps(true);
   EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(c, b, false, stream_), 16), want)) << "against the CPU oracle";
-  cuda::set_moe_gemm_epilogue_warps(false);
 }
 
 // The MoE-LoRA's main slot by warpgroup MMAs from a TMA'd B slice (set_moe_lora_gemm_wgmma; off by default until
@@ -943,8 +943,9 @@ TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
 // slots' rows by add_lora_terms, against the oracle (on every stride-th token): one slot everywhere (every tile
 // by the k-tile), half the tokens on it (tiles of mixed slots: the other rows by add_lora_terms), random slots
 // (main slots of every rank: tiles without the k-tile); at each BLOCK_N, with the stream-K tail on (the form
-// stands aside: whole units only), beside the epilogue warps (their LoRA form stands aside too), and where R is
-// 16 / 64 (the whole box) or not a multiple of 16 (no main slot: add_lora_terms alone).
+// stands aside: whole units only), beside the epilogue warps' LoRA form (which stands aside too), with the
+// consumers' epilogue, without the k-tile (its off form), and where R is 16 / 64 (the whole box) or not a
+// multiple of 16 (no main slot: add_lora_terms alone).
 TEST_F(CudaMoeGemm, LoraKtileMatchesCpu) {
   struct Case {
     BlockCase c;
@@ -979,13 +980,18 @@ TEST_F(CudaMoeGemm, LoraKtileMatchesCpu) {
       EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
           << "with the stream-K tail";
       cuda::set_moe_gemm_stream_k(false);
-      cuda::set_moe_gemm_epilogue_warps(true);
-      cuda::set_moe_gemm_epilogue_lora(true);
+      cuda::set_moe_gemm_epilogue_lora(true);  // beside the epilogue warps (the default) and their LoRA form
       EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-          << "beside the epilogue warps";
+          << "beside the epilogue warps' LoRA form";
       cuda::set_moe_gemm_epilogue_lora(false);
       cuda::set_moe_gemm_epilogue_warps(false);
-      cuda::set_moe_gemm_lora_ktile(false);
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "with the consumers' epilogue";
+      cuda::set_moe_gemm_epilogue_warps(true);  // the default
+      cuda::set_moe_gemm_lora_ktile(false);  // and add_lora_terms for every row (the k-tile's off form)
+      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+          << "without the k-tile";
+      cuda::set_moe_gemm_lora_ktile(true);  // the default
     }
   }
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);

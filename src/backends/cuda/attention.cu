@@ -852,7 +852,7 @@ __global__ static void __launch_bounds__(32 * kWarps, (D == 64 ? 16 : 8) / kWarp
 constexpr int kFlashWgmmaStages = 4;  // two CTAs a SM: tiles requested 2 ahead
 bool flash_wgmma = true;              // set_attention_wgmma
 bool flash_wgmma_overlap_kv = true;   // set_attention_wgmma_overlap_kv
-bool flash_heads_inner = false;       // set_attention_heads_inner
+bool flash_heads_inner = true;        // set_attention_heads_inner (perf-log run 247)
 
 template <int D, int kStages>
 constexpr size_t flash_wgmma_shared_bytes() {
