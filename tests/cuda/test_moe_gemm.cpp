@@ -844,9 +844,14 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     cuda::set_moe_block_down_block_n(0);
   }
   // With the MoE-LoRA in the accumulators (the path of a prompt with an adapter): bit-identical too, at both widths.
+  // The shrink's split-K adds z's pieces by atomics, so z (and the output) differs run to run in its last bits
+  // (perf-log run 249): these runs take the shrink unsplit (split_k 1, not the run mode's split), z stored once.
   // With the LoRA terms by the epilogue warps as well (set_moe_gemm_epilogue_lora), h is rounded twice where a
   // token has an adapter: against the CPU oracle, and tokens without one bit-identical to the consumers' result.
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  cuda::set_moe_lora_shrink_runs_split(false);
+  cuda::MoeBlockConfig one_piece;
+  one_piece.lora.split_k = 1;
   struct LoraCase {
     BlockCase c;
     int64_t stride;  // the oracle on every stride-th token
@@ -862,11 +867,11 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
       cuda::set_moe_gemm_large_block_n(block_n);
       cuda::set_moe_gemm_lora_ktile(false);  // the LoRA form by the epilogue warps is not beside the k-tile
       cuda::set_moe_gemm_epilogue_warps(false);
-      const OwnedTensor consumers = run_block(c, b, true, stream_, 0);
+      const OwnedTensor consumers = run_block(c, b, true, stream_, 0, one_piece);
       cuda::set_moe_gemm_epilogue_warps(true);
-      const OwnedTensor staged = run_block(c, b, true, stream_, 0);
+      const OwnedTensor staged = run_block(c, b, true, stream_, 0, one_piece);
       cuda::set_moe_gemm_epilogue_lora(true);
-      const OwnedTensor by_warps = run_block(c, b, true, stream_, 0);
+      const OwnedTensor by_warps = run_block(c, b, true, stream_, 0, one_piece);
       cuda::set_moe_gemm_epilogue_lora(false);
       cuda::set_moe_gemm_lora_ktile(true);  // the default
       EXPECT_TRUE(bitwise_equal(staged, consumers));
@@ -885,6 +890,7 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
     }
     cuda::set_moe_gemm_large_block_n(0);
   }
+  cuda::set_moe_lora_shrink_runs_split(true);  // the default
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
   const BlockCase c{1024, 8, 2, 512, 1000, kGptOss, kInterleaved, true};
   const BlockData b = make_block_data(rng(), c);
