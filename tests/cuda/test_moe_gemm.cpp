@@ -450,7 +450,8 @@ TEST_F(CudaMoeGemm, BlockMatchesCpu) {
     // off; on is the default, run above; 128-row tiles only, elsewhere the same paths as above)
     if (c.layout == kHalves && c.slots > 0) {
       cuda::set_moe_gemm_lora_halves(false);
-      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want)) << "LoRA in the accumulators, halves by expands";
+      EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_), want))
+          << "LoRA in the accumulators, halves by expands";
       cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
       EXPECT_TRUE(close_to_oracle(run_block(c, b, true, stream_, 0), want)) << "halves by expands, one-adapter runs";
       cuda::set_moe_gemm_lora_halves(true);  // the default
@@ -898,26 +899,17 @@ TEST_F(CudaMoeGemm, EpilogueWarpsMatchConsumerEpilogueBitwise) {
   EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(c, b, false, stream_), 16), want)) << "against the CPU oracle";
 }
 
-// The MoE-LoRA's main slot by warpgroup MMAs from a TMA'd B slice (set_moe_lora_gemm_wgmma; off by default until
-// the H200 measures it) at 128-row tiles, each BLOCK_N, the accumulator path forced. make_stack gives slot 4 the
-// full capacity (16, 32 or 64: eligible) and NaN in every padding rank; three token patterns: every token on
-// slot 4 (a prompt's run: every tile takes the pass), the first half on slot 4 and the rest random (tiles
-// mixing the pass with add_lora_terms for other slots' rows), and the data's random slots (most tiles' main
-// slot ineligible or absent). Once more with the stream-K tail (its pieces take add_lora_terms only).
-TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
-  struct Case {
-    BlockCase c;
-    int64_t stride;  // the oracle on every stride-th token
-  };
-  const std::vector<Case> cases = {
-      {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
-      {{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 6, 16, 64}, 1},      // R 16 and 64 (the whole box)
-      {{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}, 4},
-  };
-  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
-  cuda::set_moe_lora_gemm_wgmma(true);
-  for (const Case& k : cases) {
-    BlockData b = make_block_data(rng(), k.c);
+// The main-slot MoE-LoRA tests' cases and token patterns (make_stack gives slot 4 the capacity R): every token
+// on slot 4, the first half on it and the rest the data's random slots, the data's random slots; f(case, data,
+// the CPU oracle on every stride-th token) for each.
+struct MainSlotCase {
+  BlockCase c;
+  int64_t stride;  // the oracle on every stride-th token
+};
+template <typename F>
+void for_each_main_slot_pattern(Rng& rng, cpu::CpuBackend& cpu, const std::vector<MainSlotCase>& cases, F&& f) {
+  for (const MainSlotCase& k : cases) {
+    BlockData b = make_block_data(rng, k.c);
     const std::vector<int32_t> random_slots(b.token_slot.view.ptr<int32_t>(),
                                             b.token_slot.view.ptr<int32_t>() + k.c.tokens);
     for (int pattern = 0; pattern < 3; ++pattern) {
@@ -927,19 +919,44 @@ TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
         b.token_slot.view.ptr<int32_t>()[t] = on_4 ? 4 : random_slots[size_t(t)];
       }
       b.d_slot = cuda::upload(b.token_slot);
-      const OwnedTensor want = cpu_block(cpu_, k.c, b, k.stride);
-      for (int block_n : {128, 192, 256}) {
-        cuda::set_moe_gemm_large_block_n(block_n);
-        EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-            << "BLOCK_N " << block_n;
-      }
-      cuda::set_moe_gemm_large_block_n(0);
-      cuda::set_moe_gemm_stream_k(true);
-      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-          << "with the stream-K tail";
-      cuda::set_moe_gemm_stream_k(false);
+      f(k, b, cpu_block(cpu, k.c, b, k.stride));
     }
   }
+}
+// moe_block with the MoE-LoRA against the oracle at each 128-row BLOCK_N and with the stream-K tail, the batch
+// hinted as one long run (lora_scattered_tokens 0).
+void expect_oracle_at_each_width(const MainSlotCase& k, const BlockData& b, const OwnedTensor& want,
+                                 cudaStream_t stream) {
+  for (int block_n : {128, 192, 256}) {
+    cuda::set_moe_gemm_large_block_n(block_n);
+    EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream, 0), k.stride), want))
+        << "BLOCK_N " << block_n;
+  }
+  cuda::set_moe_gemm_large_block_n(0);
+  cuda::set_moe_gemm_stream_k(true);
+  EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream, 0), k.stride), want))
+      << "with the stream-K tail";
+  cuda::set_moe_gemm_stream_k(false);
+}
+
+// The MoE-LoRA's main slot by warpgroup MMAs from a TMA'd B slice (set_moe_lora_gemm_wgmma; off by default until
+// the H200 measures it) at 128-row tiles, each BLOCK_N, the accumulator path forced. make_stack gives slot 4 the
+// full capacity (16, 32 or 64: eligible) and NaN in every padding rank; three token patterns: every token on
+// slot 4 (a prompt's run: every tile takes the pass), the first half on slot 4 and the rest random (tiles
+// mixing the pass with add_lora_terms for other slots' rows), and the data's random slots (most tiles' main
+// slot ineligible or absent). Once more with the stream-K tail (its pieces take add_lora_terms only).
+TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
+  const std::vector<MainSlotCase> cases = {
+      {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
+      {{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 6, 16, 64}, 1},      // R 16 and 64 (the whole box)
+      {{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 16}, 4},
+  };
+  cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
+  cuda::set_moe_lora_gemm_wgmma(true);
+  for_each_main_slot_pattern(rng(), cpu_, cases, [&](const MainSlotCase& k, const BlockData& b,
+                                                      const OwnedTensor& want) {
+    expect_oracle_at_each_width(k, b, want, stream_);
+  });
   cuda::set_moe_lora_gemm_wgmma(false);
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
 }
@@ -953,53 +970,29 @@ TEST_F(CudaMoeGemm, LoraWgmmaMatchesCpu) {
 // consumers' epilogue, without the k-tile (its off form), and where R is 16 / 64 (the whole box) or not a
 // multiple of 16 (no main slot: add_lora_terms alone).
 TEST_F(CudaMoeGemm, LoraKtileMatchesCpu) {
-  struct Case {
-    BlockCase c;
-    int64_t stride;  // the oracle on every stride-th token
-  };
-  const std::vector<Case> cases = {
+  const std::vector<MainSlotCase> cases = {
       {{1600, 32, 4, 2880, 2880, kGptOss, kInterleaved, true, 8, 32, 32}, 64},  // GPT-OSS-20B at T 1600
       {{2048, 8, 1, 128, 256, kGptOss, kInterleaved, true, 6, 16, 64}, 1},      // R 16 and 64 (the whole box)
       {{400, 8, 4, 2048, 2048, kSilu, kInterleaved, false, 6, 32, 24}, 4},      // down's R 24: no main slot
   };
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kAlways);
-  for (const Case& k : cases) {
-    BlockData b = make_block_data(rng(), k.c);
-    const std::vector<int32_t> random_slots(b.token_slot.view.ptr<int32_t>(),
-                                            b.token_slot.view.ptr<int32_t>() + k.c.tokens);
-    for (int pattern = 0; pattern < 3; ++pattern) {
-      SCOPED_TRACE(describe(k.c) + (pattern == 0 ? " slot 4 everywhere" : pattern == 1 ? " half on slot 4" : " random slots"));
-      for (int64_t t = 0; t < k.c.tokens; ++t) {
-        const bool on_4 = pattern == 0 || (pattern == 1 && t < k.c.tokens / 2);
-        b.token_slot.view.ptr<int32_t>()[t] = on_4 ? 4 : random_slots[size_t(t)];
-      }
-      b.d_slot = cuda::upload(b.token_slot);
-      const OwnedTensor want = cpu_block(cpu_, k.c, b, k.stride);
-      cuda::set_moe_gemm_lora_ktile(true);
-      for (int block_n : {128, 192, 256}) {
-        cuda::set_moe_gemm_large_block_n(block_n);
-        EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-            << "BLOCK_N " << block_n;
-      }
-      cuda::set_moe_gemm_large_block_n(0);
-      cuda::set_moe_gemm_stream_k(true);
-      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-          << "with the stream-K tail";
-      cuda::set_moe_gemm_stream_k(false);
-      cuda::set_moe_gemm_epilogue_lora(true);  // beside the epilogue warps (the default) and their LoRA form
-      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-          << "beside the epilogue warps' LoRA form";
-      cuda::set_moe_gemm_epilogue_lora(false);
-      cuda::set_moe_gemm_epilogue_warps(false);
-      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-          << "with the consumers' epilogue";
-      cuda::set_moe_gemm_epilogue_warps(true);  // the default
-      cuda::set_moe_gemm_lora_ktile(false);  // and add_lora_terms for every row (the k-tile's off form)
-      EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
-          << "without the k-tile";
-      cuda::set_moe_gemm_lora_ktile(true);  // the default
-    }
-  }
+  for_each_main_slot_pattern(rng(), cpu_, cases, [&](const MainSlotCase& k, const BlockData& b,
+                                                      const OwnedTensor& want) {
+    cuda::set_moe_gemm_lora_ktile(true);
+    expect_oracle_at_each_width(k, b, want, stream_);
+    cuda::set_moe_gemm_epilogue_lora(true);  // beside the epilogue warps (the default) and their LoRA form
+    EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+        << "beside the epilogue warps' LoRA form";
+    cuda::set_moe_gemm_epilogue_lora(false);
+    cuda::set_moe_gemm_epilogue_warps(false);
+    EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+        << "with the consumers' epilogue";
+    cuda::set_moe_gemm_epilogue_warps(true);  // the default
+    cuda::set_moe_gemm_lora_ktile(false);  // and add_lora_terms for every row (the k-tile's off form)
+    EXPECT_TRUE(close_to_oracle(every_nth_row(run_block(k.c, b, true, stream_, 0), k.stride), want))
+        << "without the k-tile";
+    cuda::set_moe_gemm_lora_ktile(true);  // the default
+  });
   cuda::set_moe_lora_in_gemm(cuda::MoeLoraInGemm::kLongRuns);
 }
 
